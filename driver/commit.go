@@ -1,0 +1,208 @@
+package driver
+
+import (
+	"context"
+	sqldriver "database/sql/driver"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ngrok/sqlmw"
+
+	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/partition"
+)
+
+// interceptor binds transactions to emit scopes and writes their events
+// just before COMMIT. Everything else passes through sqlmw untouched.
+type interceptor struct {
+	sqlmw.NullInterceptor
+	o *Outbox
+}
+
+type txKey struct{}
+
+// txState is what one bound transaction carries from BeginTx to Commit.
+type txState struct {
+	batch *emit.Batch
+	conn  sqldriver.ConnBeginTx // the wrapped driver's own connection
+}
+
+// ConnBeginTx begins the transaction and, when ctx carries an emit scope
+// and the transaction is not read-only, binds a new batch to the scope.
+// The batch travels to TxCommit in the context sqlmw keeps for the tx.
+func (i *interceptor) ConnBeginTx(ctx context.Context, conn sqldriver.ConnBeginTx, opts sqldriver.TxOptions) (context.Context, sqldriver.Tx, error) {
+	tx, err := conn.BeginTx(ctx, opts)
+	if err != nil {
+		return ctx, nil, err
+	}
+	sc := emit.FromContext(ctx)
+	if sc == nil || opts.ReadOnly {
+		return ctx, tx, nil
+	}
+	st := &txState{batch: sc.Begin(i.o.cfg.Limits), conn: conn}
+	return context.WithValue(ctx, txKey{}, st), tx, nil
+}
+
+// TxCommit writes the buffered events on the transaction's own connection
+// (database/sql holds that connection's lock for the whole of Commit, so
+// nothing else can use it meanwhile), then COMMITs, then wakes relays. If
+// the INSERT fails it rolls back and returns ErrWriteEvents: business
+// changes are never committed without their events. A transaction that
+// emitted nothing commits with no extra statement.
+func (i *interceptor) TxCommit(ctx context.Context, tx sqldriver.Tx) error {
+	st, _ := ctx.Value(txKey{}).(*txState)
+	if st == nil {
+		return tx.Commit()
+	}
+	events := st.batch.Take()
+	if len(events) == 0 {
+		return tx.Commit()
+	}
+	if err := i.o.write(ctx, st.conn, events); err != nil {
+		if rbErr := tx.Rollback(); rbErr != nil {
+			err = errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
+		}
+		return fmt.Errorf("%w: %w", ErrWriteEvents, err)
+	}
+	if err := tx.Commit(); err != nil {
+		// COMMIT failed, or its outcome is unknown (connection lost after
+		// sending it): the relay publishes the rows exactly if they exist.
+		return err
+	}
+	i.o.notify()
+	return nil
+}
+
+// TxRollback drops the transaction's buffered events.
+func (i *interceptor) TxRollback(ctx context.Context, tx sqldriver.Tx) error {
+	if st, _ := ctx.Value(txKey{}).(*txState); st != nil {
+		st.batch.Discard()
+	}
+	return tx.Rollback()
+}
+
+// insertCache keeps rendered multi-row INSERTs for small row counts.
+type insertCache struct {
+	mu sync.RWMutex
+	m  map[int]string
+}
+
+const cachedInsertRows = 256
+
+func (o *Outbox) insertSQL(rows int) string {
+	if rows > cachedInsertRows {
+		return o.dialect.Insert(rows)
+	}
+	o.inserts.mu.RLock()
+	q, ok := o.inserts.m[rows]
+	o.inserts.mu.RUnlock()
+	if ok {
+		return q
+	}
+	q = o.dialect.Insert(rows)
+	o.inserts.mu.Lock()
+	if o.inserts.m == nil {
+		o.inserts.m = map[int]string{}
+	}
+	o.inserts.m[rows] = q
+	o.inserts.mu.Unlock()
+	return q
+}
+
+// write INSERTs events with as few multi-row statements as the dialect's
+// parameter limit and dialect.MaxStatementBytes allow (one for a typical
+// transaction).
+func (o *Outbox) write(ctx context.Context, conn sqldriver.ConnBeginTx, events []emit.Event) error {
+	maxRows := o.dialect.MaxInsertRows()
+	headers := make([]any, len(events))
+	for k := range events {
+		if len(events[k].Headers) > 0 {
+			h, err := json.Marshal(events[k].Headers)
+			if err != nil {
+				return fmt.Errorf("encoding headers of %s: %w", events[k].ID, err)
+			}
+			headers[k] = string(h)
+		}
+	}
+	for start := 0; start < len(events); {
+		end, bytes := start, 0
+		for end < len(events) && end-start < maxRows {
+			size := len(events[end].Payload)
+			if h, ok := headers[end].(string); ok {
+				size += len(h)
+			}
+			if end > start && bytes+size > dialect.MaxStatementBytes {
+				break
+			}
+			bytes += size
+			end++
+		}
+		args := make([]sqldriver.NamedValue, 0, (end-start)*dialect.InsertColumns)
+		for k := start; k < end; k++ {
+			ev := &events[k]
+			var topic any
+			if ev.Topic != "" {
+				topic = ev.Topic
+			}
+			payload := ev.Payload
+			if payload == nil {
+				payload = []byte{} // NOT NULL column; raw content types may be empty
+			}
+			for _, v := range [...]any{
+				ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, topic,
+				int64(partition.Of(ev.AggregateType, ev.AggregateID, o.cfg.Partitions)),
+				ev.ContentType, payload, headers[k],
+			} {
+				args = append(args, sqldriver.NamedValue{Ordinal: len(args) + 1, Value: v})
+			}
+		}
+		if err := execOnConn(ctx, conn, o.insertSQL(end-start), args); err != nil {
+			return fmt.Errorf("inserting %d events into %s: %w", end-start, o.cfg.Table, err)
+		}
+		start = end
+	}
+	return nil
+}
+
+// execOnConn runs query on a driver connection directly. Drivers that
+// answer ExecContext with driver.ErrSkip (go-sql-driver/mysql without
+// interpolateParams) get prepare, exec, close.
+func execOnConn(ctx context.Context, conn any, query string, args []sqldriver.NamedValue) (err error) {
+	defer func() {
+		if r := recover(); r != nil { // sqlmw's fallbacks assume interfaces a driver may lack
+			err = fmt.Errorf("driver panicked: %v", r)
+		}
+	}()
+	if ex, ok := conn.(sqldriver.ExecerContext); ok {
+		_, err := ex.ExecContext(ctx, query, args)
+		if !errors.Is(err, sqldriver.ErrSkip) {
+			return err
+		}
+	}
+	pc, ok := conn.(sqldriver.ConnPrepareContext)
+	if !ok {
+		return errors.New("driver connection supports neither ExecerContext nor ConnPrepareContext")
+	}
+	stmt, err := pc.PrepareContext(ctx, query)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := stmt.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if se, ok := stmt.(sqldriver.StmtExecContext); ok {
+		_, err = se.ExecContext(ctx, args)
+		return err
+	}
+	vals := make([]sqldriver.Value, len(args))
+	for k := range args {
+		vals[k] = args[k].Value
+	}
+	_, err = stmt.Exec(vals) //nolint:staticcheck // fallback for drivers without StmtExecContext
+	return err
+}

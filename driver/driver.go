@@ -1,0 +1,236 @@
+package driver
+
+import (
+	"context"
+	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ngrok/sqlmw"
+
+	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/partition"
+)
+
+// Dialect names the SQL dialect of the wrapped database.
+type Dialect string
+
+// The supported dialects.
+const (
+	// Postgres: PostgreSQL 12+ through lib/pq or pgx's stdlib driver.
+	Postgres Dialect = "postgres"
+	// MySQL: MySQL 8.0+ or MariaDB 10.6+ through go-sql-driver/mysql.
+	MySQL Dialect = "mysql"
+	// SQLite: SQLite 3.42+ through modernc.org/sqlite (pure Go).
+	SQLite Dialect = "sqlite"
+)
+
+// DefaultTable is the outbox table's default name, the seed article's
+// outbox_message.
+const DefaultTable = "outbox_message"
+
+// Errors returned by this package; match them with errors.Is.
+var (
+	// ErrInvalidConfig: Config failed validation (unknown dialect, bad
+	// table name, partition count out of range, negative limits).
+	ErrInvalidConfig = errors.New("outbox: invalid driver config")
+	// ErrDriverRegistered: Register was given a name database/sql already knows.
+	ErrDriverRegistered = errors.New("outbox: sql driver name already registered")
+	// ErrWriteEvents: the commit hook could not INSERT the transaction's
+	// events; it rolled the transaction back, so neither the business
+	// changes nor the events were committed. The driver's error is wrapped.
+	ErrWriteEvents = errors.New("outbox: writing events before COMMIT failed; transaction rolled back")
+)
+
+// Config binds one registered driver name (or one wrapped connector) to one
+// outbox table.
+type Config struct {
+	// Dialect of the wrapped driver's database. Required.
+	Dialect Dialect
+	// Table is the outbox table, "name" or "schema.name" (letters, digits,
+	// underscores; name at most 40 bytes). Default DefaultTable.
+	Table string
+	// Partitions is the number of relay partitions each row's aggregate is
+	// hashed onto (partition.Of), stored on the row at write time. Every
+	// writer and relay of a table must agree on it. Default
+	// partition.DefaultCount; at most partition.MaxCount.
+	Partitions int
+	// Limits bound what one transaction may emit (see emit.Limits for the
+	// defaults).
+	Limits emit.Limits
+}
+
+func (c Config) withDefaults() Config {
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.Partitions == 0 {
+		c.Partitions = partition.DefaultCount
+	}
+	c.Limits = c.Limits.WithDefaults()
+	return c
+}
+
+// Outbox is one outbox configuration: the wrapper for drivers and
+// connectors, the schema for its table, and the post-commit wake-up signal
+// for relays. Create it with New or Register; it is safe for concurrent use.
+type Outbox struct {
+	cfg     Config
+	dialect *dialect.Dialect
+	intr    *interceptor
+	inserts insertCache
+
+	mu   sync.Mutex
+	subs []chan struct{}
+}
+
+// New validates cfg and returns an Outbox. It returns an error wrapping
+// ErrInvalidConfig for an unknown dialect, an invalid table name, a
+// partition count outside 1..partition.MaxCount or invalid Limits.
+func New(cfg Config) (*Outbox, error) {
+	cfg = cfg.withDefaults()
+	d, err := dialect.New(dialect.Name(cfg.Dialect), cfg.Table)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if err := partition.Validate(cfg.Partitions); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if err := cfg.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	o := &Outbox{cfg: cfg, dialect: d}
+	o.intr = &interceptor{o: o}
+	return o, nil
+}
+
+var registerMu sync.Mutex
+
+// Register creates an Outbox for cfg and registers drv, wrapped, with
+// database/sql under name, for sql.Open(name, dsn). It returns an error
+// wrapping ErrInvalidConfig, or ErrDriverRegistered if name is taken.
+func Register(name string, drv sqldriver.Driver, cfg Config) (*Outbox, error) {
+	o, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.Register(name, drv); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// Register registers drv, wrapped by o, with database/sql under name. One
+// name is bound to one Outbox; to write to two databases, register two
+// names. It returns ErrDriverRegistered (wrapped) if name is taken, and
+// ErrInvalidConfig for an empty name or a nil driver; it never panics.
+func (o *Outbox) Register(name string, drv sqldriver.Driver) (err error) {
+	if name == "" || drv == nil {
+		return fmt.Errorf("%w: Register needs a name and a driver", ErrInvalidConfig)
+	}
+	registerMu.Lock()
+	defer registerMu.Unlock()
+	for _, n := range sql.Drivers() {
+		if n == name {
+			return fmt.Errorf("%w: %q", ErrDriverRegistered, name)
+		}
+	}
+	defer func() {
+		if r := recover(); r != nil { // another package registered it concurrently
+			err = fmt.Errorf("%w: %q: %v", ErrDriverRegistered, name, r)
+		}
+	}()
+	sql.Register(name, o.Wrap(drv))
+	return nil
+}
+
+// Wrap returns drv wrapped by o, for callers that register it themselves
+// or open it through sql.OpenDB(connector) with its DriverContext.
+func (o *Outbox) Wrap(drv sqldriver.Driver) sqldriver.Driver {
+	return sqlmw.Driver(drv, o.intr)
+}
+
+// WrapConnector returns c wrapped by o, for sql.OpenDB: for example
+// sql.OpenDB(ob.WrapConnector(stdlib.GetConnector(pgxConfig))) or
+// sql.OpenDB(ob.WrapConnector(mysqlConnector)).
+//
+// sqlmw (no release since 2022) cannot wrap a connector itself; this
+// presents c to sqlmw as a driver whose OpenConnector returns c.
+func (o *Outbox) WrapConnector(c sqldriver.Connector) sqldriver.Connector {
+	wd := sqlmw.Driver(connectorDriver{c}, o.intr).(sqldriver.DriverContext)
+	wc, _ := wd.OpenConnector("") // connectorDriver.OpenConnector never fails
+	return wc
+}
+
+type connectorDriver struct{ c sqldriver.Connector }
+
+func (d connectorDriver) Open(string) (sqldriver.Conn, error) {
+	return d.c.Connect(context.Background())
+}
+
+func (d connectorDriver) OpenConnector(string) (sqldriver.Connector, error) { return d.c, nil }
+
+// Config returns o's configuration with defaults filled in.
+func (o *Outbox) Config() Config { return o.cfg }
+
+// Wakeup subscribes to the post-commit signal: after every COMMIT that
+// wrote outbox rows has returned success, each subscriber's channel
+// receives a value if it has none waiting (signals coalesce; capacity 1).
+// A relay in the same process passes it as relay.Config.Wakeup. The
+// signal never fires before COMMIT succeeded.
+func (o *Outbox) Wakeup() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	o.mu.Lock()
+	o.subs = append(o.subs, ch)
+	o.mu.Unlock()
+	return ch
+}
+
+func (o *Outbox) notify() {
+	o.mu.Lock()
+	for _, ch := range o.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	o.mu.Unlock()
+}
+
+// Migrate creates or upgrades o's table on db (see the package docs of
+// Migrate for locking). db may be opened with or without the wrapper.
+func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
+	return o.dialect.Migrate(ctx, db)
+}
+
+// DDL returns the schema as SQL statements for o's dialect and table, for
+// teams that apply migrations with their own tool (goose, atlas, Flyway).
+func (o *Outbox) DDL() string { return o.dialect.DDL() }
+
+// Migrate creates or upgrades the outbox table described by cfg on db. It
+// is safe to run twice and from several processes at once: PostgreSQL takes
+// a transaction-scoped advisory lock and applies DDL in that transaction;
+// MySQL/MariaDB hold GET_LOCK on one connection and run idempotent
+// statements (their DDL commits implicitly); SQLite runs under BEGIN
+// IMMEDIATE. Applied versions are recorded in <table>_migrations. It
+// returns ErrInvalidConfig for a bad cfg, or the database error, wrapped.
+func Migrate(ctx context.Context, db *sql.DB, cfg Config) error {
+	o, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	return o.Migrate(ctx, db)
+}
+
+// DDL returns the schema SQL for cfg's dialect and table, or an error
+// wrapping ErrInvalidConfig.
+func DDL(cfg Config) (string, error) {
+	o, err := New(cfg)
+	if err != nil {
+		return "", err
+	}
+	return o.DDL(), nil
+}

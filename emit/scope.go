@@ -1,0 +1,192 @@
+package emit
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Default limits. DefaultMaxRecordBytes is the Kafka broker's default
+// message.max.bytes (1,048,588 bytes, Kafka's KafkaConfig MessageMaxBytes
+// default): a record batch holding one record of at most this RecordSize is
+// never refused for its size by a broker on defaults, nor by sarama's
+// Producer.MaxMessageBytes default of 1 MiB.
+const (
+	DefaultMaxRecordBytes = 1048588
+	DefaultMaxEvents      = 10000
+	DefaultMaxBytes       = 32 << 20
+)
+
+// Limits bound what one transaction may emit. A zero field takes its default.
+type Limits struct {
+	// MaxRecordBytes caps RecordSize of one event. Default
+	// DefaultMaxRecordBytes; set it to your broker's or topic's
+	// message.max.bytes (the Kafka publisher's MaxRecordBytes reports the
+	// producer side).
+	MaxRecordBytes int
+	// MaxEvents caps the events buffered by one transaction. Default
+	// DefaultMaxEvents (10,000).
+	MaxEvents int
+	// MaxBytes caps the sum of RecordSize over one transaction's events.
+	// Default DefaultMaxBytes (32 MiB).
+	MaxBytes int
+}
+
+// WithDefaults returns l with zero fields replaced by their defaults.
+func (l Limits) WithDefaults() Limits {
+	if l.MaxRecordBytes == 0 {
+		l.MaxRecordBytes = DefaultMaxRecordBytes
+	}
+	if l.MaxEvents == 0 {
+		l.MaxEvents = DefaultMaxEvents
+	}
+	if l.MaxBytes == 0 {
+		l.MaxBytes = DefaultMaxBytes
+	}
+	return l
+}
+
+// Validate reports a negative limit, or a MaxBytes below MaxRecordBytes
+// (which would make the largest record unemittable), as an error wrapping
+// ErrInvalidField.
+func (l Limits) Validate() error {
+	l = l.WithDefaults()
+	if l.MaxRecordBytes < 0 || l.MaxEvents < 0 || l.MaxBytes < 0 {
+		return fmt.Errorf("outbox: limits: %w: negative limit %+v", ErrInvalidField, l)
+	}
+	if l.MaxBytes < l.MaxRecordBytes {
+		return fmt.Errorf("outbox: limits: %w: MaxBytes %d below MaxRecordBytes %d", ErrInvalidField, l.MaxBytes, l.MaxRecordBytes)
+	}
+	return nil
+}
+
+// Scope ties Emit calls to the transaction begun with the same context.
+// Create one per unit of work with NewContext; it is safe for concurrent use.
+type Scope struct {
+	mu   sync.Mutex
+	open []*Batch
+}
+
+type scopeKey struct{}
+
+// NewContext returns a copy of ctx carrying a new, empty emit scope. A
+// transaction begun (BeginTx) on an outbox-wrapped database with this
+// context, or one derived from it, becomes the scope's open transaction,
+// and Emit with such a context buffers into it. A scope may serve any number
+// of transactions one after another.
+func NewContext(ctx context.Context) context.Context {
+	return context.WithValue(ctx, scopeKey{}, &Scope{})
+}
+
+// FromContext returns the scope NewContext installed in ctx, or nil.
+func FromContext(ctx context.Context) *Scope {
+	s, _ := ctx.Value(scopeKey{}).(*Scope)
+	return s
+}
+
+// Batch holds the events one transaction has emitted so far. The driver
+// creates it at BeginTx (Scope.Begin) and ends it at Commit (Take) or
+// Rollback (Discard).
+type Batch struct {
+	scope  *Scope
+	limits Limits
+	events []Event
+	ids    map[string]struct{} // built lazily, once a caller supplies an ID
+	bytes  int
+}
+
+// Begin binds a new batch with the given limits (defaults applied) to s as
+// an open transaction.
+func (s *Scope) Begin(limits Limits) *Batch {
+	b := &Batch{scope: s, limits: limits.WithDefaults()}
+	s.mu.Lock()
+	s.open = append(s.open, b)
+	s.mu.Unlock()
+	return b
+}
+
+func (s *Scope) unbind(b *Batch) {
+	for i, o := range s.open {
+		if o == b {
+			s.open = append(s.open[:i], s.open[i+1:]...)
+			return
+		}
+	}
+}
+
+// Take unbinds b from its scope and returns the buffered events in Emit
+// order. Emit calls after Take return ErrNoTransaction.
+func (b *Batch) Take() []Event {
+	b.scope.mu.Lock()
+	defer b.scope.mu.Unlock()
+	b.scope.unbind(b)
+	ev := b.events
+	b.events = nil
+	return ev
+}
+
+// Discard unbinds b and drops its events (the transaction rolled back).
+func (b *Batch) Discard() { b.Take() }
+
+// Len returns the number of events buffered so far.
+func (b *Batch) Len() int {
+	b.scope.mu.Lock()
+	defer b.scope.mu.Unlock()
+	return len(b.events)
+}
+
+// Emit validates ev and buffers it in the transaction open in ctx's scope;
+// the outbox driver writes it in that transaction just before COMMIT. Emit
+// copies Payload and Headers. It returns ErrNoTransaction,
+// ErrConcurrentTransactions, a *ValidationError (matching ErrInvalidEvent),
+// ErrTooManyEvents or ErrTransactionTooLarge; after any error the
+// transaction is unchanged and usable. Emit is safe for concurrent use.
+func Emit(ctx context.Context, ev Event) error {
+	s := FromContext(ctx)
+	if s == nil {
+		return fmt.Errorf("%w (no scope in context: wrap it with outbox.NewContext)", ErrNoTransaction)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch len(s.open) {
+	case 0:
+		return ErrNoTransaction
+	case 1:
+	default:
+		return fmt.Errorf("%w (%d open)", ErrConcurrentTransactions, len(s.open))
+	}
+	return s.open[0].add(ev)
+}
+
+// add validates and appends ev; s.mu is held.
+func (b *Batch) add(ev Event) error {
+	supplied := ev.ID != ""
+	size, err := prepare(&ev, b.limits)
+	if err != nil {
+		return err
+	}
+	if len(b.events)+1 > b.limits.MaxEvents {
+		return fmt.Errorf("%w: limit %d (Limits.MaxEvents)", ErrTooManyEvents, b.limits.MaxEvents)
+	}
+	if b.bytes+size > b.limits.MaxBytes {
+		return fmt.Errorf("%w: %d + %d bytes exceeds %d (Limits.MaxBytes)", ErrTransactionTooLarge, b.bytes, size, b.limits.MaxBytes)
+	}
+	if supplied && b.ids == nil && len(b.events) > 0 {
+		b.ids = make(map[string]struct{}, len(b.events)+1)
+		for i := range b.events {
+			b.ids[b.events[i].ID] = struct{}{}
+		}
+	}
+	if b.ids != nil || supplied {
+		if _, dup := b.ids[ev.ID]; dup {
+			return invalid("ID", ErrDuplicateID, "%q", ev.ID)
+		}
+		if b.ids == nil {
+			b.ids = make(map[string]struct{})
+		}
+		b.ids[ev.ID] = struct{}{}
+	}
+	b.events = append(b.events, ev)
+	b.bytes += size
+	return nil
+}

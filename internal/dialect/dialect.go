@@ -1,0 +1,345 @@
+// Package dialect holds the SQL of each supported database, rendered for one
+// outbox table. The SQL itself lives in sql/<dialect>/*.sql (embedded): the
+// numbered files are schema migrations, queries.sql holds the named
+// statements the commit hook and the relay run. Go code here only renders
+// table names and placeholders.
+package dialect
+
+import (
+	"bytes"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+)
+
+// Name is a dialect's name.
+type Name string
+
+// The supported dialects.
+const (
+	Postgres Name = "postgres"
+	MySQL    Name = "mysql"
+	SQLite   Name = "sqlite"
+)
+
+// Errors.
+var (
+	ErrUnknownDialect = errors.New("outbox: unknown dialect")
+	ErrInvalidTable   = errors.New("outbox: invalid table name")
+)
+
+// Row-insert columns per event, and the most bind parameters one statement
+// may carry per dialect (PostgreSQL and MySQL: 65,535, a 16-bit count in
+// their wire protocols; SQLite: SQLITE_MAX_VARIABLE_NUMBER, 32,766 since 3.32).
+const InsertColumns = 9
+
+// MaxStatementBytes caps the payload and header bytes of one multi-row
+// INSERT, well below MySQL's smallest common max_allowed_packet (16 MiB on
+// MariaDB, 64 MiB on MySQL 8), so no statement is refused for its size.
+const MaxStatementBytes = 4 << 20
+
+//go:embed sql
+var files embed.FS
+
+// Dialect is the SQL of one dialect rendered for one table. It is immutable
+// and safe for concurrent use.
+type Dialect struct {
+	name       Name
+	table      string // as configured, e.g. "public.outbox_message"
+	schema     string
+	base       string
+	quoted     string
+	queries    map[string]string
+	migrations []Migration
+	insertHead string
+	insertRow  string // with ? placeholders
+}
+
+// Migration is one schema version.
+type Migration struct {
+	Version    int
+	Name       string
+	Statements []string
+}
+
+var (
+	schemaPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+	basePart   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,39}$`)
+)
+
+// MaxTableNameBytes is the longest table name (without schema): index and
+// helper-table names append up to 23 bytes and PostgreSQL truncates
+// identifiers at 63.
+const MaxTableNameBytes = 40
+
+// New renders the SQL of dialect name for table, which is "name" or
+// "schema.name"; each part starts with a letter or underscore and holds
+// letters, digits and underscores (name at most MaxTableNameBytes, schema at
+// most 63). It returns ErrUnknownDialect or ErrInvalidTable (wrapped).
+func New(name Name, table string) (*Dialect, error) {
+	switch name {
+	case Postgres, MySQL, SQLite:
+	default:
+		return nil, fmt.Errorf("%w %q (want postgres, mysql or sqlite)", ErrUnknownDialect, name)
+	}
+	d := &Dialect{name: name, table: table}
+	parts := strings.Split(table, ".")
+	switch {
+	case len(parts) == 1 && basePart.MatchString(parts[0]):
+		d.base = parts[0]
+	case len(parts) == 2 && schemaPart.MatchString(parts[0]) && basePart.MatchString(parts[1]):
+		d.schema, d.base = parts[0], parts[1]
+	default:
+		return nil, fmt.Errorf("%w %q: want name or schema.name of letters, digits and underscores, not starting with a digit, name at most %d bytes", ErrInvalidTable, table, MaxTableNameBytes)
+	}
+	d.quoted = d.qualify(d.base)
+	if err := d.load(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Dialect) quote(id string) string {
+	if d.name == MySQL {
+		return "`" + id + "`"
+	}
+	return `"` + id + `"`
+}
+
+func (d *Dialect) qualify(id string) string {
+	if d.schema == "" {
+		return d.quote(id)
+	}
+	return d.quote(d.schema) + "." + d.quote(id)
+}
+
+// templateData is what the .sql templates see.
+type templateData struct{ d *Dialect }
+
+// Table is the quoted, schema-qualified table.
+func (t templateData) Table() string { return t.d.quoted }
+
+// Migrations is the quoted, schema-qualified migrations table.
+func (t templateData) Migrations() string { return t.d.qualify(t.d.base + "_migrations") }
+
+// Index names an index or constraint after the table: PostgreSQL puts it in
+// the table's schema by itself; SQLite wants the schema on the index name.
+func (t templateData) Index(suffix string) string {
+	if t.d.name == SQLite && t.d.schema != "" {
+		return t.d.quote(t.d.schema) + "." + t.d.quote(t.d.base+"_"+suffix)
+	}
+	return t.d.quote(t.d.base + "_" + suffix)
+}
+
+// IndexTable is the table as CREATE INDEX ... ON wants it (unqualified on
+// SQLite, where the index name carries the schema).
+func (t templateData) IndexTable() string {
+	if t.d.name == SQLite {
+		return t.d.quote(t.d.base)
+	}
+	return t.d.quoted
+}
+
+func (d *Dialect) render(name, text string) (string, error) {
+	tmpl, err := template.New(name).Parse(text)
+	if err != nil {
+		return "", fmt.Errorf("outbox: %s: %w", name, err)
+	}
+	var b bytes.Buffer
+	if err := tmpl.Execute(&b, templateData{d}); err != nil {
+		return "", fmt.Errorf("outbox: %s: %w", name, err)
+	}
+	return b.String(), nil
+}
+
+var migrationFile = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
+
+func (d *Dialect) load() error {
+	dir := "sql/" + string(d.name)
+	entries, err := fs.ReadDir(files, dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		raw, err := fs.ReadFile(files, dir+"/"+e.Name())
+		if err != nil {
+			return err
+		}
+		text, err := d.render(e.Name(), string(raw))
+		if err != nil {
+			return err
+		}
+		if m := migrationFile.FindStringSubmatch(e.Name()); m != nil {
+			v, _ := strconv.Atoi(m[1])
+			d.migrations = append(d.migrations, Migration{Version: v, Name: m[2], Statements: splitStatements(text)})
+			continue
+		}
+		if e.Name() == "queries.sql" {
+			d.queries = parseQueries(text)
+		}
+	}
+	sort.Slice(d.migrations, func(i, j int) bool { return d.migrations[i].Version < d.migrations[j].Version })
+	d.insertHead = d.queries["insert"]
+	d.insertRow = d.queries["insert_row"]
+	return nil
+}
+
+// splitStatements splits a migration on semicolons that end a line, after
+// dropping comment lines.
+func splitStatements(text string) []string {
+	var out []string
+	for _, s := range strings.Split(stripComments(text), ";\n") {
+		if s = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(s), ";")); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func stripComments(text string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "--") {
+			continue
+		}
+		b.WriteString(line)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// parseQueries reads "-- name: X" sections.
+func parseQueries(text string) map[string]string {
+	q := map[string]string{}
+	var name string
+	var body strings.Builder
+	flush := func() {
+		if name != "" {
+			q[name] = strings.TrimSpace(stripComments(body.String()))
+		}
+		body.Reset()
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if n, ok := strings.CutPrefix(strings.TrimSpace(line), "-- name:"); ok {
+			flush()
+			name = strings.TrimSpace(n)
+			continue
+		}
+		body.WriteString(line)
+		body.WriteByte('\n')
+	}
+	flush()
+	return q
+}
+
+// Name returns the dialect's name.
+func (d *Dialect) Name() Name { return d.name }
+
+// Table returns the table name as configured (unquoted).
+func (d *Dialect) Table() string { return d.table }
+
+// QuotedTable returns the quoted, schema-qualified table name.
+func (d *Dialect) QuotedTable() string { return d.quoted }
+
+// Query returns the named statement from queries.sql, with placeholders in
+// the dialect's own style. It panics on an unknown name: names are
+// constants of this module, so that is a programming error caught by tests.
+func (d *Dialect) Query(name string) string {
+	q, ok := d.queries[name]
+	if !ok {
+		panic("outbox: dialect " + string(d.name) + " has no query " + name)
+	}
+	return q
+}
+
+// MaxParams is the most bind parameters one statement may carry.
+func (d *Dialect) MaxParams() int {
+	if d.name == SQLite {
+		return 32766
+	}
+	return 65535
+}
+
+// MaxInsertRows is the most events one INSERT may carry.
+func (d *Dialect) MaxInsertRows() int { return d.MaxParams() / InsertColumns }
+
+// Insert returns a multi-row INSERT for rows events, InsertColumns
+// parameters per event in the order message_id, aggregate_type,
+// aggregate_id, event_type, topic, partition_key, content_type, payload,
+// headers.
+func (d *Dialect) Insert(rows int) string {
+	var b strings.Builder
+	b.Grow(len(d.insertHead) + rows*(len(d.insertRow)+16))
+	head, _, _ := strings.Cut(d.insertHead, "{{ROWS}}")
+	b.WriteString(head)
+	n := 0
+	for r := 0; r < rows; r++ {
+		if r > 0 {
+			b.WriteString(", ")
+		}
+		n = d.writePlaceholders(&b, d.insertRow, n)
+	}
+	return b.String()
+}
+
+// writePlaceholders copies s to b, turning each ? into the dialect's
+// placeholder numbered from n+1; it returns the last number used.
+func (d *Dialect) writePlaceholders(b *strings.Builder, s string, n int) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '?' {
+			n++
+			if d.name == Postgres {
+				b.WriteByte('$')
+				b.WriteString(strconv.Itoa(n))
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return n
+}
+
+// MarkSent returns the statement marking ids sent and its arguments.
+func (d *Dialect) MarkSent(ids []int64) (string, []any) {
+	q := d.Query("mark_sent")
+	if d.name == Postgres {
+		var b strings.Builder
+		b.WriteByte('{')
+		for i, id := range ids {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.FormatInt(id, 10))
+		}
+		b.WriteByte('}')
+		return q, []any{b.String()}
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	return strings.Replace(q, "{{IDS}}", strings.TrimSuffix(strings.Repeat("?,", len(ids)), ","), 1), args
+}
+
+// Migrations returns the schema versions in order.
+func (d *Dialect) Migrations() []Migration { return d.migrations }
+
+// LatestVersion is the newest schema version this build knows.
+func (d *Dialect) LatestVersion() int { return d.migrations[len(d.migrations)-1].Version }
+
+// MigrationsTable is the quoted name of the table recording applied versions.
+func (d *Dialect) MigrationsTable() string { return templateData{d}.Migrations() }
+
+// LockKey is a stable 64-bit key for this table's migration lock.
+func (d *Dialect) LockKey() int64 {
+	h := fnv.New64a()
+	h.Write([]byte("outbox-migrate:" + d.table))
+	return int64(h.Sum64())
+}

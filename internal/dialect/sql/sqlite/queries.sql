@@ -1,0 +1,50 @@
+-- name: now
+SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)
+
+-- name: version
+SELECT sqlite_version()
+
+-- name: claim
+SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
+       COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
+       COALESCE(o.headers, ''), o.attempts
+FROM {{.Table}} o
+WHERE o.status = 0
+  AND (o.next_retry_at IS NULL OR o.next_retry_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER))
+  AND NOT EXISTS (
+        SELECT 1 FROM {{.Table}} h
+        WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
+          AND h.status = 2 AND h.id < o.id)
+  AND NOT EXISTS (
+        SELECT 1 FROM {{.Table}} h
+        WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
+          AND h.status = 0 AND h.next_retry_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) AND h.id < o.id)
+ORDER BY o.id
+LIMIT ?
+
+-- name: mark_sent
+UPDATE {{.Table}}
+SET status = 1, attempts = attempts + 1, sent_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER), next_retry_at = NULL
+WHERE id IN ({{"{{IDS}}"}}) AND status = 0
+
+-- name: mark_retry
+UPDATE {{.Table}}
+SET attempts = attempts + 1, next_retry_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + (? / 1000),
+    last_error = ?, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE id = ? AND status = 0
+
+-- name: mark_dead
+UPDATE {{.Table}}
+SET status = 2, attempts = attempts + 1, next_retry_at = NULL, last_error = ?, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE id = ? AND status = 0
+
+-- name: insert
+-- Multi-row INSERT written by the commit hook: the row template below is
+-- repeated once per event ({{"{{ROWS}}"}}); its ? become the dialect's placeholders.
+INSERT INTO {{.Table}} (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key,
+                        content_type, payload, headers, created_at, updated_at)
+VALUES {{"{{ROWS}}"}}
+
+-- name: insert_row
+(?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(unixepoch('subsec') * 1000 AS INTEGER), CAST(unixepoch('subsec') * 1000 AS INTEGER))

@@ -1,0 +1,288 @@
+// Package testdb gives each test its own outbox database objects on every
+// supported target: a private PostgreSQL schema (through lib/pq and through
+// pgx), a private MariaDB/MySQL database, a private SQLite file.
+//
+// Servers come from OUTBOX_TEST_POSTGRES (default
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable) and
+// OUTBOX_TEST_MYSQL (default root@tcp(127.0.0.1:3306)/test). When one is not
+// reachable and a Docker engine is, it is started with testcontainers-go.
+// Otherwise the test is skipped with the reason, unless OUTBOX_TEST_REQUIRE
+// is set (CI sets it), in which case the test fails.
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	sqldriver "database/sql/driver"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lib/pq"
+	"modernc.org/sqlite"
+
+	"github.com/sqloutbox/outbox/driver"
+)
+
+// Target is one database and driver combination the suite runs against.
+type Target struct {
+	// Name is pq, pgx, mysql or sqlite.
+	Name    string
+	Dialect driver.Dialect
+}
+
+// All is every target, in the order the suite runs them.
+var All = []Target{
+	{"pq", driver.Postgres},
+	{"pgx", driver.Postgres},
+	{"mysql", driver.MySQL},
+	{"sqlite", driver.SQLite},
+}
+
+// Env is one test's private database objects on one target.
+type Env struct {
+	Target Target
+	// Schema is the private PostgreSQL schema or MySQL database ("" on SQLite).
+	Schema string
+	// Table is the outbox table, qualified with Schema.
+	Table string
+	// Outbox is the driver configuration bound to Table.
+	Outbox *driver.Outbox
+	// DB is opened through the outbox wrapper; business code uses it.
+	DB *sql.DB
+	// RelayDB is a separate small pool, without the wrapper, for relays
+	// and for reading rows back.
+	RelayDB *sql.DB
+	// DSN is the private database's DSN for the target's driver (MySQL
+	// and SQLite point at the private database; PostgreSQL at the server).
+	DSN string
+}
+
+// Q qualifies a business table name with the private schema.
+func (e *Env) Q(name string) string {
+	if e.Schema == "" {
+		return name
+	}
+	return e.Schema + "." + name
+}
+
+// Placeholder returns the n-th (1-based) bind placeholder for the dialect.
+func (e *Env) Placeholder(n int) string {
+	if e.Target.Dialect == driver.Postgres {
+		return fmt.Sprintf("$%d", n)
+	}
+	return "?"
+}
+
+// ForUpdate is the row-lock suffix for a SELECT ("" on SQLite, where
+// BEGIN IMMEDIATE serializes writers).
+func (e *Env) ForUpdate() string {
+	if e.Target.Dialect == driver.SQLite {
+		return ""
+	}
+	return " FOR UPDATE"
+}
+
+func randomName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+var (
+	serverMu sync.Mutex
+	servers  = map[driver.Dialect]string{}
+	failures = map[driver.Dialect]error{}
+)
+
+// PostgresDSN and MySQLDSN return the server DSNs, starting containers if
+// needed; they skip or fail t when no server is available.
+func PostgresDSN(t testing.TB) string { return server(t, driver.Postgres) }
+
+// MySQLDSN: see PostgresDSN.
+func MySQLDSN(t testing.TB) string { return server(t, driver.MySQL) }
+
+func server(t testing.TB, d driver.Dialect) string {
+	t.Helper()
+	serverMu.Lock()
+	defer serverMu.Unlock()
+	if dsn, ok := servers[d]; ok {
+		return dsn
+	}
+	if err, ok := failures[d]; ok {
+		unavailable(t, d, err)
+	}
+	var dsn, drv string
+	switch d {
+	case driver.Postgres:
+		dsn, drv = envOr("OUTBOX_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "pgx"
+	case driver.MySQL:
+		dsn, drv = envOr("OUTBOX_TEST_MYSQL", "root@tcp(127.0.0.1:3306)/test"), "mysql"
+	}
+	err := ping(drv, dsn)
+	if err != nil && dockerAvailable() {
+		var cerr error
+		dsn, cerr = startContainer(d)
+		if cerr == nil {
+			err = ping(drv, dsn)
+		} else {
+			err = fmt.Errorf("%v; container: %w", err, cerr)
+		}
+	}
+	if err != nil {
+		failures[d] = err
+		unavailable(t, d, err)
+	}
+	servers[d] = dsn
+	return dsn
+}
+
+func unavailable(t testing.TB, d driver.Dialect, err error) {
+	t.Helper()
+	if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
+		t.Fatalf("%s server required (OUTBOX_TEST_REQUIRE is set) but unavailable: %v", d, err)
+	}
+	t.Skipf("SKIP: no %s server (%v); set OUTBOX_TEST_%s or start one", d, err, strings.ToUpper(string(d)))
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func ping(drv, dsn string) error {
+	db, err := sql.Open(drv, dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	return db.PingContext(ctx)
+}
+
+// New creates t's private objects on target, migrates the outbox table
+// (named table, or driver.DefaultTable if empty) and registers cleanup.
+func New(t testing.TB, target Target, cfg driver.Config) *Env {
+	t.Helper()
+	ctx := context.Background()
+	e := &Env{Target: target}
+	cfg.Dialect = target.Dialect
+	base := cfg.Table
+	if base == "" {
+		base = driver.DefaultTable
+	}
+	var connector sqldriver.Connector
+	var plain func() (*sql.DB, error)
+	switch target.Dialect {
+	case driver.Postgres:
+		dsn := PostgresDSN(t)
+		e.Schema = randomName("t_")
+		admin, err := sql.Open("pgx", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.Close() })
+		if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+e.Schema); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+e.Schema+" CASCADE") })
+		e.DSN = dsn
+		if target.Name == "pq" {
+			c, err := pq.NewConnector(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			connector = c
+		} else {
+			pc, err := pgx.ParseConfig(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			connector = stdlib.GetConnector(*pc)
+		}
+		plain = func() (*sql.DB, error) { return sql.Open("pgx", dsn) }
+	case driver.MySQL:
+		dsn := MySQLDSN(t)
+		e.Schema = randomName("t_")
+		admin, err := sql.Open("mysql", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.Close() })
+		if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+e.Schema); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+e.Schema) })
+		mc, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mc.DBName = e.Schema
+		e.DSN = mc.FormatDSN()
+		c, err := mysql.NewConnector(mc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		connector = c
+		plain = func() (*sql.DB, error) { return sql.Open("mysql", e.DSN) }
+	case driver.SQLite:
+		e.DSN = SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db"))
+		plain = func() (*sql.DB, error) { return sql.Open("sqlite", e.DSN) }
+	}
+	if e.Schema != "" {
+		cfg.Table = e.Schema + "." + base
+	} else {
+		cfg.Table = base
+	}
+	e.Table = cfg.Table
+	ob, err := driver.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Outbox = ob
+	if connector != nil {
+		e.DB = sql.OpenDB(ob.WrapConnector(connector))
+	} else {
+		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(e.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.DB = sql.OpenDB(c)
+	}
+	t.Cleanup(func() { e.DB.Close() })
+	if e.RelayDB, err = plain(); err != nil {
+		t.Fatal(err)
+	}
+	e.RelayDB.SetMaxOpenConns(2)
+	t.Cleanup(func() { e.RelayDB.Close() })
+	if err := ob.Migrate(ctx, e.DB); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// SQLiteDSN returns the DSN the project uses for a SQLite file: WAL, a
+// 10 s busy timeout, foreign keys on, and BEGIN IMMEDIATE for
+// transactions so writers queue instead of failing to upgrade a lock.
+func SQLiteDSN(path string) string {
+	v := url.Values{}
+	v.Add("_pragma", "busy_timeout(10000)")
+	v.Add("_pragma", "journal_mode(WAL)")
+	v.Add("_pragma", "synchronous(NORMAL)")
+	v.Add("_pragma", "foreign_keys(1)")
+	v.Set("_txlock", "immediate")
+	return "file:" + path + "?" + v.Encode()
+}

@@ -1,0 +1,128 @@
+// Package outboxtest helps test code that emits events: an in-memory
+// Publisher that records what the relay publishes, and waits on conditions
+// with a deadline instead of sleeps.
+//
+//	pub := outboxtest.NewPublisher()
+//	r, _ := relay.New(db, relay.Config{Dialect: driver.SQLite, Publisher: pub, Wakeup: ob.Wakeup()})
+//	go r.Run(ctx)
+//	// ... commit a transaction that emits ...
+//	msgs, err := pub.WaitForCount(ctx, 1)
+package outboxtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// Publisher is an in-memory relay.Publisher. It records every message it
+// acknowledges, in publish order, and can be told to fail. The zero value
+// is not usable; call NewPublisher. Safe for concurrent use.
+type Publisher struct {
+	mu      sync.Mutex
+	msgs    []relay.Message
+	changed chan struct{} // closed and replaced on every change
+	fail    func(relay.Message) error
+	batches int
+}
+
+// NewPublisher returns an empty Publisher that acknowledges everything.
+func NewPublisher() *Publisher {
+	return &Publisher{changed: make(chan struct{})}
+}
+
+// FailWith makes Publish fail each message for which fn returns a non-nil
+// error (per message, as relay.PublishErrors); nil fn restores success.
+func (p *Publisher) FailWith(fn func(relay.Message) error) {
+	p.mu.Lock()
+	p.fail = fn
+	p.mu.Unlock()
+}
+
+// Publish implements relay.Publisher.
+func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.batches++
+	var errs relay.PublishErrors
+	for i, m := range msgs {
+		if p.fail != nil {
+			if err := p.fail(m); err != nil {
+				if errs == nil {
+					errs = make(relay.PublishErrors, len(msgs))
+				}
+				errs[i] = err
+				continue
+			}
+		}
+		m.Payload = append([]byte(nil), m.Payload...)
+		p.msgs = append(p.msgs, m)
+	}
+	close(p.changed)
+	p.changed = make(chan struct{})
+	if errs != nil {
+		return errs
+	}
+	return nil
+}
+
+// Messages returns a copy of the acknowledged messages in publish order
+// (duplicates included).
+func (p *Publisher) Messages() []relay.Message {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]relay.Message(nil), p.msgs...)
+}
+
+// Batches returns how many Publish calls were made.
+func (p *Publisher) Batches() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.batches
+}
+
+// Wait blocks until cond, called with the acknowledged messages after each
+// change, returns true, or ctx ends (then it returns ctx's error and the
+// messages so far).
+func (p *Publisher) Wait(ctx context.Context, cond func([]relay.Message) bool) ([]relay.Message, error) {
+	for {
+		p.mu.Lock()
+		msgs := append([]relay.Message(nil), p.msgs...)
+		ch := p.changed
+		p.mu.Unlock()
+		if cond(msgs) {
+			return msgs, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return msgs, fmt.Errorf("outboxtest: condition not met (%d messages published): %w", len(msgs), ctx.Err())
+		}
+	}
+}
+
+// WaitForCount waits until at least n messages were acknowledged.
+func (p *Publisher) WaitForCount(ctx context.Context, n int) ([]relay.Message, error) {
+	return p.Wait(ctx, func(m []relay.Message) bool { return len(m) >= n })
+}
+
+// WaitForIDs waits until every given message ID was acknowledged.
+func (p *Publisher) WaitForIDs(ctx context.Context, ids ...string) ([]relay.Message, error) {
+	return p.Wait(ctx, func(msgs []relay.Message) bool {
+		seen := make(map[string]bool, len(msgs))
+		for _, m := range msgs {
+			seen[m.MessageID] = true
+		}
+		for _, id := range ids {
+			if !seen[id] {
+				return false
+			}
+		}
+		return true
+	})
+}

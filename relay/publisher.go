@@ -1,0 +1,75 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Message is one outbox row as the relay hands it to a Publisher.
+type Message struct {
+	// ID is the row's outbox id: ascending in insert order, the order the
+	// relay first-delivers one aggregate's events in.
+	ID int64
+	// MessageID is the event's message ID (consumers dedupe by it).
+	MessageID     string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	// Topic is the event's own topic, or "" to let the publisher route it.
+	Topic       string
+	ContentType string
+	// Partition is the relay partition (partition.Of) stored on the row.
+	Partition int
+	// Payload and Headers are exactly what was given to Emit.
+	Payload []byte
+	Headers map[string]string
+	// Attempts counts earlier publish attempts of this message (0 the first time).
+	Attempts int
+}
+
+// Publisher sends messages to a broker. Publish receives a batch in outbox
+// id order and must not return before every message is acknowledged or has
+// failed. It returns nil when all were acknowledged; a PublishErrors (same
+// length as msgs, nil for acknowledged entries) when some failed; or any
+// other error when the whole batch failed (the relay then backs off as a
+// whole and re-sends later without counting an attempt). Publish must
+// honour ctx's deadline. For per-aggregate order, a Publisher must keep the
+// relative order of messages with the same AggregateType and AggregateID.
+type Publisher interface {
+	Publish(ctx context.Context, msgs []Message) error
+}
+
+// PublishErrors reports per-message outcomes of one Publish call: entry i
+// belongs to msgs[i]; nil means acknowledged.
+type PublishErrors []error
+
+// Error summarizes the failures.
+func (pe PublishErrors) Error() string {
+	n, first := 0, error(nil)
+	for _, e := range pe {
+		if e != nil {
+			if first == nil {
+				first = e
+			}
+			n++
+		}
+	}
+	return fmt.Sprintf("outbox: %d of %d messages failed to publish; first: %v", n, len(pe), first)
+}
+
+// ErrPermanent marks a publish error that retrying cannot fix (for example a
+// record the broker refuses as too large). Wrap it (fmt.Errorf("%w: ...",
+// relay.ErrPermanent)) and the relay dead-letters the message at once
+// instead of spending its remaining attempts.
+var ErrPermanent = errors.New("outbox: permanent publish error")
+
+// errText returns err's text trimmed to what the last_error column keeps.
+func errText(err error) string {
+	s := err.Error()
+	if len(s) > 2000 {
+		s = s[:2000]
+	}
+	return strings.ToValidUTF8(s, "?")
+}

@@ -1,0 +1,450 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
+)
+
+// Defaults, from the seed article unless noted.
+const (
+	// DefaultPollInterval is the fallback poll (seed: 1 s). The post-commit
+	// wake-up carries latency; the poll finds rows written by other
+	// processes and retries that came due.
+	DefaultPollInterval = time.Second
+	// DefaultBatchSize is the most rows claimed and published per cycle.
+	// The seed uses 100; larger batches amortize the claim and mark-sent
+	// round trips (measured in BENCHMARKS.md).
+	DefaultBatchSize = 500
+	// DefaultMaxAttempts is the first attempt plus the seed's 5 retries.
+	DefaultMaxAttempts = 6
+	// DefaultRetryInitial is the delay after the first failed attempt; it
+	// doubles per attempt (seed: 1 s x 2^attempt = 2, 4, 8, 16, 32 s).
+	DefaultRetryInitial = 2 * time.Second
+	// DefaultRetryMax caps one retry delay.
+	DefaultRetryMax = 5 * time.Minute
+	// DefaultRetryJitter is the randomization factor of retry delays: a
+	// delay d becomes uniform in [d(1-j), d(1+j)] (cenkalti/backoff).
+	DefaultRetryJitter = 0.2
+	// DefaultPublishTimeout bounds one Publish call (seed: send timeout 3 s,
+	// per message; here per batch).
+	DefaultPublishTimeout = 10 * time.Second
+	// DefaultQueryTimeout bounds each relay SQL statement.
+	DefaultQueryTimeout = 10 * time.Second
+)
+
+// Errors returned by New and Run.
+var (
+	ErrInvalidConfig = errors.New("outbox: invalid relay config")
+	ErrStopped       = errors.New("outbox: relay already ran")
+)
+
+// Config configures a Relay. Zero fields take the defaults above.
+type Config struct {
+	// Dialect and Table name the outbox table, as in driver.Config.
+	// Table defaults to driver.DefaultTable.
+	Dialect driver.Dialect
+	Table   string
+	// Publisher sends batches to the broker. Required.
+	Publisher Publisher
+	// Wakeup, usually driver.Outbox.Wakeup(), tells the relay a
+	// transaction with events has committed. Optional: without it the
+	// relay relies on the poll (and Notify).
+	Wakeup <-chan struct{}
+	// PollInterval is the fallback poll. Default DefaultPollInterval.
+	PollInterval time.Duration
+	// BatchSize is the most messages per cycle. Default DefaultBatchSize.
+	BatchSize int
+	// MaxAttempts is how many times a message is tried before it is
+	// dead-lettered (status failed). Default DefaultMaxAttempts.
+	MaxAttempts int
+	// RetryInitial, RetryMax and RetryJitter shape per-message retry
+	// delays: RetryInitial x 2^(attempt-1), capped at RetryMax, jittered.
+	RetryInitial time.Duration
+	RetryMax     time.Duration
+	RetryJitter  float64
+	// PublishTimeout bounds one Publish call. Default DefaultPublishTimeout.
+	PublishTimeout time.Duration
+	// QueryTimeout bounds each SQL statement. Default DefaultQueryTimeout.
+	QueryTimeout time.Duration
+	// OnDeadLetter, if set, is called (synchronously; keep it short) after a
+	// message was marked failed: the seed's alert hook.
+	OnDeadLetter func(Message, error)
+	// Logger receives structured logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Table == "" {
+		c.Table = driver.DefaultTable
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.RetryInitial == 0 {
+		c.RetryInitial = DefaultRetryInitial
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = DefaultRetryMax
+	}
+	if c.RetryJitter == 0 {
+		c.RetryJitter = DefaultRetryJitter
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.QueryTimeout == 0 {
+		c.QueryTimeout = DefaultQueryTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Relay moves committed outbox rows to a Publisher. Create it with New,
+// start it with Run, stop it by cancelling Run's context or with Stop.
+type Relay struct {
+	db  *sql.DB
+	cfg Config
+	d   *dialect.Dialect
+	log *slog.Logger
+
+	notify   chan struct{}
+	stopping chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+	started  chan struct{}
+	runOnce  sync.Once
+
+	mu   sync.Mutex
+	hard context.CancelFunc // cancels in-flight work on a hard stop
+}
+
+// New returns a relay over db, the outbox table's database. The relay runs
+// one statement at a time, so it holds at most one of db's connections;
+// give it its own small pool (db.SetMaxOpenConns(2)) so it can never starve
+// business queries, nor be starved by them. db need not be opened through
+// the outbox driver. New returns ErrInvalidConfig (wrapped) for a missing
+// Publisher, an unknown dialect, a bad table name or a negative setting.
+//
+// Until partition leases arrive, run one relay per outbox table: two
+// relays on one table publish every row twice and may interleave an
+// aggregate's events.
+func New(db *sql.DB, cfg Config) (*Relay, error) {
+	cfg = cfg.withDefaults()
+	if db == nil || cfg.Publisher == nil {
+		return nil, fmt.Errorf("%w: a *sql.DB and a Publisher are required", ErrInvalidConfig)
+	}
+	if cfg.PollInterval < 0 || cfg.BatchSize < 1 || cfg.MaxAttempts < 1 || cfg.RetryInitial < 0 ||
+		cfg.RetryMax < cfg.RetryInitial || cfg.RetryJitter < 0 || cfg.RetryJitter >= 1 ||
+		cfg.PublishTimeout < 0 || cfg.QueryTimeout < 0 {
+		return nil, fmt.Errorf("%w: out-of-range setting in %+v", ErrInvalidConfig, cfg)
+	}
+	d, err := dialect.New(dialect.Name(cfg.Dialect), cfg.Table)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return &Relay{
+		db: db, cfg: cfg, d: d,
+		log:      cfg.Logger.With("component", "outbox.relay", "table", cfg.Table),
+		notify:   make(chan struct{}, 1),
+		stopping: make(chan struct{}),
+		done:     make(chan struct{}),
+		started:  make(chan struct{}),
+	}, nil
+}
+
+// Notify wakes the relay for an immediate cycle; calls coalesce. Safe for
+// concurrent use and cheap enough to call after every commit.
+func (r *Relay) Notify() {
+	select {
+	case r.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Run checks the server version and schema, then relays until ctx is
+// cancelled or Stop is called. Either way it stops claiming, lets the
+// in-flight batch finish (Publish is bounded by PublishTimeout), records
+// its outcomes, and returns nil; what was not published stays pending. It
+// returns an error wrapping dialect's ErrUnsupportedServer or
+// ErrSchemaMissing/ErrSchemaOutdated if the database cannot be relayed
+// from, and ErrStopped if Run was already called. Database errors during
+// the run are logged and retried with backoff; they do not end Run.
+func (r *Relay) Run(ctx context.Context) error {
+	first := false
+	r.runOnce.Do(func() { first = true })
+	if !first {
+		return ErrStopped
+	}
+	defer close(r.done)
+	hardCtx, hardCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer hardCancel()
+	r.mu.Lock()
+	r.hard = hardCancel
+	r.mu.Unlock()
+	go func() {
+		select {
+		case <-ctx.Done():
+			r.beginStop()
+		case <-r.done:
+		}
+	}()
+
+	if err := r.checkSchema(hardCtx); err != nil {
+		return err
+	}
+	close(r.started)
+	r.log.Info("relay started", "dialect", r.cfg.Dialect, "poll_interval", r.cfg.PollInterval, "batch_size", r.cfg.BatchSize)
+
+	bo := r.loopBackoff()
+	poll := time.NewTimer(r.cfg.PollInterval)
+	defer poll.Stop()
+	for {
+		select {
+		case <-r.stopping:
+			r.log.Info("relay stopped")
+			return nil
+		default:
+		}
+		n, err := r.cycle(hardCtx)
+		var wait time.Duration
+		switch {
+		case err != nil:
+			wait = bo.NextBackOff()
+			r.log.Warn("relay cycle failed; backing off", "error", err, "retry_in", wait)
+		case n == r.cfg.BatchSize:
+			bo.Reset()
+			continue // more may be waiting
+		default:
+			bo.Reset()
+			wait = r.cfg.PollInterval
+		}
+		if !poll.Stop() {
+			select {
+			case <-poll.C:
+			default:
+			}
+		}
+		poll.Reset(wait)
+		if err != nil {
+			// After a failure wait out the backoff even if woken, except
+			// to stop: a broker or database outage must not spin.
+			select {
+			case <-r.stopping:
+			case <-poll.C:
+			}
+			continue
+		}
+		select {
+		case <-r.stopping:
+		case <-poll.C:
+		case <-r.notify:
+		case <-r.cfg.Wakeup: // a nil channel never fires
+		}
+	}
+}
+
+// checkSchema retries transient failures (database unreachable) until the
+// relay is stopped, and returns at once on a verdict (unsupported server,
+// schema missing).
+func (r *Relay) checkSchema(ctx context.Context) error {
+	bo := r.loopBackoff()
+	for {
+		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		err := r.d.Check(qctx, r.db)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, dialect.ErrUnsupportedServer) || errors.Is(err, dialect.ErrSchemaMissing) ||
+			errors.Is(err, dialect.ErrSchemaOutdated) || errors.Is(err, dialect.ErrSchemaTooNew) {
+			return err
+		}
+		wait := bo.NextBackOff()
+		r.log.Warn("relay cannot reach the database; retrying", "error", err, "retry_in", wait)
+		select {
+		case <-r.stopping:
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (r *Relay) loopBackoff() backoff.BackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 100 * time.Millisecond
+	b.MaxInterval = 30 * time.Second
+	b.MaxElapsedTime = 0
+	b.Reset()
+	return b
+}
+
+// Stop stops the relay gracefully: no new claims; the in-flight batch may
+// finish and record its outcomes. If ctx ends first, in-flight work is
+// cancelled (its rows stay pending and are re-sent later, as duplicates at
+// worst) and Stop returns ctx.Err() once Run has returned. Stop before Run
+// makes Run return at once. Stop is safe to call twice.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.beginStop()
+	r.mu.Lock()
+	hard := r.hard
+	r.mu.Unlock()
+	if hard == nil {
+		return nil // Run not called: nothing to wait for
+	}
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		hard()
+		<-r.done
+		return ctx.Err()
+	}
+}
+
+func (r *Relay) beginStop() { r.stopOnce.Do(func() { close(r.stopping) }) }
+
+// cycle claims one batch, publishes it and records the outcomes. It
+// returns the number of rows claimed.
+func (r *Relay) cycle(ctx context.Context) (int, error) {
+	msgs, err := r.claim(ctx)
+	if err != nil || len(msgs) == 0 {
+		return 0, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	perr := r.cfg.Publisher.Publish(pctx, msgs)
+	cancel()
+	if perr == nil {
+		return len(msgs), r.markSent(ctx, msgs)
+	}
+	var pe PublishErrors
+	if !errors.As(perr, &pe) || len(pe) != len(msgs) {
+		// The batch failed as a whole (broker unreachable, timeout): no
+		// attempt is counted; the loop backs off and re-sends.
+		return len(msgs), fmt.Errorf("publishing %d messages: %w", len(msgs), perr)
+	}
+	sent := make([]Message, 0, len(msgs))
+	for i := range msgs {
+		if pe[i] == nil {
+			sent = append(sent, msgs[i])
+		}
+	}
+	if err := r.markSent(ctx, sent); err != nil {
+		return len(msgs), err
+	}
+	for i := range msgs {
+		if pe[i] != nil {
+			if err := r.markFailed(ctx, msgs[i], pe[i]); err != nil {
+				return len(msgs), err
+			}
+		}
+	}
+	return len(msgs), nil
+}
+
+func (r *Relay) claim(ctx context.Context) ([]Message, error) {
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := r.db.QueryContext(qctx, r.d.Query("claim"), r.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("claiming from %s: %w", r.cfg.Table, err)
+	}
+	defer rows.Close()
+	var msgs []Message
+	for rows.Next() {
+		var m Message
+		var headers string
+		if err := rows.Scan(&m.ID, &m.MessageID, &m.AggregateType, &m.AggregateID, &m.EventType,
+			&m.Topic, &m.Partition, &m.ContentType, &m.Payload, &headers, &m.Attempts); err != nil {
+			return nil, fmt.Errorf("reading claimed row: %w", err)
+		}
+		if headers != "" {
+			if err := json.Unmarshal([]byte(headers), &m.Headers); err != nil {
+				return nil, fmt.Errorf("decoding headers of row %d: %w", m.ID, err)
+			}
+		}
+		msgs = append(msgs, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claiming from %s: %w", r.cfg.Table, err)
+	}
+	return msgs, nil
+}
+
+// markSent records acknowledged messages. It runs even while the relay is
+// being stopped: an outcome the broker already acknowledged is worth
+// recording (otherwise the message is re-sent as a duplicate).
+func (r *Relay) markSent(ctx context.Context, msgs []Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(msgs))
+	for i := range msgs {
+		ids[i] = msgs[i].ID
+	}
+	q, args := r.d.MarkSent(ids)
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	if _, err := r.db.ExecContext(qctx, q, args...); err != nil {
+		return fmt.Errorf("marking %d messages sent (they will be re-sent): %w", len(ids), err)
+	}
+	return nil
+}
+
+// retryDelay returns the delay before attempt+1, for a message that has now
+// failed attempt times (attempt >= 1), with jitter.
+func (r *Relay) retryDelay(attempt int) time.Duration {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = r.cfg.RetryInitial
+	b.Multiplier = 2
+	b.RandomizationFactor = r.cfg.RetryJitter
+	b.MaxInterval = r.cfg.RetryMax
+	b.MaxElapsedTime = 0
+	b.Reset()
+	d := b.NextBackOff()
+	for i := 1; i < attempt; i++ {
+		d = b.NextBackOff()
+	}
+	return d
+}
+
+func (r *Relay) markFailed(ctx context.Context, m Message, perr error) error {
+	attempt := m.Attempts + 1
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	if attempt >= r.cfg.MaxAttempts || errors.Is(perr, ErrPermanent) {
+		if _, err := r.db.ExecContext(qctx, r.d.Query("mark_dead"), errText(perr), m.ID); err != nil {
+			return fmt.Errorf("dead-lettering message %s: %w", m.MessageID, err)
+		}
+		r.log.Error("message dead-lettered; its aggregate is held", "message_id", m.MessageID, "outbox_id", m.ID,
+			"aggregate_type", m.AggregateType, "aggregate_id", m.AggregateID, "attempts", attempt, "error", perr)
+		if r.cfg.OnDeadLetter != nil {
+			r.cfg.OnDeadLetter(m, perr)
+		}
+		return nil
+	}
+	delay := r.retryDelay(attempt)
+	if _, err := r.db.ExecContext(qctx, r.d.Query("mark_retry"), delay.Microseconds(), errText(perr), m.ID); err != nil {
+		return fmt.Errorf("scheduling retry of message %s: %w", m.MessageID, err)
+	}
+	r.log.Warn("publish failed; will retry", "message_id", m.MessageID, "outbox_id", m.ID, "attempt", attempt, "retry_in", delay, "error", perr)
+	return nil
+}
