@@ -43,6 +43,17 @@ var (
 	// events; it rolled the transaction back, so neither the business
 	// changes nor the events were committed. The driver's error is wrapped.
 	ErrWriteEvents = errors.New("outbox: writing events before COMMIT failed; transaction rolled back")
+
+	// ErrSchemaMissing: the outbox table was never migrated (relay start).
+	ErrSchemaMissing = dialect.ErrSchemaMissing
+	// ErrSchemaOutdated: the table is at an older schema version than this
+	// build needs; run Migrate.
+	ErrSchemaOutdated = dialect.ErrSchemaOutdated
+	// ErrSchemaTooNew: the table was migrated by a newer build.
+	ErrSchemaTooNew = dialect.ErrSchemaTooNew
+	// ErrUnsupportedServer: the server is older than PostgreSQL 12, MySQL
+	// 8.0, MariaDB 10.6 or SQLite 3.42.
+	ErrUnsupportedServer = dialect.ErrUnsupportedServer
 )
 
 // Config binds one registered driver name (or one wrapped connector) to one

@@ -184,9 +184,10 @@ func (r *Relay) Notify() {
 // cancelled or Stop is called. Either way it stops claiming, lets the
 // in-flight batch finish (Publish is bounded by PublishTimeout), records
 // its outcomes, and returns nil; what was not published stays pending. It
-// returns an error wrapping dialect's ErrUnsupportedServer or
-// ErrSchemaMissing/ErrSchemaOutdated if the database cannot be relayed
-// from, and ErrStopped if Run was already called. Database errors during
+// returns an error wrapping driver.ErrUnsupportedServer,
+// driver.ErrSchemaMissing, driver.ErrSchemaOutdated or
+// driver.ErrSchemaTooNew if the database cannot be relayed from (at start,
+// without retrying), and ErrStopped if Run was already called. Database errors during
 // the run are logged and retried with backoff; they do not end Run.
 func (r *Relay) Run(ctx context.Context) error {
 	first := false

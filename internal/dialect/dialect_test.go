@@ -1,0 +1,117 @@
+package dialect
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestSupportedVersion(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name Name
+		ver  string
+		ok   bool
+	}{
+		{Postgres, "110022", false},
+		{Postgres, "120000", true},
+		{Postgres, "150020", true},
+		{Postgres, "garbage", false},
+		{MySQL, "10.5.23-MariaDB", false},
+		{MySQL, "10.6.0-MariaDB", true},
+		{MySQL, "10.11.19-MariaDB-0+deb12u1", true},
+		{MySQL, "11.4.2-MariaDB", true},
+		{MySQL, "5.7.44", false},
+		{MySQL, "8.0.36", true},
+		{MySQL, "8.4.0-commercial", true},
+		{SQLite, "3.41.2", false},
+		{SQLite, "3.42.0", true},
+		{SQLite, "3.50.1", true},
+	} {
+		err := SupportedVersion(c.name, c.ver)
+		if (err == nil) != c.ok {
+			t.Errorf("%s %q: err = %v, want ok=%v", c.name, c.ver, err, c.ok)
+		}
+		if err != nil && !errors.Is(err, ErrUnsupportedServer) {
+			t.Errorf("%s %q: %v does not match ErrUnsupportedServer", c.name, c.ver, err)
+		}
+	}
+}
+
+func TestTableNames(t *testing.T) {
+	t.Parallel()
+	good := []string{"outbox_message", "_x", "public.outbox", "s1.t1", strings.Repeat("a", 40)}
+	bad := []string{"", "1abc", "a.b.c", "a-b", "x; DROP TABLE y", "a.", ".a", strings.Repeat("a", 41), "tab le", `a"b`, "a`b"}
+	for _, name := range []Name{Postgres, MySQL, SQLite} {
+		for _, g := range good {
+			if _, err := New(name, g); err != nil {
+				t.Errorf("%s %q: %v", name, g, err)
+			}
+		}
+		for _, b := range bad {
+			if _, err := New(name, b); !errors.Is(err, ErrInvalidTable) {
+				t.Errorf("%s %q: err = %v, want ErrInvalidTable", name, b, err)
+			}
+		}
+	}
+	if _, err := New("oracle", "t"); !errors.Is(err, ErrUnknownDialect) {
+		t.Errorf("unknown dialect: %v", err)
+	}
+}
+
+func TestRenderedSQL(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name  Name
+		table string
+		want  []string
+	}{
+		{Postgres, "app.events", []string{`CREATE TABLE IF NOT EXISTS "app"."events"`, `"events_pending_idx" ON "app"."events"`}},
+		{MySQL, "app.events", []string{"CREATE TABLE IF NOT EXISTS `app`.`events`", "KEY `events_hold_idx`"}},
+		{SQLite, "main.events", []string{`CREATE TABLE IF NOT EXISTS "main"."events"`, `"main"."events_pending_idx" ON "events"`}},
+	} {
+		d, err := New(c.name, c.table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ddl := d.DDL()
+		for _, w := range c.want {
+			if !strings.Contains(ddl, w) {
+				t.Errorf("%s DDL lacks %q:\n%s", c.name, w, ddl)
+			}
+		}
+		for _, q := range []string{"claim", "mark_sent", "mark_retry", "mark_dead", "now", "version", "insert", "insert_row"} {
+			if strings.Contains(d.Query(q), "{{.") {
+				t.Errorf("%s query %s not rendered", c.name, q)
+			}
+		}
+	}
+}
+
+func TestInsertPlaceholders(t *testing.T) {
+	t.Parallel()
+	pg, _ := New(Postgres, "t")
+	q := pg.Insert(2)
+	if !strings.Contains(q, "$18") || strings.Contains(q, "$19") || strings.Contains(q, "?") {
+		t.Errorf("postgres insert for 2 rows: %s", q)
+	}
+	my, _ := New(MySQL, "t")
+	if n := strings.Count(my.Insert(3), "?"); n != 3*InsertColumns {
+		t.Errorf("mysql insert for 3 rows has %d placeholders", n)
+	}
+	if pg.MaxInsertRows()*InsertColumns > 65535 {
+		t.Error("postgres rows exceed the parameter limit")
+	}
+	lite, _ := New(SQLite, "t")
+	if lite.MaxInsertRows()*InsertColumns > 32766 {
+		t.Error("sqlite rows exceed the parameter limit")
+	}
+	q, args := my.MarkSent([]int64{4, 5, 6})
+	if strings.Count(q, "?") != 3 || len(args) != 3 {
+		t.Errorf("mysql mark_sent: %s %v", q, args)
+	}
+	q, args = pg.MarkSent([]int64{4, 5, 6})
+	if len(args) != 1 || args[0] != "{4,5,6}" || !strings.Contains(q, "ANY($1") {
+		t.Errorf("postgres mark_sent: %s %v", q, args)
+	}
+}

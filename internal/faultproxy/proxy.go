@@ -1,0 +1,150 @@
+// Package faultproxy is a TCP proxy for fault tests: it sits between a
+// client and a database or broker on loopback and can cut every
+// connection, or cut one when the client sends a given byte pattern,
+// either before or after forwarding it.
+package faultproxy
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// Action says what to do when a watched pattern passes client to server.
+type Action int
+
+const (
+	// CutBefore closes both sides without forwarding the chunk holding the
+	// pattern: the server never sees it.
+	CutBefore Action = iota + 1
+	// CutAfter forwards the chunk, then closes both sides before any reply
+	// reaches the client: the server acts, the client never learns.
+	CutAfter
+)
+
+// Proxy forwards connections from its own loopback port to a target.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu      sync.Mutex
+	pattern []byte
+	action  Action
+	conns   map[net.Conn]struct{}
+	// Tripped counts connections cut by a pattern.
+	Tripped atomic.Int64
+}
+
+// Start listens on 127.0.0.1 (a free port) and forwards to target.
+func Start(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the proxy's "host:port".
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Arm makes the next client chunk containing pattern trigger action, once.
+func (p *Proxy) Arm(pattern []byte, action Action) {
+	p.mu.Lock()
+	p.pattern, p.action = append([]byte(nil), pattern...), action
+	p.mu.Unlock()
+}
+
+// CutAll closes every open connection (new ones are still accepted).
+func (p *Proxy) CutAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// Close stops listening and cuts every connection.
+func (p *Proxy) Close() error {
+	err := p.ln.Close()
+	p.CutAll()
+	return err
+}
+
+func (p *Proxy) track(c net.Conn, add bool) {
+	p.mu.Lock()
+	if add {
+		p.conns[c] = struct{}{}
+	} else {
+		delete(p.conns, c)
+	}
+	p.mu.Unlock()
+}
+
+func (p *Proxy) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.track(client, true)
+		p.track(server, true)
+		cut := func() {
+			client.Close()
+			server.Close()
+			p.track(client, false)
+			p.track(server, false)
+		}
+		var once sync.Once
+		go func() { // server -> client
+			_, _ = io.Copy(client, server)
+			once.Do(cut)
+		}()
+		go func() { // client -> server, watching for the pattern
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := client.Read(buf)
+				if n > 0 {
+					chunk := buf[:n]
+					p.mu.Lock()
+					act := Action(0)
+					if p.pattern != nil && bytes.Contains(chunk, p.pattern) {
+						act = p.action
+						p.pattern = nil
+					}
+					p.mu.Unlock()
+					switch act {
+					case CutBefore:
+						p.Tripped.Add(1)
+						once.Do(cut)
+						return
+					case CutAfter:
+						_, _ = server.Write(chunk)
+						p.Tripped.Add(1)
+						// Close the client side at once so no reply reaches
+						// it; let the server finish the command.
+						client.Close()
+						once.Do(cut)
+						return
+					}
+					if _, werr := server.Write(chunk); werr != nil {
+						once.Do(cut)
+						return
+					}
+				}
+				if err != nil {
+					once.Do(cut)
+					return
+				}
+			}
+		}()
+	}
+}

@@ -1,0 +1,316 @@
+// Package kafkatest runs an in-process Kafka-protocol broker (franz-go's
+// kfake) and a recording consumer (franz-go's kgo), for tests and the
+// quickstart example. Nothing here sleeps to synchronise: Consumer.Wait
+// blocks on a channel that is closed and replaced on every change.
+//
+//	b, _ := kafkatest.Start(kafkatest.Topics(8, "outbox.event.order"))
+//	defer b.Close()
+//	c, _ := kafkatest.NewConsumer(b.Addrs(), []string{"outbox.event.order"})
+//	defer c.Close()
+//	// ... produce ...
+//	recs, err := c.WaitForCount(ctx, 3)
+package kafkatest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Option configures Start.
+type Option func(*options)
+
+type options struct {
+	port   int
+	topics []seed
+}
+
+type seed struct {
+	partitions int32
+	names      []string
+}
+
+// Port makes the broker listen on 127.0.0.1:port instead of a random free
+// port (0 keeps the random choice).
+func Port(port int) Option { return func(o *options) { o.port = port } }
+
+// Topics seeds topics with the given number of partitions at start. It
+// may be given several times; a topic named twice takes the last count.
+func Topics(partitions int32, names ...string) Option {
+	return func(o *options) { o.topics = append(o.topics, seed{partitions, names}) }
+}
+
+// Broker is a running single-broker in-process Kafka cluster.
+type Broker struct {
+	cluster *kfake.Cluster
+	addrs   []string
+}
+
+// Start starts a one-broker kfake cluster with the given options. Close it
+// when done.
+func Start(opts ...Option) (*Broker, error) {
+	var o options
+	for _, fn := range opts {
+		fn(&o)
+	}
+	kopts := []kfake.Opt{kfake.NumBrokers(1)}
+	if o.port != 0 {
+		kopts = append(kopts, kfake.Ports(o.port))
+	}
+	for _, s := range o.topics {
+		kopts = append(kopts, kfake.SeedTopics(s.partitions, s.names...))
+	}
+	c, err := kfake.NewCluster(kopts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: starting kfake: %w", err)
+	}
+	return &Broker{cluster: c, addrs: c.ListenAddrs()}, nil
+}
+
+// Addrs returns the broker's bootstrap addresses ("host:port").
+func (b *Broker) Addrs() []string { return append([]string(nil), b.addrs...) }
+
+// Close shuts the broker down. It is safe to call twice.
+func (b *Broker) Close() { b.cluster.Close() }
+
+// Record is one consumed Kafka record.
+type Record struct {
+	// Topic, Partition and Offset locate the record.
+	Topic     string
+	Partition int32
+	Offset    int64
+	// Key and Value are the record's bytes as received.
+	Key   []byte
+	Value []byte
+	// Headers maps header keys to values (a repeated key keeps the last).
+	Headers map[string]string
+	// Received is time.Now() taken right after the poll that returned the
+	// record, before any processing.
+	Received time.Time
+}
+
+// Consumer consumes topics in a background goroutine (without a group:
+// every partition, directly) and records every record it receives, in
+// the order received. Safe for concurrent use.
+type Consumer struct {
+	cl     *kgo.Client
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu      sync.Mutex
+	recs    []Record
+	errs    []error
+	changed chan struct{} // closed and replaced on every change
+}
+
+// DefaultFetchMaxWait is the consumer's fetch.max.wait: how long the broker
+// may hold an empty fetch. A fetch returns as soon as one byte is available
+// (fetch.min.bytes 1), so this bounds idle round trips, not latency.
+const DefaultFetchMaxWait = 50 * time.Millisecond
+
+// NewConsumer starts consuming topics from their start. Extra kgo options
+// are appended after the defaults (seed brokers, topics, reset offset at
+// start, DefaultFetchMaxWait) and so override them.
+func NewConsumer(brokers, topics []string, opts ...kgo.Opt) (*Consumer, error) {
+	base := []kgo.Opt{
+		kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+	}
+	return newConsumer(brokers, append(base, opts...))
+}
+
+// NewConsumerAt starts consuming exactly the given partitions, each at the
+// given offset (as from EndOffsets, to ignore what a reused topic already
+// holds). Extra kgo options are appended after the defaults.
+func NewConsumerAt(brokers []string, offsets map[string]map[int32]int64, opts ...kgo.Opt) (*Consumer, error) {
+	parts := make(map[string]map[int32]kgo.Offset, len(offsets))
+	for t, ps := range offsets {
+		parts[t] = make(map[int32]kgo.Offset, len(ps))
+		for p, off := range ps {
+			parts[t][p] = kgo.NewOffset().At(off)
+		}
+	}
+	return newConsumer(brokers, append([]kgo.Opt{kgo.ConsumePartitions(parts)}, opts...))
+}
+
+func newConsumer(brokers []string, opts []kgo.Opt) (*Consumer, error) {
+	all := append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.FetchMaxWait(DefaultFetchMaxWait)}, opts...)
+	cl, err := kgo.NewClient(all...)
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: consumer: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Consumer{cl: cl, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{})}
+	go c.loop(ctx)
+	return c, nil
+}
+
+func (c *Consumer) loop(ctx context.Context) {
+	defer close(c.done)
+	for {
+		fetches := c.cl.PollFetches(ctx)
+		now := time.Now()
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			return
+		}
+		var recs []Record
+		fetches.EachRecord(func(r *kgo.Record) {
+			h := make(map[string]string, len(r.Headers))
+			for _, kv := range r.Headers {
+				h[kv.Key] = string(kv.Value)
+			}
+			recs = append(recs, Record{
+				Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
+				Key: r.Key, Value: r.Value, Headers: h, Received: now,
+			})
+		})
+		var errs []error
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				errs = append(errs, fmt.Errorf("fetching %s[%d]: %w", t, p, err))
+			}
+		})
+		if len(recs) == 0 && len(errs) == 0 {
+			continue
+		}
+		c.mu.Lock()
+		c.recs = append(c.recs, recs...)
+		c.errs = append(c.errs, errs...)
+		close(c.changed)
+		c.changed = make(chan struct{})
+		c.mu.Unlock()
+	}
+}
+
+// Records returns a copy of the records received so far, in receive order.
+func (c *Consumer) Records() []Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Record(nil), c.recs...)
+}
+
+// Errors returns the fetch errors seen so far (kgo retries most of them
+// itself; they are kept for diagnosis).
+func (c *Consumer) Errors() []error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]error(nil), c.errs...)
+}
+
+// Wait blocks until cond, called with the records so far after every
+// change (and once at the start), returns true, or ctx ends; then it
+// returns the records so far and an error wrapping ctx's error.
+func (c *Consumer) Wait(ctx context.Context, cond func([]Record) bool) ([]Record, error) {
+	for {
+		c.mu.Lock()
+		recs := append([]Record(nil), c.recs...)
+		ch := c.changed
+		c.mu.Unlock()
+		if cond(recs) {
+			return recs, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return recs, fmt.Errorf("kafkatest: condition not met (%d records consumed): %w", len(recs), ctx.Err())
+		}
+	}
+}
+
+// WaitForCount waits until at least n records were received.
+func (c *Consumer) WaitForCount(ctx context.Context, n int) ([]Record, error) {
+	return c.Wait(ctx, func(r []Record) bool { return len(r) >= n })
+}
+
+// Close stops the consumer and waits for its goroutine. Records stay
+// readable. It is safe to call twice.
+func (c *Consumer) Close() {
+	c.cancel()
+	c.cl.Close()
+	<-c.done
+}
+
+// CreateTopic creates topic with the given partition count and the
+// broker's default replication factor; a topic that already exists is
+// left as it is and is not an error.
+func CreateTopic(ctx context.Context, brokers []string, topic string, partitions int32) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return fmt.Errorf("kafkatest: %w", err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrCreateTopicsRequest()
+	t := kmsg.NewCreateTopicsRequestTopic()
+	t.Topic = topic
+	t.NumPartitions = partitions
+	t.ReplicationFactor = -1
+	req.Topics = append(req.Topics, t)
+	req.TimeoutMillis = 30000
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("kafkatest: creating topic %s: %w", topic, err)
+	}
+	for _, rt := range resp.Topics {
+		if err := kerr.ErrorForCode(rt.ErrorCode); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("kafkatest: creating topic %s: %w", topic, err)
+		}
+	}
+	return nil
+}
+
+// EndOffsets returns each partition's current end offset (the offset the
+// next produced record will get) of topic.
+func EndOffsets(ctx context.Context, brokers []string, topic string) (map[int32]int64, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: %w", err)
+	}
+	defer cl.Close()
+	mreq := kmsg.NewPtrMetadataRequest()
+	mt := kmsg.NewMetadataRequestTopic()
+	mt.Topic = kmsg.StringPtr(topic)
+	mreq.Topics = append(mreq.Topics, mt)
+	mresp, err := mreq.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: metadata of %s: %w", topic, err)
+	}
+	lreq := kmsg.NewPtrListOffsetsRequest()
+	lt := kmsg.NewListOffsetsRequestTopic()
+	lt.Topic = topic
+	for _, t := range mresp.Topics {
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
+			return nil, fmt.Errorf("kafkatest: metadata of %s: %w", topic, err)
+		}
+		for _, p := range t.Partitions {
+			lp := kmsg.NewListOffsetsRequestTopicPartition()
+			lp.Partition = p.Partition
+			lp.Timestamp = -1 // latest
+			lt.Partitions = append(lt.Partitions, lp)
+		}
+	}
+	lreq.Topics = append(lreq.Topics, lt)
+	lresp, err := lreq.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: end offsets of %s: %w", topic, err)
+	}
+	out := map[int32]int64{}
+	for _, t := range lresp.Topics {
+		for _, p := range t.Partitions {
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return nil, fmt.Errorf("kafkatest: end offset of %s[%d]: %w", topic, p.Partition, err)
+			}
+			out[p.Partition] = p.Offset
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("kafkatest: topic %s has no partitions", topic)
+	}
+	return out, nil
+}

@@ -1,0 +1,140 @@
+// Package tests holds the conformance suite: every behaviour runs against
+// every target (PostgreSQL through lib/pq and pgx, MariaDB/MySQL, SQLite)
+// with real servers, and, where a broker is involved, a real
+// Kafka-protocol broker (kfake) spoken to by sarama.
+package tests
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// forEachTarget runs fn as a parallel subtest per target.
+func forEachTarget(t *testing.T, fn func(t *testing.T, tg testdb.Target)) {
+	t.Helper()
+	for _, tg := range testdb.All {
+		t.Run(tg.Name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, tg)
+		})
+	}
+}
+
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// runningRelay is a relay started for a test.
+type runningRelay struct {
+	*relay.Relay
+	done chan error
+}
+
+// startRelay starts a relay on e's table; it is stopped at cleanup.
+func startRelay(t *testing.T, e *testdb.Env, pub relay.Publisher, mod func(*relay.Config)) *runningRelay {
+	t.Helper()
+	cfg := relay.Config{
+		Dialect: e.Target.Dialect, Table: e.Table, Publisher: pub,
+		Wakeup: e.Outbox.Wakeup(), PollInterval: 50 * time.Millisecond, Logger: quietLogger(),
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := relay.New(e.RelayDB, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := &runningRelay{Relay: r, done: make(chan error, 1)}
+	go func() { rr.done <- r.Run(context.Background()) }()
+	t.Cleanup(func() { rr.stop(t) })
+	return rr
+}
+
+func (rr *runningRelay) stop(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rr.Stop(ctx); err != nil {
+		t.Errorf("relay stop: %v", err)
+	}
+	select {
+	case err := <-rr.done:
+		if err != nil {
+			t.Errorf("relay run: %v", err)
+		}
+		rr.done <- nil // keep a second stop from blocking
+	case <-ctx.Done():
+		t.Errorf("relay did not return")
+	}
+}
+
+// createOrders makes a business table "orders" in e's private schema.
+func createOrders(t *testing.T, e *testdb.Env) {
+	t.Helper()
+	q := "CREATE TABLE " + e.Q("orders") + " (id VARCHAR(64) PRIMARY KEY, seq INTEGER NOT NULL)"
+	if _, err := e.RelayDB.Exec(q); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// inTx runs fn in a transaction begun with a fresh emit scope and commits.
+func inTx(ctx context.Context, db *sql.DB, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	ctx = outbox.NewContext(ctx)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(ctx, tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func ev(agg string, n int) outbox.Event {
+	return outbox.Event{AggregateType: "order", AggregateID: agg, Type: "order.step", Payload: []byte(fmt.Sprintf(`{"n":%d}`, n))}
+}
+
+// rowCount counts outbox rows, optionally with a status.
+func rowCount(t *testing.T, e *testdb.Env, where string) int {
+	t.Helper()
+	var n int
+	q := "SELECT COUNT(*) FROM " + e.Table
+	if where != "" {
+		q += " WHERE " + where
+	}
+	if err := e.RelayDB.QueryRow(q).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+var _ = driver.Postgres
+
+// eventually polls cond until it holds or ctx ends (a condition with a
+// deadline, not a sleep standing in for synchronisation).
+func eventually(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
+		}
+	}
+}
