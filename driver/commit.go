@@ -203,6 +203,7 @@ func execOnConn(ctx context.Context, conn any, query string, args []sqldriver.Na
 	for k := range args {
 		vals[k] = args[k].Value
 	}
-	_, err = stmt.Exec(vals) //nolint:staticcheck // fallback for drivers without StmtExecContext
+	//lint:ignore SA1019 fallback for drivers that lack StmtExecContext
+	_, err = stmt.Exec(vals)
 	return err
 }

@@ -11,6 +11,7 @@ package outboxtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -28,6 +29,10 @@ type Publisher struct {
 	batches int
 }
 
+// ErrHeldBack fails a message because an earlier message of its aggregate
+// failed in the same batch.
+var ErrHeldBack = errors.New("outboxtest: held back behind a failed message of the same aggregate")
+
 // NewPublisher returns an empty Publisher that acknowledges everything.
 func NewPublisher() *Publisher {
 	return &Publisher{changed: make(chan struct{})}
@@ -35,6 +40,8 @@ func NewPublisher() *Publisher {
 
 // FailWith makes Publish fail each message for which fn returns a non-nil
 // error (per message, as relay.PublishErrors); nil fn restores success.
+// Like an order-keeping broker client, a failed message also fails the
+// later messages of its aggregate in the same batch (with ErrHeldBack).
 func (p *Publisher) FailWith(fn func(relay.Message) error) {
 	p.mu.Lock()
 	p.fail = fn
@@ -50,9 +57,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	defer p.mu.Unlock()
 	p.batches++
 	var errs relay.PublishErrors
+	type key struct{ t, id string }
+	failed := map[key]bool{}
 	for i, m := range msgs {
 		if p.fail != nil {
-			if err := p.fail(m); err != nil {
+			err := p.fail(m)
+			if err == nil && failed[key{m.AggregateType, m.AggregateID}] {
+				err = ErrHeldBack
+			}
+			if err != nil {
+				failed[key{m.AggregateType, m.AggregateID}] = true
 				if errs == nil {
 					errs = make(relay.PublishErrors, len(msgs))
 				}

@@ -342,24 +342,39 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		// attempt is counted; the loop backs off and re-sends.
 		return len(msgs), fmt.Errorf("publishing %d messages: %w", len(msgs), perr)
 	}
+	// Per-message outcomes. The first failure of an aggregate counts an
+	// attempt and schedules its retry; the claim then holds the aggregate's
+	// later rows back until it succeeds. Later failures of the same
+	// aggregate in this batch count nothing: they stay pending.
 	sent := make([]Message, 0, len(msgs))
+	var failed []int
+	held := map[aggregateKey]bool{}
 	for i := range msgs {
-		if pe[i] == nil {
+		k := aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}
+		switch {
+		case pe[i] == nil:
+			if held[k] {
+				r.log.Warn("publisher acknowledged a message after an earlier one of its aggregate failed; first delivery order may be broken",
+					"message_id", msgs[i].MessageID, "aggregate_type", k.typ, "aggregate_id", k.id)
+			}
 			sent = append(sent, msgs[i])
+		case !held[k]:
+			held[k] = true
+			failed = append(failed, i)
 		}
 	}
 	if err := r.markSent(ctx, sent); err != nil {
 		return len(msgs), err
 	}
-	for i := range msgs {
-		if pe[i] != nil {
-			if err := r.markFailed(ctx, msgs[i], pe[i]); err != nil {
-				return len(msgs), err
-			}
+	for _, i := range failed {
+		if err := r.markFailed(ctx, msgs[i], pe[i]); err != nil {
+			return len(msgs), err
 		}
 	}
 	return len(msgs), nil
 }
+
+type aggregateKey struct{ typ, id string }
 
 func (r *Relay) claim(ctx context.Context) ([]Message, error) {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"modernc.org/sqlite"
+
+	"github.com/sqloutbox/outbox/driver"
+)
+
+// database is the quickstart's storage: app is opened through the outbox
+// wrapper (business code), relay is a separate small plain pool.
+type database struct {
+	dialect driver.Dialect
+	label   string
+	ob      *driver.Outbox
+	app     *sql.DB
+	relay   *sql.DB
+	close   func()
+}
+
+// openDatabase picks the database from dsn: a postgres:// or
+// postgresql:// URL is PostgreSQL (pgx), a go-sql-driver DSN
+// (user@tcp(host:port)/db, user@unix(/path)/db) or a mysql:// URL is
+// MySQL, and "" is an embedded SQLite file in a temporary directory.
+func openDatabase(dsn, outboxTable string) (*database, error) {
+	var (
+		d         driver.Dialect
+		label     string
+		connector sqldriver.Connector // the real driver's, wrapped below for app
+		plain     *sql.DB
+		cleanup   = func() {}
+	)
+	switch {
+	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
+		pc, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("parsing -db: %w", err)
+		}
+		d, label = driver.Postgres, "postgres"
+		connector = stdlib.GetConnector(*pc)
+		plain = sql.OpenDB(stdlib.GetConnector(*pc))
+	case strings.HasPrefix(dsn, "mysql://") || strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
+		mc, err := mysqlConfig(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("parsing -db: %w", err)
+		}
+		d, label = driver.MySQL, "mysql"
+		if connector, err = mysql.NewConnector(mc); err != nil {
+			return nil, err
+		}
+		pconn, err := mysql.NewConnector(mc)
+		if err != nil {
+			return nil, err
+		}
+		plain = sql.OpenDB(pconn)
+	case dsn == "":
+		dir, err := os.MkdirTemp("", "outbox-quickstart-")
+		if err != nil {
+			return nil, err
+		}
+		cleanup = func() { _ = os.RemoveAll(dir) }
+		d, label = driver.SQLite, "sqlite"
+		dsn = sqliteDSN(filepath.Join(dir, "quickstart.db"))
+		plain, err = sql.Open("sqlite", dsn)
+		if err != nil {
+			cleanup()
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN (user@tcp(host:port)/db or mysql://...), or empty for embedded SQLite", dsn)
+	}
+
+	ob, err := driver.New(driver.Config{Dialect: d, Table: outboxTable})
+	if err != nil {
+		_ = plain.Close()
+		cleanup()
+		return nil, err
+	}
+	var app *sql.DB
+	if connector != nil {
+		app = sql.OpenDB(ob.WrapConnector(connector))
+	} else {
+		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(dsn)
+		if err != nil {
+			_ = plain.Close()
+			cleanup()
+			return nil, err
+		}
+		app = sql.OpenDB(c)
+	}
+	// The relay's own pool: it runs one statement at a time, so two
+	// connections are plenty, and it can never starve business queries.
+	plain.SetMaxOpenConns(2)
+	return &database{
+		dialect: d, label: label, ob: ob, app: app, relay: plain,
+		close: func() {
+			_ = app.Close()
+			_ = plain.Close()
+			cleanup()
+		},
+	}, nil
+}
+
+// mysqlConfig parses a go-sql-driver DSN, or a mysql://user:pass@host:port/db?params URL.
+func mysqlConfig(dsn string) (*mysql.Config, error) {
+	if strings.HasPrefix(dsn, "mysql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return nil, err
+		}
+		host := u.Host
+		if u.Port() == "" {
+			host += ":3306"
+		}
+		userinfo := ""
+		if u.User != nil {
+			userinfo = u.User.Username()
+			if pw, ok := u.User.Password(); ok {
+				userinfo += ":" + pw
+			}
+			userinfo += "@"
+		}
+		dsn = fmt.Sprintf("%stcp(%s)/%s", userinfo, host, strings.TrimPrefix(u.Path, "/"))
+		if u.RawQuery != "" {
+			dsn += "?" + u.RawQuery
+		}
+	}
+	return mysql.ParseDSN(dsn)
+}
+
+// sqliteDSN is the project's SQLite recipe (internal/testdb.SQLiteDSN):
+// WAL, a 10 s busy timeout, foreign keys on, and BEGIN IMMEDIATE for every
+// transaction, so writers queue for the write lock instead of failing to
+// upgrade a read lock, and row "locking" needs no FOR UPDATE.
+func sqliteDSN(path string) string {
+	v := url.Values{}
+	v.Add("_pragma", "busy_timeout(10000)")
+	v.Add("_pragma", "journal_mode(WAL)")
+	v.Add("_pragma", "synchronous(NORMAL)")
+	v.Add("_pragma", "foreign_keys(1)")
+	v.Set("_txlock", "immediate")
+	return "file:" + path + "?" + v.Encode()
+}
+
+// prepare migrates the outbox table, creates the order table and, on a
+// server database, empties both so that repeated runs start clean (the
+// quickstart's tables are its own).
+func (db *database) prepare(ctx context.Context, orderTable string) error {
+	if err := db.ob.Migrate(ctx, db.app); err != nil {
+		return fmt.Errorf("migrating the outbox table: %w", err)
+	}
+	ddl := "CREATE TABLE IF NOT EXISTS " + orderTable +
+		" (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL, amount_cents BIGINT NOT NULL)"
+	if _, err := db.app.ExecContext(ctx, ddl); err != nil {
+		return fmt.Errorf("creating %s: %w", orderTable, err)
+	}
+	if db.dialect != driver.SQLite {
+		for _, t := range []string{orderTable, db.ob.Config().Table} {
+			if _, err := db.app.ExecContext(ctx, "DELETE FROM "+t); err != nil {
+				return fmt.Errorf("emptying %s: %w", t, err)
+			}
+		}
+	}
+	return nil
+}
+
+// readOutbox reads back every outbox row, in id order.
+func (db *database) readOutbox(ctx context.Context) ([]outboxRow, error) {
+	rows, err := db.relay.QueryContext(ctx,
+		"SELECT id, message_id, aggregate_id, event_type FROM "+db.ob.Config().Table+" ORDER BY id")
+	if err != nil {
+		return nil, fmt.Errorf("reading the outbox table: %w", err)
+	}
+	defer rows.Close()
+	var out []outboxRow
+	for rows.Next() {
+		var r outboxRow
+		if err := rows.Scan(&r.ID, &r.MessageID, &r.AggregateID, &r.EventType); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// retryable reports whether err is a transient concurrency failure worth
+// running the transaction again for: a PostgreSQL serialization failure
+// or deadlock, a MySQL deadlock or lock wait timeout, SQLite busy/locked.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40001" || pe.Code == "40P01"
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number == 1213 || me.Number == 1205
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		code := se.Code() & 0xff
+		return code == 5 || code == 6 // SQLITE_BUSY, SQLITE_LOCKED
+	}
+	return false
+}

@@ -1,0 +1,325 @@
+package relay_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+type bundle struct {
+	e   *testdb.Env
+	pub *outboxtest.Publisher
+	r   *relay.Relay
+	run chan error
+	ctx context.Context
+}
+
+// setup starts a relay on a private table of target tg.
+func setup(t *testing.T, tg testdb.Target, mod func(*relay.Config)) *bundle {
+	t.Helper()
+	e := testdb.New(t, tg, driver.Config{})
+	pub := outboxtest.NewPublisher()
+	cfg := relay.Config{Dialect: tg.Dialect, Table: e.Table, Publisher: pub, Wakeup: e.Outbox.Wakeup(),
+		PollInterval: 20 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond, Logger: quiet()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := relay.New(e.RelayDB, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	b := &bundle{e: e, pub: pub, r: r, run: make(chan error, 1), ctx: ctx}
+	go func() { b.run <- r.Run(context.Background()) }()
+	t.Cleanup(func() {
+		sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
+		defer c()
+		if err := r.Stop(sctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+		if err := <-b.run; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	return b
+}
+
+func (b *bundle) emit(t *testing.T, evs ...outbox.Event) {
+	t.Helper()
+	ctx := outbox.NewContext(b.ctx)
+	tx, err := b.e.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if err := outbox.Emit(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func event(agg string, n int) outbox.Event {
+	return outbox.Event{ID: fmt.Sprintf("%s-%d", agg, n), AggregateType: "acct", AggregateID: agg, Type: "t", Payload: []byte(fmt.Sprintf("%d", n))}
+}
+
+func (b *bundle) status(t *testing.T, id string) (status, attempts int) {
+	t.Helper()
+	q := "SELECT status, attempts FROM " + b.e.Table + " WHERE message_id = " + b.e.Placeholder(1)
+	if err := b.e.RelayDB.QueryRow(q, id).Scan(&status, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	return status, attempts
+}
+
+func eventually(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
+		}
+	}
+}
+
+// order returns the published message IDs of one aggregate, in order.
+func order(msgs []relay.Message, agg string) []string {
+	var out []string
+	for _, m := range msgs {
+		if m.AggregateID == agg {
+			out = append(out, m.MessageID)
+		}
+	}
+	return out
+}
+
+func forEach(t *testing.T, fn func(t *testing.T, tg testdb.Target)) {
+	for _, tg := range testdb.All {
+		t.Run(tg.Name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, tg)
+		})
+	}
+}
+
+// TestRetryKeepsAggregateOrder: A's first event fails twice; A's later
+// events wait for it, B flows meanwhile, and A is delivered in order.
+func TestRetryKeepsAggregateOrder(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		var fails atomic.Int64
+		b := setup(t, tg, nil)
+		b.pub.FailWith(func(m relay.Message) error {
+			if m.MessageID == "A-1" && fails.Add(1) <= 2 {
+				return errors.New("transient")
+			}
+			return nil
+		})
+		b.emit(t, event("A", 1), event("A", 2), event("B", 1))
+		b.emit(t, event("A", 3), event("B", 2))
+		msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 3 && len(order(m, "B")) == 2 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := order(msgs, "A"); fmt.Sprint(got) != "[A-1 A-2 A-3]" {
+			t.Errorf("A delivered as %v", got)
+		}
+		if got := order(msgs, "B"); fmt.Sprint(got) != "[B-1 B-2]" {
+			t.Errorf("B delivered as %v", got)
+		}
+		eventually(t, b.ctx, "A-1 marked sent", func() bool { s, _ := b.status(t, "A-1"); return s == 1 })
+		if _, attempts := b.status(t, "A-1"); attempts != 3 {
+			t.Errorf("A-1 attempts = %d, want 3", attempts)
+		}
+		if _, attempts := b.status(t, "A-2"); attempts != 1 {
+			t.Errorf("A-2 attempts = %d, want 1 (held, never failed itself)", attempts)
+		}
+	})
+}
+
+// TestDeadLetterHoldsItsAggregate: an event that always fails is
+// dead-lettered after MaxAttempts; its aggregate's later events stay
+// pending; other aggregates are delivered.
+func TestDeadLetterHoldsItsAggregate(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		var dead sync.Map
+		b := setup(t, tg, func(c *relay.Config) {
+			c.MaxAttempts = 3
+			c.OnDeadLetter = func(m relay.Message, err error) { dead.Store(m.MessageID, err) }
+		})
+		b.pub.FailWith(func(m relay.Message) error {
+			if m.MessageID == "P-1" {
+				return errors.New("always")
+			}
+			return nil
+		})
+		b.emit(t, event("P", 1), event("P", 2), event("Q", 1))
+		b.emit(t, event("Q", 2))
+		eventually(t, b.ctx, "P-1 dead-lettered", func() bool { s, _ := b.status(t, "P-1"); return s == 2 })
+		msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "Q")) == 2 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := order(msgs, "P"); len(got) != 0 {
+			t.Errorf("held aggregate P delivered %v", got)
+		}
+		if s, a := b.status(t, "P-1"); s != 2 || a != 3 {
+			t.Errorf("P-1 status %d attempts %d, want 2 (failed) and 3", s, a)
+		}
+		if s, _ := b.status(t, "P-2"); s != 0 {
+			t.Errorf("P-2 status %d, want 0 (pending, held)", s)
+		}
+		if _, ok := dead.Load("P-1"); !ok {
+			t.Error("OnDeadLetter not called")
+		}
+	})
+}
+
+// TestPermanentErrorDeadLettersAtOnce: ErrPermanent skips the retries.
+func TestPermanentErrorDeadLettersAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testdb.All[3], nil)
+	b.pub.FailWith(func(m relay.Message) error {
+		if m.MessageID == "X-1" {
+			return fmt.Errorf("%w: broker says too large", relay.ErrPermanent)
+		}
+		return nil
+	})
+	b.emit(t, event("X", 1), event("Y", 1))
+	eventually(t, b.ctx, "X-1 dead", func() bool { s, _ := b.status(t, "X-1"); return s == 2 })
+	if _, a := b.status(t, "X-1"); a != 1 {
+		t.Errorf("attempts %d, want 1", a)
+	}
+}
+
+// flakyPublisher fails whole batches (broker unreachable) n times.
+type flakyPublisher struct {
+	*outboxtest.Publisher
+	left atomic.Int64
+}
+
+func (f *flakyPublisher) Publish(ctx context.Context, msgs []relay.Message) error {
+	if f.left.Add(-1) >= 0 {
+		return errors.New("broker unreachable")
+	}
+	return f.Publisher.Publish(ctx, msgs)
+}
+
+// TestBatchFailureCountsNoAttempt: a batch-wide failure backs the relay
+// off as a whole and burns no per-message attempts.
+func TestBatchFailureCountsNoAttempt(t *testing.T) {
+	t.Parallel()
+	e := testdb.New(t, testdb.All[3], driver.Config{})
+	fp := &flakyPublisher{Publisher: outboxtest.NewPublisher()}
+	fp.left.Store(3)
+	r, err := relay.New(e.RelayDB, relay.Config{Dialect: driver.SQLite, Table: e.Table, Publisher: fp, PollInterval: 10 * time.Millisecond, MaxAttempts: 2, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	sctx := outbox.NewContext(ctx)
+	tx, _ := e.DB.BeginTx(sctx, nil)
+	if err := outbox.Emit(sctx, event("Z", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fp.WaitForCount(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "marked sent", func() bool {
+		var s, a int
+		_ = e.RelayDB.QueryRow("SELECT status, attempts FROM "+e.Table).Scan(&s, &a)
+		return s == 1 && a == 1
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunRefusesMissingSchema(t *testing.T) {
+	t.Parallel()
+	db, err := sql.Open("sqlite", testdb.SQLiteDSN(filepath.Join(t.TempDir(), "empty.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	r, err := relay.New(db, relay.Config{Dialect: driver.SQLite, Publisher: outboxtest.NewPublisher(), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.Run(ctx); !errors.Is(err, driver.ErrSchemaMissing) {
+		t.Fatalf("Run = %v, want ErrSchemaMissing", err)
+	}
+	if err := r.Run(ctx); !errors.Is(err, relay.ErrStopped) {
+		t.Fatalf("second Run = %v, want ErrStopped", err)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	db, _ := sql.Open("sqlite", ":memory:")
+	defer db.Close()
+	pub := outboxtest.NewPublisher()
+	for _, c := range []struct {
+		name string
+		db   *sql.DB
+		cfg  relay.Config
+	}{
+		{"no db", nil, relay.Config{Dialect: driver.SQLite, Publisher: pub}},
+		{"no publisher", db, relay.Config{Dialect: driver.SQLite}},
+		{"bad dialect", db, relay.Config{Dialect: "x", Publisher: pub}},
+		{"bad table", db, relay.Config{Dialect: driver.SQLite, Table: "a b", Publisher: pub}},
+		{"negative batch", db, relay.Config{Dialect: driver.SQLite, Publisher: pub, BatchSize: -1}},
+		{"jitter 1", db, relay.Config{Dialect: driver.SQLite, Publisher: pub, RetryJitter: 1}},
+	} {
+		if _, err := relay.New(c.db, c.cfg); !errors.Is(err, relay.ErrInvalidConfig) {
+			t.Errorf("%s: err = %v, want ErrInvalidConfig", c.name, err)
+		}
+	}
+}
+
+func TestStopIsIdempotent(t *testing.T) {
+	t.Parallel()
+	r, err := relay.New(&sql.DB{}, relay.Config{Dialect: driver.SQLite, Publisher: outboxtest.NewPublisher(), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
