@@ -2,6 +2,8 @@ package emit
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -36,9 +38,10 @@ type Event struct {
 	// order and spacing are kept as given.
 	Payload []byte
 	// ContentType of Payload, sent as the outbox-content-type header. Empty
-	// means DefaultContentType (application/json, validated). Any other value
-	// (e.g. "application/octet-stream", "application/x-protobuf") accepts
-	// Payload as raw bytes, empty included. At most MaxContentTypeBytes of
+	// means DefaultContentType. JSON content types (application/json or a
+	// +json suffix, any case, with parameters) are validated as one UTF-8
+	// JSON value. Any other value (e.g. "application/octet-stream",
+	// "application/x-protobuf") accepts Payload as raw bytes, empty included. At most MaxContentTypeBytes of
 	// visible ASCII or spaces.
 	ContentType string
 	// Headers are added to the Kafka record as given. Names: 1 to
@@ -142,7 +145,9 @@ func prepare(ev *Event, limits Limits) (int, error) {
 	if ev.ID == "" {
 		id, err := NewMessageID()
 		if err != nil {
-			return 0, invalid("ID", ErrInvalidField, "generating UUIDv7: %v", err)
+			// A failing random source is the system's fault, not the
+			// caller's input: not a ValidationError.
+			return 0, fmt.Errorf("outbox: generating a UUIDv7 message ID: %w", err)
 		}
 		ev.ID = id
 	} else if len(ev.ID) > MaxIDBytes || !visibleASCII(ev.ID) {
@@ -170,18 +175,18 @@ func prepare(ev *Event, limits Limits) (int, error) {
 	} else if len(ev.ContentType) > MaxContentTypeBytes || !printableASCII(ev.ContentType) {
 		return 0, invalid("ContentType", ErrInvalidField, "want at most %d bytes of printable ASCII", MaxContentTypeBytes)
 	}
-	if ev.ContentType == DefaultContentType && !json.Valid(ev.Payload) {
-		return 0, invalid("Payload", ErrPayloadNotJSON, "%d bytes; emit raw bytes with a ContentType other than %s", len(ev.Payload), DefaultContentType)
+	if isJSON(ev.ContentType) && (!utf8.Valid(ev.Payload) || !json.Valid(ev.Payload)) {
+		return 0, invalid("Payload", ErrPayloadNotJSON, "%d bytes of content type %s are not one valid UTF-8 JSON value (RFC 8259); emit raw bytes with a non-JSON ContentType", len(ev.Payload), ev.ContentType)
 	}
 	for k, v := range ev.Headers {
 		if len(k) >= len(ReservedHeaderPrefix) && strings.EqualFold(k[:len(ReservedHeaderPrefix)], ReservedHeaderPrefix) {
-			return 0, invalid("Headers["+truncate(k)+"]", ErrReservedHeader, "names starting with %q are written by the relay", ReservedHeaderPrefix)
+			return 0, invalid(headerField(k), ErrReservedHeader, "names starting with %q are written by the relay", ReservedHeaderPrefix)
 		}
 		if k == "" || len(k) > MaxHeaderNameBytes || !cleanText(k) {
-			return 0, invalid("Headers["+truncate(k)+"]", ErrInvalidHeader, "name must be 1 to %d bytes of UTF-8 without control characters", MaxHeaderNameBytes)
+			return 0, invalid(headerField(k), ErrInvalidHeader, "name must be 1 to %d bytes of UTF-8 without control characters", MaxHeaderNameBytes)
 		}
 		if !utf8.ValidString(v) {
-			return 0, invalid("Headers["+truncate(k)+"]", ErrInvalidHeader, "value is not valid UTF-8")
+			return 0, invalid(headerField(k), ErrInvalidHeader, "value is not valid UTF-8")
 		}
 	}
 	size := RecordSize(ev)
@@ -199,11 +204,28 @@ func prepare(ev *Event, limits Limits) (int, error) {
 	return size, nil
 }
 
+// truncate shortens s to at most 40 bytes without splitting a character.
 func truncate(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "..."
+	if len(s) <= 40 {
+		return s
 	}
-	return s
+	cut := 40
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+// headerField names a header in errors, quoted so that control characters
+// in a rejected name cannot break the log line.
+func headerField(name string) string { return "Headers[" + strconv.Quote(truncate(name)) + "]" }
+
+// isJSON reports whether a content type is JSON: application/json or any
+// +json structured suffix (RFC 6839), ignoring case and parameters.
+func isJSON(ct string) bool {
+	base, _, _ := strings.Cut(ct, ";")
+	base = strings.ToLower(strings.TrimSpace(base))
+	return base == DefaultContentType || strings.HasSuffix(base, "+json")
 }
 
 func visibleASCII(s string) bool {

@@ -146,25 +146,46 @@ func Emit(ctx context.Context, ev Event) error {
 	if s == nil {
 		return fmt.Errorf("%w (no scope in context: wrap it with outbox.NewContext)", ErrNoTransaction)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch len(s.open) {
-	case 0:
-		return ErrNoTransaction
-	case 1:
-	default:
-		return fmt.Errorf("%w (%d open)", ErrConcurrentTransactions, len(s.open))
+	b, err := s.current()
+	if err != nil {
+		return err
 	}
-	return s.open[0].add(ev)
-}
-
-// add validates and appends ev; s.mu is held.
-func (b *Batch) add(ev Event) error {
+	// Validate outside the lock: a 1 MiB JSON check takes milliseconds and
+	// must not queue other goroutines emitting into the same scope.
 	supplied := ev.ID != ""
 	size, err := prepare(&ev, b.limits)
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.open) != 1 || s.open[0] != b {
+		// The transaction ended, or another began, while validating.
+		if len(s.open) > 1 {
+			return fmt.Errorf("%w (%d open)", ErrConcurrentTransactions, len(s.open))
+		}
+		return ErrNoTransaction
+	}
+	return b.add(ev, size, supplied)
+}
+
+// current returns the scope's single open batch.
+func (s *Scope) current() (*Batch, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch len(s.open) {
+	case 0:
+		return nil, ErrNoTransaction
+	case 1:
+		return s.open[0], nil
+	default:
+		return nil, fmt.Errorf("%w (%d open)", ErrConcurrentTransactions, len(s.open))
+	}
+}
+
+// add appends a prepared ev of the given record size; s.mu is held.
+// supplied says whether the caller set ev.ID.
+func (b *Batch) add(ev Event, size int, supplied bool) error {
 	if len(b.events)+1 > b.limits.MaxEvents {
 		return fmt.Errorf("%w: limit %d (Limits.MaxEvents)", ErrTooManyEvents, b.limits.MaxEvents)
 	}

@@ -135,12 +135,16 @@ type Relay struct {
 
 	mu   sync.Mutex
 	hard context.CancelFunc // cancels in-flight work on a hard stop
+
+	marking *markJob // owned by the Run goroutine
 }
 
 // New returns a relay over db, the outbox table's database. The relay runs
-// one statement at a time, so it holds at most one of db's connections;
-// give it its own small pool (db.SetMaxOpenConns(2)) so it can never starve
-// business queries, nor be starved by them. db need not be opened through
+// at most two statements at a time (marking one batch sent while claiming
+// the next), so it holds at most two of db's connections; give it its own
+// small pool (db.SetMaxOpenConns(2)) so it can never starve business
+// queries, nor be starved by them. On SQLite, which has one writer at a
+// time, share the application's *sql.DB opened with SetMaxOpenConns(1). db need not be opened through
 // the outbox driver. New returns ErrInvalidConfig (wrapped) for a missing
 // Publisher, an unknown dialect, a bad table name or a negative setting.
 //
@@ -221,6 +225,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-r.stopping:
+			if err := r.waitMark(); err != nil {
+				r.log.Warn("recording the last acknowledged batch failed; it will be re-sent", "error", err)
+			}
 			r.log.Info("relay stopped")
 			return nil
 		default:
@@ -333,8 +340,17 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	perr := r.cfg.Publisher.Publish(pctx, msgs)
 	cancel()
+	// The previous batch's mark-sent ran while this batch was claimed and
+	// published; it must finish before this batch's outcomes are written.
+	if err := r.waitMark(); err != nil {
+		r.log.Warn("marking a published batch sent failed; it will be re-sent", "error", err)
+	}
 	if perr == nil {
-		return len(msgs), r.markSent(ctx, msgs)
+		// Pipelining: mark this batch sent while the next one is claimed
+		// and published. Its rows are still pending in the table until
+		// then, so claim skips them (r.marking).
+		r.startMark(ctx, msgs)
+		return len(msgs), nil
 	}
 	var pe PublishErrors
 	if !errors.As(perr, &pe) || len(pe) != len(msgs) {
@@ -376,10 +392,44 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 
 type aggregateKey struct{ typ, id string }
 
+// markJob is an asynchronous mark-sent of one acknowledged batch.
+type markJob struct {
+	ids  map[int64]struct{}
+	done chan error
+}
+
+// startMark marks msgs sent in the background; at most one job runs, and
+// only the relay's loop goroutine touches r.marking.
+func (r *Relay) startMark(ctx context.Context, msgs []Message) {
+	j := &markJob{ids: make(map[int64]struct{}, len(msgs)), done: make(chan error, 1)}
+	for i := range msgs {
+		j.ids[msgs[i].ID] = struct{}{}
+	}
+	r.marking = j
+	go func() { j.done <- r.markSent(ctx, msgs) }()
+}
+
+// waitMark waits for the running mark-sent job, if any, and returns its error.
+func (r *Relay) waitMark() error {
+	if r.marking == nil {
+		return nil
+	}
+	err := <-r.marking.done
+	r.marking = nil
+	return err
+}
+
+// claim reads the next batch. Rows of a batch still being marked sent are
+// pending in the table but already published: the query asks for that
+// many more rows and they are dropped here.
 func (r *Relay) claim(ctx context.Context) ([]Message, error) {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	rows, err := r.db.QueryContext(qctx, r.d.Query("claim"), r.cfg.BatchSize)
+	var skip map[int64]struct{}
+	if r.marking != nil {
+		skip = r.marking.ids
+	}
+	rows, err := r.db.QueryContext(qctx, r.d.Query("claim"), r.cfg.BatchSize+len(skip))
 	if err != nil {
 		return nil, fmt.Errorf("claiming from %s: %w", r.cfg.Table, err)
 	}
@@ -392,6 +442,9 @@ func (r *Relay) claim(ctx context.Context) ([]Message, error) {
 			&m.Topic, &m.Partition, &m.ContentType, &m.Payload, &headers, &m.Attempts); err != nil {
 			return nil, fmt.Errorf("reading claimed row: %w", err)
 		}
+		if _, ok := skip[m.ID]; ok {
+			continue
+		}
 		if headers != "" {
 			if err := json.Unmarshal([]byte(headers), &m.Headers); err != nil {
 				return nil, fmt.Errorf("decoding headers of row %d: %w", m.ID, err)
@@ -401,6 +454,9 @@ func (r *Relay) claim(ctx context.Context) ([]Message, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claiming from %s: %w", r.cfg.Table, err)
+	}
+	if len(msgs) > r.cfg.BatchSize {
+		msgs = msgs[:r.cfg.BatchSize]
 	}
 	return msgs, nil
 }

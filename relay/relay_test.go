@@ -192,9 +192,7 @@ func TestDeadLetterHoldsItsAggregate(t *testing.T) {
 		if s, _ := b.status(t, "P-2"); s != 0 {
 			t.Errorf("P-2 status %d, want 0 (pending, held)", s)
 		}
-		if _, ok := dead.Load("P-1"); !ok {
-			t.Error("OnDeadLetter not called")
-		}
+		eventually(t, b.ctx, "OnDeadLetter for P-1", func() bool { _, ok := dead.Load("P-1"); return ok })
 	})
 }
 

@@ -62,6 +62,14 @@ type report struct {
 	// deliveries.
 	LatencyMS latency `json:"latency_ms"`
 
+	// PickupMS (COMMIT returned to the relay's Publish call: waiting for
+	// the relay's cycle in progress, then the claim) and PublishMS (Publish
+	// call to every record acknowledged) split the latency; RelayBatches
+	// counts Publish calls.
+	PickupMS     latency `json:"pickup_ms"`
+	PublishMS    latency `json:"publish_ms"`
+	RelayBatches int     `json:"relay_batches"`
+
 	// Transactions and Retries count the workload's committed
 	// transactions and its retried attempts (deadlock, serialization, busy).
 	Transactions int `json:"transactions"`

@@ -204,11 +204,12 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (rep report, err err
 	}
 	defer consumer.Close()
 
-	pub, err := kafka.NewPublisher(kafka.Config{Brokers: brokers})
+	kpub, err := kafka.NewPublisher(kafka.Config{Brokers: brokers})
 	if err != nil {
 		return rep, err
 	}
-	defer pub.Close()
+	defer kpub.Close()
+	pub := newTimedPublisher(kpub) // only measures; see timing.go
 
 	// The relay: woken after every commit that wrote events, polling as a
 	// fallback, on its own small pool.
@@ -315,6 +316,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (rep report, err err
 	rep = check(rows, recs, commits)
 	rep.Dialect, rep.Broker, rep.Orders, rep.Workers = db.label, brokerLabel, cfg.Orders, cfg.Workers
 	rep.Transactions, rep.Retries = int(w.txns.Load()), int(w.retries.Load())
+	rep.PickupMS, rep.PublishMS, rep.RelayBatches = pub.breakdown(rows, commits)
 	rep.WorkloadMS = ms(workDone.Sub(workStart))
 	for _, at := range commits {
 		if rep.firstCommit.IsZero() || at.Before(rep.firstCommit) {
@@ -357,6 +359,8 @@ func write(w io.Writer, rep report, asJSON bool) error {
   ghosts            %d
   order violations  %d
   latency           p50 %.2f ms, p99 %.2f ms, max %.2f ms (COMMIT returned -> consumer received; %d events)
+    relay pickup    p50 %.2f ms, p99 %.2f ms (COMMIT returned -> relay's Publish call)
+    publish         p50 %.2f ms, p99 %.2f ms (Publish call -> all acknowledged; %d batches)
   workload          %.0f ms
   relay             %.0f ms first commit -> last delivery, %.0f events/s; last delivery %.0f ms after last commit
   timed out         %t
@@ -366,6 +370,7 @@ func write(w io.Writer, rep report, asJSON bool) error {
 		rep.Dialect, rep.Broker, rep.Orders, rep.Workers, rep.Transactions, rep.Retries,
 		rep.Emitted, rep.Delivered, rep.Duplicates, rep.Lost, rep.Ghosts, rep.OrderViolations,
 		rep.LatencyMS.P50, rep.LatencyMS.P99, rep.LatencyMS.Max, rep.LatencyMS.Samples,
+		rep.PickupMS.P50, rep.PickupMS.P99, rep.PublishMS.P50, rep.PublishMS.P99, rep.RelayBatches,
 		rep.WorkloadMS, rep.RelayMS, rep.EventsPerSec, rep.DrainMS, rep.TimedOut, rep.WallMS, result)
 	return err
 }

@@ -34,12 +34,14 @@ const (
 )
 
 // errTransition is returned for a step the state machine does not allow
-// (paying an order twice, shipping an unpaid one, creating an existing one).
+// (paying an order twice, shipping an unpaid or unknown one).
 var errTransition = errors.New("order: transition not allowed")
 
 // orders is the order aggregate's repository-and-domain logic: each method
-// locks the order's row, checks the state machine, writes the change and
-// emits the matching event into the caller's transaction.
+// locks the order's row (Pay and Ship with SELECT ... FOR UPDATE, Create by
+// inserting it), checks the state machine, writes the change and emits the
+// matching event into the caller's transaction. Locking the row is what
+// makes an order's outbox ids follow its commit order.
 type orders struct {
 	selectForUpdate string
 	insert          string
@@ -98,13 +100,11 @@ func emitOrderEvent(ctx context.Context, id, eventType, status string, amount in
 	})
 }
 
-// Create inserts a new order and emits order.created.
+// Create inserts a new order and emits order.created. The INSERT itself
+// takes the new row's lock; an existing order fails on the primary key.
+// (A SELECT ... FOR UPDATE of a row that does not exist yet would lock the
+// index gap on MySQL/InnoDB, and concurrent creates into one gap deadlock.)
 func (o *orders) Create(ctx context.Context, r repo, id string, amountCents int64) error {
-	if _, _, found, err := o.lock(ctx, r, id); err != nil {
-		return err
-	} else if found {
-		return fmt.Errorf("%w: order %s already exists", errTransition, id)
-	}
 	if _, err := r.ExecContext(ctx, o.insert, id, statusCreated, amountCents); err != nil {
 		return fmt.Errorf("creating order %s: %w", id, err)
 	}

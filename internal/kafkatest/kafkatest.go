@@ -77,6 +77,10 @@ func Start(opts ...Option) (*Broker, error) {
 // Addrs returns the broker's bootstrap addresses ("host:port").
 func (b *Broker) Addrs() []string { return append([]string(nil), b.addrs...) }
 
+// Cluster returns the underlying kfake cluster, for tests that inject
+// faults or observe requests (kfake's Control, ControlKey).
+func (b *Broker) Cluster() *kfake.Cluster { return b.cluster }
+
 // Close shuts the broker down. It is safe to call twice.
 func (b *Broker) Close() { b.cluster.Close() }
 

@@ -61,7 +61,7 @@ type Env struct {
 	// DB is opened through the outbox wrapper; business code uses it.
 	DB *sql.DB
 	// RelayDB is a separate small pool, without the wrapper, for relays
-	// and for reading rows back.
+	// and for reading rows back. On SQLite it is DB itself (one connection).
 	RelayDB *sql.DB
 	// DSN is the private database's DSN for the target's driver (MySQL
 	// and SQLite point at the private database; PostgreSQL at the server).
@@ -263,11 +263,22 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 		e.DB = sql.OpenDB(c)
 	}
 	t.Cleanup(func() { e.DB.Close() })
-	if e.RelayDB, err = plain(); err != nil {
-		t.Fatal(err)
+	if target.Dialect == driver.SQLite {
+		// SQLite has one writer at a time. Writers queueing in
+		// database/sql's pool are far faster than writers sleeping in
+		// SQLite's busy handler, so the application and the relay share one
+		// connection, as the README recommends.
+		e.DB.SetMaxOpenConns(1)
+		e.RelayDB = e.DB
+	} else {
+		if e.RelayDB, err = plain(); err != nil {
+			t.Fatal(err)
+		}
+		e.RelayDB.SetMaxOpenConns(2)
 	}
-	e.RelayDB.SetMaxOpenConns(2)
-	t.Cleanup(func() { e.RelayDB.Close() })
+	if e.RelayDB != e.DB {
+		t.Cleanup(func() { e.RelayDB.Close() })
+	}
 	if err := ob.Migrate(ctx, e.DB); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,9 @@ SELECT UTC_TIMESTAMP(6)
 SELECT VERSION()
 
 -- name: claim
+-- The redundant "h.status <> 1" lets the planner prove the partial index
+-- hold_idx (WHERE status <> 1) applies; SQLite cannot infer it otherwise and
+-- would scan all earlier rows, sent history included, per candidate.
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
        COALESCE(o.headers, ''), o.attempts
@@ -14,11 +17,11 @@ WHERE o.status = 0
   AND NOT EXISTS (
         SELECT 1 FROM {{.Table}} h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status = 2 AND h.id < o.id)
+          AND h.status = 2 AND h.status <> 1 AND h.id < o.id)
   AND NOT EXISTS (
         SELECT 1 FROM {{.Table}} h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status = 0 AND h.next_retry_at > UTC_TIMESTAMP(6) AND h.id < o.id)
+          AND h.status = 0 AND h.status <> 1 AND h.next_retry_at > UTC_TIMESTAMP(6) AND h.id < o.id)
 ORDER BY o.id
 LIMIT ?
 

@@ -5,6 +5,9 @@ SELECT clock_timestamp()
 SELECT current_setting('server_version_num')::int
 
 -- name: claim
+-- The redundant "h.status <> 1" lets the planner prove the partial index
+-- hold_idx (WHERE status <> 1) applies; SQLite cannot infer it otherwise and
+-- would scan all earlier rows, sent history included, per candidate.
 -- Pending, due rows in id order, each only if no earlier event of its
 -- aggregate is waiting for a retry or dead (held). $1 = batch size.
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
@@ -16,11 +19,11 @@ WHERE o.status = 0
   AND NOT EXISTS (
         SELECT 1 FROM {{.Table}} h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status = 2 AND h.id < o.id)
+          AND h.status = 2 AND h.status <> 1 AND h.id < o.id)
   AND NOT EXISTS (
         SELECT 1 FROM {{.Table}} h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status = 0 AND h.next_retry_at > clock_timestamp() AND h.id < o.id)
+          AND h.status = 0 AND h.status <> 1 AND h.next_retry_at > clock_timestamp() AND h.id < o.id)
 ORDER BY o.id
 LIMIT $1
 
