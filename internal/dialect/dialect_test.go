@@ -67,7 +67,7 @@ func TestRenderedSQL(t *testing.T) {
 		want  []string
 	}{
 		{Postgres, "app.events", []string{`CREATE TABLE IF NOT EXISTS "app"."events"`, `"events_pending_idx" ON "app"."events"`}},
-		{MySQL, "app.events", []string{"CREATE TABLE IF NOT EXISTS `app`.`events`", "KEY `events_hold_idx`"}},
+		{MySQL, "app.events", []string{"CREATE TABLE IF NOT EXISTS `app`.`events`", "KEY `events_status_retry_idx`"}},
 		{SQLite, "main.events", []string{`CREATE TABLE IF NOT EXISTS "main"."events"`, `"main"."events_pending_idx" ON "events"`}},
 	} {
 		d, err := New(c.name, c.table)

@@ -24,5 +24,6 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     PRIMARY KEY (id),
     UNIQUE KEY {{.Index "message_id_key"}} (message_id),
     KEY {{.Index "status_id_idx"}} (status, id),
-    KEY {{.Index "hold_idx"}} (aggregate_type, aggregate_id, status, next_retry_at)
+    KEY {{.Index "status_retry_idx"}} (status, next_retry_at),
+    KEY {{.Index "aggregate_idx"}} (aggregate_type, aggregate_id, id)
 ) ENGINE = InnoDB;

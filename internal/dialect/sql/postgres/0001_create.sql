@@ -23,5 +23,7 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
 );
 -- The claim walks unsent rows in id order; sent history is not in this index.
 CREATE INDEX IF NOT EXISTS {{.Index "pending_idx"}} ON {{.IndexTable}} (id) WHERE status = 0;
--- Per-aggregate hold probe: is an earlier event of this aggregate retrying or dead?
-CREATE INDEX IF NOT EXISTS {{.Index "hold_idx"}} ON {{.IndexTable}} (aggregate_type, aggregate_id, status, next_retry_at) WHERE status <> 1;
+-- The claim's hold probe: does an earlier event of this aggregate wait for a
+-- retry (next_retry_at in the future), or is it dead (next_retry_at is
+-- "never", the largest timestamp)? Unsent rows only: history does not grow it.
+CREATE INDEX IF NOT EXISTS {{.Index "hold_idx"}} ON {{.IndexTable}} (aggregate_type, aggregate_id, next_retry_at) WHERE status <> 1;

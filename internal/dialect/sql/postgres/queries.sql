@@ -5,25 +5,26 @@ SELECT clock_timestamp()
 SELECT current_setting('server_version_num')::int
 
 -- name: claim
--- The redundant "h.status <> 1" lets the planner prove the partial index
--- hold_idx (WHERE status <> 1) applies; SQLite cannot infer it otherwise and
--- would scan all earlier rows, sent history included, per candidate.
--- Pending, due rows in id order, each only if no earlier event of its
--- aggregate is waiting for a retry or dead (held). $1 = batch size.
+-- Pending rows whose retry is due, in id order, except rows behind an
+-- earlier row of the same aggregate that holds it: one waiting for a retry
+-- (next_retry_at in the future) or dead (next_retry_at = never). Each
+-- candidate costs one probe of hold_idx bounded by next_retry_at, so the
+-- cost does not grow with history or with one aggregate's backlog. The
+-- redundant "h.status <> 1" lets the planner prove the partial index
+-- applies; "h.id + 0" keeps it from walking the primary key instead (a
+-- walk over all earlier rows, history included, when nothing holds). "(SELECT clock_timestamp())" is evaluated once per statement (an
+-- InitPlan), so it can bound the index scan; bare clock_timestamp() is
+-- volatile and could only filter. $1 = batch size.
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
        COALESCE(o.headers, ''), o.attempts
 FROM {{.Table}} o
 WHERE o.status = 0
-  AND (o.next_retry_at IS NULL OR o.next_retry_at <= clock_timestamp())
+  AND (o.next_retry_at IS NULL OR o.next_retry_at <= (SELECT clock_timestamp()))
   AND NOT EXISTS (
         SELECT 1 FROM {{.Table}} h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status = 2 AND h.status <> 1 AND h.id < o.id)
-  AND NOT EXISTS (
-        SELECT 1 FROM {{.Table}} h
-        WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status = 0 AND h.status <> 1 AND h.next_retry_at > clock_timestamp() AND h.id < o.id)
+          AND h.status <> 1 AND h.next_retry_at > (SELECT clock_timestamp()) AND h.id + 0 < o.id)
 ORDER BY o.id
 LIMIT $1
 
@@ -42,9 +43,10 @@ SET attempts = attempts + 1, next_retry_at = clock_timestamp() + ($1::bigint * i
 WHERE id = $3 AND status = 0
 
 -- name: mark_dead
+-- Dead rows keep next_retry_at = "never" so that they hold their aggregate.
 -- $1 = error text, $2 = id.
 UPDATE {{.Table}}
-SET status = 2, attempts = attempts + 1, next_retry_at = NULL, last_error = $1, updated_at = clock_timestamp()
+SET status = 2, attempts = attempts + 1, next_retry_at = 'infinity'::timestamptz, last_error = $1, updated_at = clock_timestamp()
 WHERE id = $2 AND status = 0
 
 -- name: insert

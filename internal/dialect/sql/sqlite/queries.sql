@@ -5,9 +5,14 @@ SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)
 SELECT sqlite_version()
 
 -- name: claim
--- The redundant "h.status <> 1" lets the planner prove the partial index
--- hold_idx (WHERE status <> 1) applies; SQLite cannot infer it otherwise and
--- would scan all earlier rows, sent history included, per candidate.
+-- Pending rows whose retry is due, in id order, except rows behind an
+-- earlier row of the same aggregate that holds it: one waiting for a retry
+-- (next_retry_at in the future) or dead (next_retry_at = never). Each
+-- candidate costs one probe of hold_idx bounded by next_retry_at, so the
+-- cost does not grow with history or with one aggregate's backlog. The
+-- redundant "h.status <> 1" lets the planner prove the partial index
+-- applies; "h.id + 0" keeps it from walking the primary key instead (a
+-- walk over all earlier rows, history included, when nothing holds). ? = batch size.
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
        COALESCE(o.headers, ''), o.attempts
@@ -17,11 +22,7 @@ WHERE o.status = 0
   AND NOT EXISTS (
         SELECT 1 FROM {{.Table}} h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status = 2 AND h.status <> 1 AND h.id < o.id)
-  AND NOT EXISTS (
-        SELECT 1 FROM {{.Table}} h
-        WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status = 0 AND h.status <> 1 AND h.next_retry_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) AND h.id < o.id)
+          AND h.status <> 1 AND h.next_retry_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) AND h.id + 0 < o.id)
 ORDER BY o.id
 LIMIT ?
 
@@ -38,8 +39,9 @@ SET attempts = attempts + 1, next_retry_at = CAST(unixepoch('subsec') * 1000 AS 
 WHERE id = ? AND status = 0
 
 -- name: mark_dead
+-- Dead rows keep next_retry_at = "never" so that they hold their aggregate.
 UPDATE {{.Table}}
-SET status = 2, attempts = attempts + 1, next_retry_at = NULL, last_error = ?, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+SET status = 2, attempts = attempts + 1, next_retry_at = 253402300799999, last_error = ?, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
 WHERE id = ? AND status = 0
 
 -- name: insert
