@@ -74,18 +74,18 @@ func openDatabase(dsn, outboxTable string) (*database, error) {
 		cleanup = func() { _ = os.RemoveAll(dir) }
 		d, label = driver.SQLite, "sqlite"
 		dsn = sqliteDSN(filepath.Join(dir, "quickstart.db"))
-		plain, err = sql.Open("sqlite", dsn)
-		if err != nil {
-			cleanup()
-			return nil, err
-		}
 	default:
 		return nil, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN (user@tcp(host:port)/db or mysql://...), or empty for embedded SQLite", dsn)
 	}
 
+	closePlain := func() {
+		if plain != nil {
+			_ = plain.Close()
+		}
+	}
 	ob, err := driver.New(driver.Config{Dialect: d, Table: outboxTable})
 	if err != nil {
-		_ = plain.Close()
+		closePlain()
 		cleanup()
 		return nil, err
 	}
@@ -95,20 +95,28 @@ func openDatabase(dsn, outboxTable string) (*database, error) {
 	} else {
 		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(dsn)
 		if err != nil {
-			_ = plain.Close()
 			cleanup()
 			return nil, err
 		}
 		app = sql.OpenDB(c)
+		// SQLite has one writer at a time: writers queueing for one
+		// connection in database/sql beat writers sleeping in SQLite's busy
+		// handler, so the application and the relay share one connection.
+		app.SetMaxOpenConns(1)
+		plain = app
 	}
-	// The relay's own pool: it runs one statement at a time, so two
-	// connections are plenty, and it can never starve business queries.
-	plain.SetMaxOpenConns(2)
+	// Elsewhere the relay gets its own pool: it runs at most two
+	// statements at a time, and can never starve business queries.
+	if plain != app {
+		plain.SetMaxOpenConns(2)
+	}
 	return &database{
 		dialect: d, label: label, ob: ob, app: app, relay: plain,
 		close: func() {
 			_ = app.Close()
-			_ = plain.Close()
+			if plain != app {
+				_ = plain.Close()
+			}
 			cleanup()
 		},
 	}, nil
