@@ -80,6 +80,8 @@ type Config struct {
 	// OnDeadLetter, if set, is called (synchronously; keep it short) after a
 	// message was marked failed: the seed's alert hook.
 	OnDeadLetter func(Message, error)
+	// DeadLetterPolicy: HoldAggregate (default, strict order) or SkipDead.
+	DeadLetterPolicy DeadLetterPolicy
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -158,7 +160,7 @@ func New(db *sql.DB, cfg Config) (*Relay, error) {
 	}
 	if cfg.PollInterval < 0 || cfg.BatchSize < 1 || cfg.MaxAttempts < 1 || cfg.RetryInitial < 0 ||
 		cfg.RetryMax < cfg.RetryInitial || cfg.RetryJitter < 0 || cfg.RetryJitter >= 1 ||
-		cfg.PublishTimeout < 0 || cfg.QueryTimeout < 0 {
+		cfg.PublishTimeout < 0 || cfg.QueryTimeout < 0 || cfg.DeadLetterPolicy < HoldAggregate || cfg.DeadLetterPolicy > SkipDead {
 		return nil, fmt.Errorf("%w: out-of-range setting in %+v", ErrInvalidConfig, cfg)
 	}
 	d, err := dialect.New(dialect.Name(cfg.Dialect), cfg.Table)
@@ -503,10 +505,14 @@ func (r *Relay) markFailed(ctx context.Context, m Message, perr error) error {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	if attempt >= r.cfg.MaxAttempts || errors.Is(perr, ErrPermanent) {
-		if _, err := r.db.ExecContext(qctx, r.d.Query("mark_dead"), errText(perr), m.ID); err != nil {
+		q := "mark_dead"
+		if r.cfg.DeadLetterPolicy == SkipDead {
+			q = "mark_dead_released"
+		}
+		if _, err := r.db.ExecContext(qctx, r.d.Query(q), errText(perr), m.ID); err != nil {
 			return fmt.Errorf("dead-lettering message %s: %w", m.MessageID, err)
 		}
-		r.log.Error("message dead-lettered; its aggregate is held", "message_id", m.MessageID, "outbox_id", m.ID,
+		r.log.Error("message dead-lettered", "held", r.cfg.DeadLetterPolicy == HoldAggregate, "message_id", m.MessageID, "outbox_id", m.ID,
 			"aggregate_type", m.AggregateType, "aggregate_id", m.AggregateID, "attempts", attempt, "error", perr)
 		if r.cfg.OnDeadLetter != nil {
 			r.cfg.OnDeadLetter(m, perr)

@@ -115,6 +115,8 @@ func order(msgs []relay.Message, agg string) []string {
 	return out
 }
 
+type testdbTarget = testdb.Target
+
 func forEach(t *testing.T, fn func(t *testing.T, tg testdb.Target)) {
 	for _, tg := range testdb.All {
 		t.Run(tg.Name, func(t *testing.T) {

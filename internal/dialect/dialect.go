@@ -343,3 +343,14 @@ func (d *Dialect) LockKey() int64 {
 	h.Write([]byte("outbox-migrate:" + d.table))
 	return int64(h.Sum64())
 }
+
+// WithSelector returns the named query with {{WHERE}} replaced by where
+// (column names and ? placeholders only, never user text) and {{LIMIT}} by
+// limit, its ? turned into the dialect's placeholders.
+func (d *Dialect) WithSelector(name, where string, limit int) string {
+	q := strings.Replace(d.Query(name), "{{WHERE}}", where, 1)
+	q = strings.Replace(q, "{{LIMIT}}", strconv.Itoa(limit), 1)
+	var b strings.Builder
+	d.writePlaceholders(&b, q, 0)
+	return b.String()
+}

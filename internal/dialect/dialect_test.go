@@ -80,7 +80,7 @@ func TestRenderedSQL(t *testing.T) {
 				t.Errorf("%s DDL lacks %q:\n%s", c.name, w, ddl)
 			}
 		}
-		for _, q := range []string{"claim", "mark_sent", "mark_retry", "mark_dead", "now", "version", "insert", "insert_row"} {
+		for _, q := range []string{"claim", "mark_sent", "mark_retry", "mark_dead", "mark_dead_released", "dead_list", "dead_retry", "dead_skip", "now", "version", "insert", "insert_row"} {
 			if strings.Contains(d.Query(q), "{{.") {
 				t.Errorf("%s query %s not rendered", c.name, q)
 			}

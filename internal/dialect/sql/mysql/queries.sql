@@ -51,6 +51,12 @@ UPDATE {{.Table}}
 SET status = 2, attempts = attempts + 1, next_retry_at = '9999-12-31 23:59:59.999999', last_error = ?, updated_at = UTC_TIMESTAMP(6)
 WHERE id = ? AND status = 0
 
+-- name: mark_dead_released
+-- Dead, but not holding its aggregate (DeadLetterPolicy SkipDead).
+UPDATE {{.Table}}
+SET status = 2, attempts = attempts + 1, next_retry_at = NULL, last_error = ?, updated_at = UTC_TIMESTAMP(6)
+WHERE id = ? AND status = 0
+
 -- name: insert
 -- Multi-row INSERT written by the commit hook: the row template below is
 -- repeated once per event ({{"{{ROWS}}"}}); its ? become the dialect's placeholders.
@@ -60,3 +66,29 @@ VALUES {{"{{ROWS}}"}}
 
 -- name: insert_row
 (?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
+
+-- name: dead_list
+-- Dead letters matching the selector (built in Go from column
+-- names and placeholders only), oldest first. held: it still holds its
+-- aggregate. dead_at: updated_at in Unix microseconds.
+SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic, ''),
+       attempts, COALESCE(last_error, ''),
+       CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', updated_at)
+FROM {{.Table}}
+WHERE status = 2 AND {{"{{WHERE}}"}}
+ORDER BY id
+LIMIT {{"{{LIMIT}}"}}
+
+-- name: dead_retry
+-- Back to pending with a fresh attempt budget. Its id is lower than any
+-- event it held, so the claim hands it out first: order is kept.
+UPDATE {{.Table}}
+SET status = 0, attempts = 0, next_retry_at = NULL, updated_at = UTC_TIMESTAMP(6)
+WHERE status = 2 AND {{"{{WHERE}}"}}
+
+-- name: dead_skip
+-- Stays failed, but releases its aggregate.
+UPDATE {{.Table}}
+SET next_retry_at = NULL, updated_at = UTC_TIMESTAMP(6)
+WHERE status = 2 AND next_retry_at IS NOT NULL AND {{"{{WHERE}}"}}

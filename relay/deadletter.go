@@ -1,0 +1,163 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
+)
+
+// DeadLetterPolicy says what a dead-lettered event does to the later
+// events of its aggregate.
+type DeadLetterPolicy int
+
+const (
+	// HoldAggregate (the default) keeps the aggregate's later events
+	// pending until an operator retries or skips the dead one: strict order.
+	HoldAggregate DeadLetterPolicy = iota
+	// SkipDead lets the aggregate's later events go on past a dead event.
+	// Consumers then see a gap; retrying the dead event later delivers it
+	// out of order.
+	SkipDead
+)
+
+// ErrInvalidSelector is returned by DeadLetters operations for a Selector
+// that names nothing or more than one kind of target.
+var ErrInvalidSelector = errors.New("outbox: dead letter selector must name exactly one of: a message ID, an aggregate, or all")
+
+// Selector picks dead letters: exactly one of MessageID, the aggregate
+// (AggregateType and AggregateID together), or All.
+type Selector struct {
+	MessageID     string
+	AggregateType string
+	AggregateID   string
+	All           bool
+}
+
+func (s Selector) where() (string, []any, error) {
+	byID := s.MessageID != ""
+	byAgg := s.AggregateType != "" || s.AggregateID != ""
+	n := 0
+	for _, b := range []bool{byID, byAgg, s.All} {
+		if b {
+			n++
+		}
+	}
+	switch {
+	case n != 1:
+		return "", nil, ErrInvalidSelector
+	case byID:
+		return "message_id = ?", []any{s.MessageID}, nil
+	case byAgg:
+		if s.AggregateType == "" || s.AggregateID == "" {
+			return "", nil, fmt.Errorf("%w: an aggregate needs both AggregateType and AggregateID", ErrInvalidSelector)
+		}
+		return "aggregate_type = ? AND aggregate_id = ?", []any{s.AggregateType, s.AggregateID}, nil
+	default:
+		return "1 = 1", nil, nil
+	}
+}
+
+// DeadLetter is one event the relay gave up on (status failed).
+type DeadLetter struct {
+	ID            int64
+	MessageID     string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Topic         string
+	// Attempts made before it was dead-lettered.
+	Attempts int
+	// LastError is the last publish error (at most 2,000 bytes).
+	LastError string
+	// Held reports whether it still holds its aggregate's later events.
+	Held bool
+	// DeadAt is when it was dead-lettered or last acted on (database clock).
+	DeadAt time.Time
+}
+
+// DeadLetters lists and acts on the dead letters of one outbox table. It
+// is safe for concurrent use and may run beside live relays: retry and
+// skip are single UPDATE statements the claim sees at its next cycle.
+type DeadLetters struct {
+	db *sql.DB
+	d  *dialect.Dialect
+}
+
+// NewDeadLetters returns the dead-letter operations for table (default
+// driver.DefaultTable) of dialect on db. It returns ErrInvalidConfig
+// (wrapped) for an unknown dialect or a bad table name.
+func NewDeadLetters(db *sql.DB, d driver.Dialect, table string) (*DeadLetters, error) {
+	if table == "" {
+		table = driver.DefaultTable
+	}
+	dd, err := dialect.New(dialect.Name(d), table)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return &DeadLetters{db: db, d: dd}, nil
+}
+
+// List returns up to limit dead letters matching sel, oldest first
+// (limit <= 0 means 100).
+func (dl *DeadLetters) List(ctx context.Context, sel Selector, limit int) ([]DeadLetter, error) {
+	where, args, err := sel.where()
+	if err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := dl.db.QueryContext(ctx, dl.d.WithSelector("dead_list", where, limit), args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listing dead letters: %w", err)
+	}
+	defer rows.Close()
+	var out []DeadLetter
+	for rows.Next() {
+		var x DeadLetter
+		var held int
+		var micros int64
+		if err := rows.Scan(&x.ID, &x.MessageID, &x.AggregateType, &x.AggregateID, &x.EventType, &x.Topic,
+			&x.Attempts, &x.LastError, &held, &micros); err != nil {
+			return nil, fmt.Errorf("outbox: reading dead letter: %w", err)
+		}
+		x.Held = held == 1
+		x.DeadAt = time.UnixMicro(micros).UTC()
+		out = append(out, x)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: listing dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// Retry puts the dead letters matching sel back to pending with a fresh
+// attempt budget and returns how many it moved. A retried event has a
+// lower id than the events it held, so it is published before them.
+func (dl *DeadLetters) Retry(ctx context.Context, sel Selector) (int64, error) {
+	return dl.exec(ctx, "dead_retry", sel)
+}
+
+// Skip leaves the dead letters matching sel failed but releases their
+// aggregates, and returns how many it released; already released ones are
+// not counted.
+func (dl *DeadLetters) Skip(ctx context.Context, sel Selector) (int64, error) {
+	return dl.exec(ctx, "dead_skip", sel)
+}
+
+func (dl *DeadLetters) exec(ctx context.Context, query string, sel Selector) (int64, error) {
+	where, args, err := sel.where()
+	if err != nil {
+		return 0, err
+	}
+	res, err := dl.db.ExecContext(ctx, dl.d.WithSelector(query, where, 0), args...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: dead letters %s: %w", query, err)
+	}
+	return res.RowsAffected()
+}

@@ -1,0 +1,127 @@
+package relay_test
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// TestDeadLetterOperations: a dead event holds its aggregate; retry
+// delivers it and then the events it held, in order; skip releases the
+// aggregate and leaves the event failed; selectors are validated.
+func TestDeadLetterOperations(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdbTarget) {
+		var failing atomic.Bool
+		failing.Store(true)
+		b := setup(t, tg, func(c *relay.Config) { c.MaxAttempts = 2 })
+		b.pub.FailWith(func(m relay.Message) error {
+			if failing.Load() && (m.MessageID == "Q-1" || m.MessageID == "S-1") {
+				return errors.New("broker refuses")
+			}
+			return nil
+		})
+		dl, err := relay.NewDeadLetters(b.e.RelayDB, tg.Dialect, b.e.Table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.emit(t, event("Q", 1), event("Q", 2), event("Q", 3), event("S", 1), event("S", 2), event("T", 1))
+		eventually(t, b.ctx, "two dead letters", func() bool {
+			l, err := dl.List(b.ctx, relay.Selector{All: true}, 0)
+			return err == nil && len(l) == 2
+		})
+		list, err := dl.List(b.ctx, relay.Selector{All: true}, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range list {
+			if !d.Held || d.Attempts != 2 || d.LastError == "" || d.DeadAt.IsZero() {
+				t.Errorf("dead letter %+v: want held, 2 attempts, an error and a time", d)
+			}
+		}
+		if got := order(b.pub.Messages(), "Q"); len(got) != 0 {
+			t.Fatalf("held aggregate Q delivered %v", got)
+		}
+		failing.Store(false)
+
+		// Skip S-1: S-2 flows, S-1 stays failed and no longer holds.
+		n, err := dl.Skip(b.ctx, relay.Selector{MessageID: "S-1"})
+		if err != nil || n != 1 {
+			t.Fatalf("Skip = %d, %v", n, err)
+		}
+		if n, _ := dl.Skip(b.ctx, relay.Selector{MessageID: "S-1"}); n != 0 {
+			t.Errorf("second Skip = %d, want 0", n)
+		}
+		if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "S")) == 1 }); err != nil {
+			t.Fatal(err)
+		}
+		if s, _ := b.status(t, "S-1"); s != 2 {
+			t.Errorf("skipped S-1 status %d, want 2", s)
+		}
+		if l, _ := dl.List(b.ctx, relay.Selector{MessageID: "S-1"}, 0); len(l) != 1 || l[0].Held {
+			t.Errorf("skipped S-1 listed as %+v", l)
+		}
+
+		// Retry aggregate Q: Q-1 first, then the events it held.
+		n, err = dl.Retry(b.ctx, relay.Selector{AggregateType: "acct", AggregateID: "Q"})
+		if err != nil || n != 1 {
+			t.Fatalf("Retry = %d, %v", n, err)
+		}
+		b.r.Notify()
+		msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "Q")) == 3 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(order(msgs, "Q")); got != "[Q-1 Q-2 Q-3]" {
+			t.Errorf("Q delivered as %s", got)
+		}
+		if l, _ := dl.List(b.ctx, relay.Selector{All: true}, 0); len(l) != 1 || l[0].MessageID != "S-1" {
+			t.Errorf("remaining dead letters %+v, want only S-1", l)
+		}
+
+		for _, bad := range []relay.Selector{{}, {MessageID: "x", All: true}, {AggregateType: "acct"}, {AggregateID: "Q", MessageID: "y"}} {
+			if _, err := dl.Retry(b.ctx, bad); !errors.Is(err, relay.ErrInvalidSelector) {
+				t.Errorf("selector %+v: %v", bad, err)
+			}
+		}
+	})
+}
+
+// TestSkipDeadPolicy: with SkipDead the aggregate moves on by itself.
+func TestSkipDeadPolicy(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdbTarget) {
+		b := setup(t, tg, func(c *relay.Config) { c.MaxAttempts = 1; c.DeadLetterPolicy = relay.SkipDead })
+		b.pub.FailWith(func(m relay.Message) error {
+			if m.MessageID == "R-1" {
+				return errors.New("refused")
+			}
+			return nil
+		})
+		b.emit(t, event("R", 1), event("R", 2))
+		msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "R")) == 1 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(order(msgs, "R")); got != "[R-2]" {
+			t.Errorf("R delivered as %s", got)
+		}
+		if s, _ := b.status(t, "R-1"); s != 2 {
+			t.Errorf("R-1 status %d, want 2", s)
+		}
+	})
+}
+
+func TestNewDeadLettersValidates(t *testing.T) {
+	t.Parallel()
+	if _, err := relay.NewDeadLetters(nil, "nope", ""); !errors.Is(err, relay.ErrInvalidConfig) {
+		t.Errorf("bad dialect: %v", err)
+	}
+	if _, err := relay.NewDeadLetters(nil, driver.SQLite, "a b"); !errors.Is(err, relay.ErrInvalidConfig) {
+		t.Errorf("bad table: %v", err)
+	}
+}
