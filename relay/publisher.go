@@ -65,6 +65,14 @@ func (pe PublishErrors) Error() string {
 // instead of spending its remaining attempts.
 var ErrPermanent = errors.New("outbox: permanent publish error")
 
+// ErrUnavailable marks a publish error that no message can fix and that
+// is not the message's fault: the route or the whole producer is
+// misconfigured (authorization denied, unknown topic, TLS or SASL
+// failure). The relay counts no attempt and dead-letters nothing for it:
+// it logs the error, calls OnUnavailable, backs off as a whole and tries
+// again, so a configuration mistake never dead-letters the backlog.
+var ErrUnavailable = errors.New("outbox: route unavailable")
+
 // errText returns err's text trimmed to what the last_error column keeps.
 func errText(err error) string {
 	s := err.Error()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/failpoint"
 )
 
 // Defaults, from the seed article unless noted.
@@ -82,6 +83,10 @@ type Config struct {
 	OnDeadLetter func(Message, error)
 	// DeadLetterPolicy: HoldAggregate (default, strict order) or SkipDead.
 	DeadLetterPolicy DeadLetterPolicy
+	// OnUnavailable, if set, is called (synchronously; keep it short) when
+	// a publish fails with ErrUnavailable (authorization, unknown topic,
+	// TLS/SASL): the relay then counts no attempt and backs off as a whole.
+	OnUnavailable func(error)
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -339,9 +344,11 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	if err != nil || len(msgs) == 0 {
 		return 0, err
 	}
+	failpoint.Inject(failpoint.AfterClaim)
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	perr := r.cfg.Publisher.Publish(pctx, msgs)
 	cancel()
+	failpoint.Inject(failpoint.AfterPublish)
 	// The previous batch's mark-sent ran while this batch was claimed and
 	// published; it must finish before this batch's outcomes are written.
 	if err := r.waitMark(); err != nil {
@@ -356,8 +363,10 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	}
 	var pe PublishErrors
 	if !errors.As(perr, &pe) || len(pe) != len(msgs) {
-		// The batch failed as a whole (broker unreachable, timeout): no
-		// attempt is counted; the loop backs off and re-sends.
+		// The batch failed as a whole (broker unreachable, timeout,
+		// misconfiguration): no attempt is counted; the loop backs off and
+		// re-sends.
+		r.unavailable(perr)
 		return len(msgs), fmt.Errorf("publishing %d messages: %w", len(msgs), perr)
 	}
 	// Per-message outcomes. The first failure of an aggregate counts an
@@ -366,6 +375,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	// aggregate in this batch count nothing: they stay pending.
 	sent := make([]Message, 0, len(msgs))
 	var failed []int
+	var unavailable error
 	held := map[aggregateKey]bool{}
 	for i := range msgs {
 		k := aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}
@@ -378,6 +388,10 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 			sent = append(sent, msgs[i])
 		case !held[k]:
 			held[k] = true
+			if errors.Is(pe[i], ErrUnavailable) {
+				unavailable = pe[i] // not the message's fault: no attempt
+				continue
+			}
 			failed = append(failed, i)
 		}
 	}
@@ -389,7 +403,22 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 			return len(msgs), err
 		}
 	}
+	if unavailable != nil {
+		r.unavailable(unavailable)
+		return len(msgs), fmt.Errorf("publishing: %w", unavailable)
+	}
 	return len(msgs), nil
+}
+
+// unavailable alerts on a configuration-wide publish error.
+func (r *Relay) unavailable(err error) {
+	if !errors.Is(err, ErrUnavailable) {
+		return
+	}
+	r.log.Error("publishing is misconfigured or not authorized; backing off without counting attempts", "error", err)
+	if r.cfg.OnUnavailable != nil {
+		r.cfg.OnUnavailable(err)
+	}
 }
 
 type aggregateKey struct{ typ, id string }
@@ -446,6 +475,9 @@ func (r *Relay) claim(ctx context.Context) ([]Message, error) {
 		}
 		if _, ok := skip[m.ID]; ok {
 			continue
+		}
+		if m.Payload == nil {
+			m.Payload = []byte{} // some drivers read an empty BLOB as nil
 		}
 		if headers != "" {
 			if err := json.Unmarshal([]byte(headers), &m.Headers); err != nil {

@@ -323,3 +323,36 @@ func TestStopIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnavailableCountsNoAttempt: a configuration-wide error (ErrUnavailable)
+// burns no attempt and dead-letters nothing, however often it repeats; the
+// relay alerts and, once the route works, delivers.
+func TestUnavailableCountsNoAttempt(t *testing.T) {
+	t.Parallel()
+	var alerts, fails atomic.Int64
+	b := setup(t, testdb.All[3], func(c *relay.Config) {
+		c.MaxAttempts = 2
+		c.OnUnavailable = func(error) { alerts.Add(1) }
+	})
+	b.pub.FailWith(func(m relay.Message) error {
+		if m.AggregateID == "U" && fails.Add(1) <= 4 {
+			return fmt.Errorf("%w: topic authorization failed", relay.ErrUnavailable)
+		}
+		return nil
+	})
+	b.emit(t, event("U", 1), event("U", 2), event("V", 1))
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "U")) == 2 && len(order(m, "V")) == 1 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(order(msgs, "U")); got != "[U-1 U-2]" {
+		t.Errorf("U delivered as %s", got)
+	}
+	eventually(t, b.ctx, "U-1 sent", func() bool { s, _ := b.status(t, "U-1"); return s == 1 })
+	if s, a := b.status(t, "U-1"); s != 1 || a != 1 {
+		t.Errorf("U-1 status %d attempts %d, want sent after 1 counted attempt", s, a)
+	}
+	if alerts.Load() == 0 {
+		t.Error("OnUnavailable never called")
+	}
+}

@@ -37,6 +37,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/internal/failpoint"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -167,7 +168,10 @@ func (p *Publisher) dispatch() {
 	}
 }
 
-// classify marks errors no retry can fix as relay.ErrPermanent.
+// classify marks errors no retry of the message can fix as
+// relay.ErrPermanent (the relay dead-letters it at once), and errors of the
+// route or the producer as a whole as relay.ErrUnavailable (the relay backs
+// off and counts no attempt). Everything else is transient.
 func classify(err error) error {
 	var ce sarama.ConfigurationError
 	switch {
@@ -177,40 +181,51 @@ func classify(err error) error {
 		errors.Is(err, sarama.ErrInvalidMessageSize),
 		errors.Is(err, sarama.ErrInvalidRecord):
 		return fmt.Errorf("%w: %w", relay.ErrPermanent, err)
+	case errors.Is(err, sarama.ErrTopicAuthorizationFailed),
+		errors.Is(err, sarama.ErrClusterAuthorizationFailed),
+		errors.Is(err, sarama.ErrUnknownTopicOrPartition),
+		errors.Is(err, sarama.ErrInvalidTopic),
+		errors.Is(err, sarama.ErrSASLAuthenticationFailed):
+		return fmt.Errorf("%w: %w", relay.ErrUnavailable, err)
 	}
 	return err
 }
 
+// brokerTooLarge reports an error the broker returned for a whole record
+// batch (MESSAGE_TOO_LARGE): it cannot say which record was too large.
+func brokerTooLarge(err error) bool {
+	var ce sarama.ConfigurationError
+	return errors.Is(err, sarama.ErrMessageSizeTooLarge) && !errors.As(err, &ce)
+}
+
 // Publish sends msgs and waits for all acknowledgements or ctx's end. It
 // returns nil if all were acknowledged; relay.PublishErrors if some failed
-// (permanent ones wrap relay.ErrPermanent); a single error if all failed
-// with retriable errors (the broker is unreachable: the relay backs off as
-// a whole) or ctx ended first.
+// (permanent ones wrap relay.ErrPermanent, configuration-wide ones
+// relay.ErrUnavailable); a single error if all failed with retriable
+// errors (the broker is unreachable: the relay backs off as a whole) or
+// ctx ended first.
+//
+// When the broker refuses a record batch as too large, every record in it
+// fails alike; those records are then re-sent one at a time, so only the
+// oversized one fails (permanently) and the others are not penalized. A
+// record behind a permanently failed one of its aggregate is not re-sent.
 func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	b := &batch{errs: make([]error, len(msgs)), left: len(msgs), done: make(chan struct{})}
-	for i := range msgs {
-		pm := p.record(&msgs[i])
-		pm.Metadata = meta{b, i}
-		select {
-		case p.producer.Input() <- pm:
-		case <-ctx.Done():
-			for j := i; j < len(msgs); j++ {
-				b.finish(j, ctx.Err())
-			}
-			return fmt.Errorf("outbox/kafka: %w", ctx.Err())
-		}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("outbox/kafka: %w", err)
 	}
-	select {
-	case <-b.done:
-	case <-ctx.Done():
-		return fmt.Errorf("outbox/kafka: waiting for acknowledgements: %w", ctx.Err())
+	errs, err := p.send(ctx, msgs, true)
+	if err != nil {
+		return err
+	}
+	if err := p.isolateTooLarge(ctx, msgs, errs); err != nil {
+		return err
 	}
 	failed, permanent := 0, 0
 	var first error
-	for _, e := range b.errs {
+	for _, e := range errs {
 		if e != nil {
 			if first == nil {
 				first = e
@@ -227,8 +242,70 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	case failed == len(msgs) && permanent == 0:
 		return fmt.Errorf("outbox/kafka: all %d messages failed: %w", len(msgs), first)
 	}
-	return relay.PublishErrors(b.errs)
+	return relay.PublishErrors(errs)
 }
+
+// send hands msgs to the producer and waits for every outcome (or ctx).
+func (p *Publisher) send(ctx context.Context, msgs []relay.Message, failpoints bool) ([]error, error) {
+	b := &batch{errs: make([]error, len(msgs)), left: len(msgs), done: make(chan struct{})}
+	for i := range msgs {
+		if failpoints && i == len(msgs)/2 {
+			failpoint.Inject(failpoint.MidBatch)
+		}
+		pm := p.record(&msgs[i])
+		pm.Metadata = meta{b, i}
+		select {
+		case p.producer.Input() <- pm:
+		case <-ctx.Done():
+			for j := i; j < len(msgs); j++ {
+				b.finish(j, ctx.Err())
+			}
+			return nil, fmt.Errorf("outbox/kafka: %w", ctx.Err())
+		}
+	}
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("outbox/kafka: waiting for acknowledgements: %w", ctx.Err())
+	}
+	return b.errs, nil
+}
+
+// isolateTooLarge re-sends, one at a time, the records of a batch the
+// broker refused as too large (see Publish), updating errs.
+func (p *Publisher) isolateTooLarge(ctx context.Context, msgs []relay.Message, errs []error) error {
+	var suspects []int
+	for i, e := range errs {
+		if e != nil && brokerTooLarge(e) {
+			suspects = append(suspects, i)
+		}
+	}
+	if len(suspects) < 2 {
+		return nil
+	}
+	type key struct{ t, id string }
+	dead := map[key]bool{}
+	for _, i := range suspects {
+		k := key{msgs[i].AggregateType, msgs[i].AggregateID}
+		if dead[k] {
+			errs[i] = errHeldBack
+			continue
+		}
+		one, err := p.send(ctx, msgs[i:i+1], false)
+		if err != nil {
+			return err
+		}
+		errs[i] = one[0]
+		if one[0] != nil && errors.Is(one[0], relay.ErrPermanent) {
+			dead[k] = true
+		}
+	}
+	return nil
+}
+
+// errHeldBack fails a record that was not re-sent because an earlier
+// record of its aggregate failed permanently in the same batch.
+var errHeldBack = errors.New("outbox/kafka: held back behind a failed record of the same aggregate")
 
 func (p *Publisher) record(m *relay.Message) *sarama.ProducerMessage {
 	topic := m.Topic
@@ -253,15 +330,21 @@ func (p *Publisher) record(m *relay.Message) *sarama.ProducerMessage {
 			hs = append(hs, sarama.RecordHeader{Key: []byte(k), Value: []byte(m.Headers[k])})
 		}
 	}
+	value := m.Payload
+	if value == nil {
+		value = []byte{} // an empty event, not a null value (a tombstone)
+	}
 	return &sarama.ProducerMessage{
 		Topic:   topic,
 		Key:     sarama.StringEncoder(m.AggregateID),
-		Value:   sarama.ByteEncoder(m.Payload),
+		Value:   sarama.ByteEncoder(value),
 		Headers: hs,
 	}
 }
 
-// Close flushes and closes the producer. Publish must not be called after.
+// Close flushes the producer, delivering the outcomes of in-flight
+// batches to their Publish calls, and closes it. It always returns nil;
+// Publish must not be called after it.
 func (p *Publisher) Close() error {
 	p.closeMu.Lock()
 	defer p.closeMu.Unlock()
@@ -269,9 +352,12 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
-	err := p.producer.Close()
+	// AsyncClose, not Close: sarama's Close drains Successes and Errors
+	// itself, racing dispatch for acknowledgements a Publish waits for.
+	// dispatch reads both until sarama closes them after flushing.
+	p.producer.AsyncClose()
 	<-p.done
-	return err
+	return nil
 }
 
 // Partitioner is a sarama.Partitioner that places keyed records exactly as
