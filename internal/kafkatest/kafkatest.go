@@ -28,8 +28,10 @@ import (
 type Option func(*options)
 
 type options struct {
-	port   int
-	topics []seed
+	port    int
+	topics  []seed
+	dataDir string
+	configs map[string]string
 }
 
 type seed struct {
@@ -45,6 +47,16 @@ func Port(port int) Option { return func(o *options) { o.port = port } }
 // may be given several times; a topic named twice takes the last count.
 func Topics(partitions int32, names ...string) Option {
 	return func(o *options) { o.topics = append(o.topics, seed{partitions, names}) }
+}
+
+// DataDir persists the broker's data in dir, so that a broker started
+// again with the same dir (and Port) keeps its topics and records: a
+// broker "restart".
+func DataDir(dir string) Option { return func(o *options) { o.dataDir = dir } }
+
+// BrokerConfigs sets broker configuration (e.g. "message.max.bytes").
+func BrokerConfigs(configs map[string]string) Option {
+	return func(o *options) { o.configs = configs }
 }
 
 // Broker is a running single-broker in-process Kafka cluster.
@@ -66,6 +78,12 @@ func Start(opts ...Option) (*Broker, error) {
 	}
 	for _, s := range o.topics {
 		kopts = append(kopts, kfake.SeedTopics(s.partitions, s.names...))
+	}
+	if o.dataDir != "" {
+		kopts = append(kopts, kfake.DataDir(o.dataDir), kfake.SyncWrites())
+	}
+	if o.configs != nil {
+		kopts = append(kopts, kfake.BrokerConfigs(o.configs))
 	}
 	c, err := kfake.NewCluster(kopts...)
 	if err != nil {

@@ -16,6 +16,9 @@
 //     (partition.KafkaPartition): sarama's default hashes with FNV-1a, so
 //     another team's Java or librdkafka producer would put the same key on
 //     another partition.
+//   - Producer.Retry.Max >= MinRetries (1,000; backoff capped at 1 s unless
+//     the caller set a BackoffFunc): see MinRetries for why few retries
+//     reorder an aggregate during a broker outage.
 //   - Producer.Return.Successes and Return.Errors = true, Version >= 0.11
 //     (record headers and idempotence need it; older is refused).
 //
@@ -33,6 +36,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -52,6 +56,27 @@ const DefaultTopicPrefix = "outbox.event."
 // DefaultTopicPrefix + AggregateType.
 func DefaultTopic(m relay.Message) string { return DefaultTopicPrefix + m.AggregateType }
 
+// MinRetries is the least Producer.Retry.Max NewPublisher allows. With
+// sarama's default of 3, a broker outage makes a partition's early records
+// exhaust their retries and fail while later records of the same partition,
+// still queued, succeed once the broker is back: the same "a failed record
+// does not stop later ones" hazard as a permanent failure, reordering an
+// aggregate. With 1,000 retries backing off up to 1 s, an outage of up to
+// about 16 minutes is retried inside the producer, in order; the relay's
+// PublishTimeout meanwhile gives up on the batch and backs off without
+// counting attempts, and its next batch waits until this one is resolved.
+const MinRetries = 1000
+
+// retryBackoff is the producer retry backoff unless the caller set one:
+// 100 ms doubling to 1 s.
+func retryBackoff(retries, _ int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 0; i < retries && d < time.Second; i++ {
+		d *= 2
+	}
+	return min(d, time.Second)
+}
+
 // ErrConfig is returned by NewPublisher for an unusable configuration.
 var ErrConfig = errors.New("outbox/kafka: invalid configuration")
 
@@ -70,14 +95,38 @@ type Config struct {
 // Publisher implements relay.Publisher on a sarama AsyncProducer: a batch
 // is handed to the producer at once (sarama groups it into one produce
 // request per broker) and Publish waits for every acknowledgement.
+//
+// After a batch with any transient failure, or one Publish gave up on,
+// the producer is retired and the next Publish starts a fresh one, once
+// the retired producer has resolved every record it held. Sarama fails a
+// partition's records one by one while it cannot reach the leader (its
+// circuit breaker), and succeeds again as soon as it can: a producer
+// carried through an outage would let a batch's early records fail and its
+// later ones, of the same aggregate, succeed. A fresh producer sees the
+// broker either up or down for a whole batch. Publish calls are
+// serialized; at most one batch is ever inside a producer.
 type Publisher struct {
-	producer sarama.AsyncProducer
+	brokers  []string
+	sc       *sarama.Config
 	route    func(relay.Message) string
 	maxBytes int
-	done     chan struct{}
-	closeMu  sync.Mutex
+
+	publishMu sync.Mutex // serializes Publish
+
+	genMu    sync.RWMutex // guards gen, draining, closed; read-held while feeding Input
+	gen      *generation  // the live producer; nil until (re)started
+	draining *generation  // a retired producer still resolving its records
 	closed   bool
 }
+
+// generation is one sarama producer and the goroutine reading its outcomes.
+type generation struct {
+	producer sarama.AsyncProducer
+	done     chan struct{} // closed when every outcome has been delivered
+}
+
+// ErrClosed is returned by Publish after Close.
+var ErrClosed = errors.New("outbox/kafka: publisher closed")
 
 // NewPublisher connects to cfg.Brokers and returns a Publisher. It returns
 // an error wrapping ErrConfig for missing brokers or a Version older than
@@ -101,19 +150,22 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
 	sc.Producer.Partitioner = NewPartitioner
-	if sc.Producer.Retry.Max < 1 {
-		sc.Producer.Retry.Max = 1 // idempotence requires retries
+	if sc.Producer.Retry.Max < MinRetries {
+		sc.Producer.Retry.Max = MinRetries
 	}
-	prod, err := sarama.NewAsyncProducer(cfg.Brokers, sc)
-	if err != nil {
-		return nil, fmt.Errorf("outbox/kafka: connecting to %v: %w", cfg.Brokers, err)
+	if sc.Producer.Retry.BackoffFunc == nil {
+		sc.Producer.Retry.BackoffFunc = retryBackoff
 	}
-	p := &Publisher{producer: prod, route: cfg.Topic, done: make(chan struct{})}
+	p := &Publisher{brokers: append([]string(nil), cfg.Brokers...), sc: sc, route: cfg.Topic}
 	if p.route == nil {
 		p.route = DefaultTopic
 	}
 	p.maxBytes = min(emit.DefaultMaxRecordBytes, sc.Producer.MaxMessageBytes+emit.RecordBatchOverhead)
-	go p.dispatch()
+	g, err := p.start()
+	if err != nil {
+		return nil, err
+	}
+	p.gen = g
 	return p, nil
 }
 
@@ -145,9 +197,22 @@ func (b *batch) finish(i int, err error) {
 	b.mu.Unlock()
 }
 
-func (p *Publisher) dispatch() {
-	defer close(p.done)
-	succ, errs := p.producer.Successes(), p.producer.Errors()
+// start connects a new producer and its outcome reader.
+func (p *Publisher) start() (*generation, error) {
+	prod, err := sarama.NewAsyncProducer(p.brokers, p.sc)
+	if err != nil {
+		return nil, fmt.Errorf("outbox/kafka: connecting to %v: %w", p.brokers, err)
+	}
+	g := &generation{producer: prod, done: make(chan struct{})}
+	go g.dispatch()
+	return g, nil
+}
+
+// dispatch delivers every outcome to its batch until sarama closes both
+// channels (after AsyncClose has flushed everything).
+func (g *generation) dispatch() {
+	defer close(g.done)
+	succ, errs := g.producer.Successes(), g.producer.Errors()
 	for succ != nil || errs != nil {
 		select {
 		case m, ok := <-succ:
@@ -166,6 +231,57 @@ func (p *Publisher) dispatch() {
 			md.b.finish(md.i, classify(e.Err))
 		}
 	}
+}
+
+// retire closes the live producer without waiting; the next Publish waits
+// for it to resolve its records, then starts a fresh one.
+func (p *Publisher) retire() {
+	p.genMu.Lock()
+	g := p.gen
+	p.gen = nil
+	if g != nil {
+		p.draining = g
+		g.producer.AsyncClose()
+	}
+	p.genMu.Unlock()
+}
+
+// ready waits for a retired producer and starts a fresh one if needed.
+func (p *Publisher) ready(ctx context.Context) error {
+	p.genMu.RLock()
+	closed, d, g := p.closed, p.draining, p.gen
+	p.genMu.RUnlock()
+	if closed {
+		return ErrClosed
+	}
+	if d != nil {
+		select {
+		case <-d.done:
+		case <-ctx.Done():
+			return fmt.Errorf("outbox/kafka: the previous producer still holds unresolved records: %w", ctx.Err())
+		}
+		p.genMu.Lock()
+		if p.draining == d {
+			p.draining = nil
+		}
+		p.genMu.Unlock()
+	}
+	if g != nil {
+		return nil
+	}
+	g, err := p.start()
+	if err != nil {
+		return err
+	}
+	p.genMu.Lock()
+	defer p.genMu.Unlock()
+	if p.closed {
+		g.producer.AsyncClose()
+		<-g.done
+		return ErrClosed
+	}
+	p.gen = g
+	return nil
 }
 
 // classify marks errors no retry of the message can fix as
@@ -216,6 +332,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("outbox/kafka: %w", err)
 	}
+	p.publishMu.Lock()
+	defer p.publishMu.Unlock()
+	if err := p.ready(ctx); err != nil {
+		return err
+	}
 	errs, err := p.send(ctx, msgs, true)
 	if err != nil {
 		return err
@@ -236,6 +357,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 			}
 		}
 	}
+	if failed > permanent {
+		p.retire() // a transient failure: start the next batch on a fresh producer
+	}
 	switch {
 	case failed == 0:
 		return nil
@@ -245,9 +369,17 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	return relay.PublishErrors(errs)
 }
 
-// send hands msgs to the producer and waits for every outcome (or ctx).
+// send hands msgs to the live producer and waits for every outcome. If
+// ctx ends first it retires the producer (its records are still inside)
+// and returns ctx's error.
 func (p *Publisher) send(ctx context.Context, msgs []relay.Message, failpoints bool) ([]error, error) {
 	b := &batch{errs: make([]error, len(msgs)), left: len(msgs), done: make(chan struct{})}
+	p.genMu.RLock()
+	if p.closed || p.gen == nil {
+		p.genMu.RUnlock()
+		return nil, ErrClosed
+	}
+	input := p.gen.producer.Input()
 	for i := range msgs {
 		if failpoints && i == len(msgs)/2 {
 			failpoint.Inject(failpoint.MidBatch)
@@ -255,17 +387,21 @@ func (p *Publisher) send(ctx context.Context, msgs []relay.Message, failpoints b
 		pm := p.record(&msgs[i])
 		pm.Metadata = meta{b, i}
 		select {
-		case p.producer.Input() <- pm:
+		case input <- pm:
 		case <-ctx.Done():
 			for j := i; j < len(msgs); j++ {
 				b.finish(j, ctx.Err())
 			}
+			p.genMu.RUnlock()
+			p.retire()
 			return nil, fmt.Errorf("outbox/kafka: %w", ctx.Err())
 		}
 	}
+	p.genMu.RUnlock()
 	select {
 	case <-b.done:
 	case <-ctx.Done():
+		p.retire()
 		return nil, fmt.Errorf("outbox/kafka: waiting for acknowledgements: %w", ctx.Err())
 	}
 	return b.errs, nil
@@ -343,20 +479,27 @@ func (p *Publisher) record(m *relay.Message) *sarama.ProducerMessage {
 }
 
 // Close flushes the producer, delivering the outcomes of in-flight
-// batches to their Publish calls, and closes it. It always returns nil;
-// Publish must not be called after it.
+// batches to their Publish calls, and closes it. It always returns nil and
+// is safe to call twice; Publish returns ErrClosed after it.
 func (p *Publisher) Close() error {
-	p.closeMu.Lock()
-	defer p.closeMu.Unlock()
+	p.genMu.Lock()
 	if p.closed {
+		p.genMu.Unlock()
 		return nil
 	}
 	p.closed = true
+	g, d := p.gen, p.draining
+	p.gen, p.draining = nil, nil
+	p.genMu.Unlock()
 	// AsyncClose, not Close: sarama's Close drains Successes and Errors
 	// itself, racing dispatch for acknowledgements a Publish waits for.
-	// dispatch reads both until sarama closes them after flushing.
-	p.producer.AsyncClose()
-	<-p.done
+	if g != nil {
+		g.producer.AsyncClose()
+		<-g.done
+	}
+	if d != nil {
+		<-d.done
+	}
 	return nil
 }
 
