@@ -32,20 +32,31 @@
 //     aggregate in the batch stay pending without an attempt.
 //   - After MaxAttempts (default 6: the first try plus 5 retries), or at
 //     once for errors wrapping ErrPermanent: dead-lettered (status 2, last
-//     error kept), OnDeadLetter is called, and the aggregate stays held.
+//     error kept, next_retry_at "never"), OnDeadLetter is called, and with
+//     HoldAggregate (the default) the aggregate stays held until an operator
+//     retries or skips it (DeadLetters); with SkipDead it moves on.
+//   - Errors wrapping ErrUnavailable (misconfiguration: authorization,
+//     unknown topic): no attempt is counted, OnUnavailable is called, and
+//     the relay backs off as a whole. A configuration mistake never
+//     dead-letters the backlog.
 //   - The whole batch failed (broker unreachable, timeout): nothing is
 //     recorded; the relay backs off as a whole (exponential, 100 ms to
 //     30 s) and re-sends later. No attempt is burned by an outage.
 //
-// A crash between the broker's acknowledgement and mark-sent re-sends
-// that batch: duplicates carry the same message ID and are bounded by one
-// batch.
+// # Crashes
+//
+// Claiming writes nothing: there is no "in flight" state in the table that
+// a crash could leave behind. A relay killed between the broker's
+// acknowledgement and mark-sent re-sends what it had not marked: at most
+// two batches, because marking one batch sent overlaps publishing the
+// next. Duplicates carry the same message ID.
 //
 // # Stopping
 //
 // Cancelling Run's context or calling Stop stops claiming; the in-flight
-// batch finishes (bounded by PublishTimeout) and its outcomes are recorded;
-// Run then returns nil. Stop's own context bounds the wait: when it ends,
+// batch finishes (bounded by PublishTimeout) and its outcomes are recorded,
+// including the background mark-sent of the batch before; Run then returns
+// nil. A graceful stop therefore causes no duplicates. Stop's own context bounds the wait: when it ends,
 // in-flight work is cancelled and its rows stay pending.
 //
 // # Limits of this version

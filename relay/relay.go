@@ -89,6 +89,12 @@ type Config struct {
 	OnUnavailable func(error)
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
+	// Clock is the host clock the relay's backoff computations read
+	// (cenkalti/backoff's Clock). Default the system clock. No decision
+	// about due retries compares host time with the database: due times are
+	// computed and compared in SQL by the database's clock; Clock exists so
+	// tests can skew the host clock and show nothing changes.
+	Clock backoff.Clock
 }
 
 func (c Config) withDefaults() Config {
@@ -121,6 +127,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = backoff.SystemClock
 	}
 	return c
 }
@@ -305,6 +314,7 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 
 func (r *Relay) loopBackoff() backoff.BackOff {
 	b := backoff.NewExponentialBackOff()
+	b.Clock = r.cfg.Clock
 	b.InitialInterval = 100 * time.Millisecond
 	b.MaxInterval = 30 * time.Second
 	b.MaxElapsedTime = 0
@@ -519,6 +529,7 @@ func (r *Relay) markSent(ctx context.Context, msgs []Message) error {
 // failed attempt times (attempt >= 1), with jitter.
 func (r *Relay) retryDelay(attempt int) time.Duration {
 	b := backoff.NewExponentialBackOff()
+	b.Clock = r.cfg.Clock
 	b.InitialInterval = r.cfg.RetryInitial
 	b.Multiplier = 2
 	b.RandomizationFactor = r.cfg.RetryJitter

@@ -356,3 +356,51 @@ func TestUnavailableCountsNoAttempt(t *testing.T) {
 		t.Error("OnUnavailable never called")
 	}
 }
+
+// skewedClock is a host clock off by a fixed amount.
+type skewedClock time.Duration
+
+func (c skewedClock) Now() time.Time { return time.Now().Add(time.Duration(c)) }
+
+// TestHostClockSkewChangesNothing: with the relay's clock 30 s ahead or
+// behind, a failed message's retry is still scheduled RetryInitial after
+// the failure by the database's clock, and is retried then.
+func TestHostClockSkewChangesNothing(t *testing.T) {
+	t.Parallel()
+	for _, skew := range []time.Duration{30 * time.Second, -30 * time.Second} {
+		t.Run(skew.String(), func(t *testing.T) {
+			t.Parallel()
+			forEach(t, func(t *testing.T, tg testdb.Target) {
+				var fails atomic.Int64
+				b := setup(t, tg, func(c *relay.Config) {
+					c.Clock = skewedClock(skew)
+					c.RetryInitial, c.RetryMax, c.RetryJitter = 2*time.Second, 2*time.Second, 0.01
+				})
+				b.pub.FailWith(func(m relay.Message) error {
+					if fails.Add(1) == 1 {
+						return errors.New("first attempt fails")
+					}
+					return nil
+				})
+				b.emit(t, event("K", 1))
+				eventually(t, b.ctx, "a scheduled retry", func() bool { _, a := b.status(t, "K-1"); return a == 1 })
+				// Seconds from the database's now to the scheduled retry.
+				q := map[driver.Dialect]string{
+					driver.Postgres: "SELECT EXTRACT(EPOCH FROM next_retry_at - clock_timestamp()) FROM " + b.e.Table,
+					driver.MySQL:    "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), next_retry_at) / 1e6 FROM " + b.e.Table,
+					driver.SQLite:   "SELECT (next_retry_at - CAST(unixepoch('subsec') * 1000 AS INTEGER)) / 1000.0 FROM " + b.e.Table,
+				}[tg.Dialect]
+				var secs float64
+				if err := b.e.RelayDB.QueryRow(q).Scan(&secs); err != nil {
+					t.Fatal(err)
+				}
+				if secs < 1.5 || secs > 2.1 {
+					t.Fatalf("retry due in %.3f s by the database clock, want about 2 s (host clock skewed %v)", secs, skew)
+				}
+				if _, err := b.pub.WaitForCount(b.ctx, 1); err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	}
+}

@@ -5,9 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"github.com/sqloutbox/outbox/internal/faultproxy"
 	"github.com/sqloutbox/outbox/internal/kafkatest"
 	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
@@ -412,37 +416,42 @@ func TestRelaySurvivesDatabaseConnectionCuts(t *testing.T) {
 	serverTargets(t, func(t *testing.T, tg testdb.Target) {
 		kb := startKafka(t, 8, orderTopic)
 		e := testdb.New(t, tg, driver.Config{})
-		var target, dsn string
-		var drv string
-		switch tg.Dialect {
-		case driver.MySQL:
-			mc, err := mysql.ParseDSN(e.DSN)
-			if err != nil {
-				t.Fatal(err)
-			}
-			target = mc.Addr
-			p, err := faultproxy.Start(target)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { p.Close() })
-			mc.Addr = p.Addr()
-			dsn, drv = mc.FormatDSN(), "mysql"
-			runCuts(t, e, kb, p, drv, dsn)
-		default:
-			target = "127.0.0.1:5432"
-			if u := strings.SplitN(strings.TrimPrefix(e.DSN, "postgres://"), "@", 2); len(u) == 2 {
-				target = strings.SplitN(u[1], "/", 2)[0]
-			}
-			p, err := faultproxy.Start(target)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { p.Close() })
-			dsn, drv = strings.Replace(e.DSN, target, p.Addr(), 1), "pgx"
-			runCuts(t, e, kb, p, drv, dsn)
-		}
+		p, drv, dsn := proxiedDSN(t, e)
+		runCuts(t, e, kb, p, drv, dsn)
 	})
+}
+
+// proxiedDSN puts a fault proxy in front of e's server and returns it with
+// the driver name and DSN that reach e's database through it.
+func proxiedDSN(t *testing.T, e *testdb.Env) (*faultproxy.Proxy, string, string) {
+	t.Helper()
+	var target, dsn, drv string
+	var mc *mysql.Config
+	if e.Target.Dialect == driver.MySQL {
+		var err error
+		if mc, err = mysql.ParseDSN(e.DSN); err != nil {
+			t.Fatal(err)
+		}
+		target = mc.Addr
+	} else {
+		u, err := url.Parse(e.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		target = u.Host
+	}
+	p, err := faultproxy.Start(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if mc != nil {
+		mc.Addr = p.Addr()
+		dsn, drv = mc.FormatDSN(), "mysql"
+	} else {
+		dsn, drv = strings.Replace(e.DSN, target, p.Addr(), 1), "pgx"
+	}
+	return p, drv, dsn
 }
 
 func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, drv, dsn string) {
@@ -494,3 +503,87 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 	}
 	t.Logf("%d cuts; ledger %+v", cuts, rep)
 }
+
+// countingHandler counts log records at Warn and above.
+type countingHandler struct{ warns *atomic.Int64 }
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		h.warns.Add(1)
+	}
+	return nil
+}
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countingHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestDatabaseOutageBacksOff: while the relay's database refuses every
+// connection for 3 s, the relay retries with backoff (a handful of logged
+// failures, not a tight loop), then catches up with what was committed.
+func TestDatabaseOutageBacksOff(t *testing.T) {
+	t.Parallel()
+	serverTargets(t, func(t *testing.T, tg testdb.Target) {
+		pub := newFaultPublisher(outboxtestPublisher())
+		e := testdb.New(t, tg, driver.Config{})
+		p, drv, dsn := proxiedDSN(t, e)
+		outageRun(t, e, pub, p, drv, dsn)
+	})
+}
+
+func outageRun(t *testing.T, e *testdb.Env, pub *faultPublisher, p *faultproxy.Proxy, drv, dsn string) {
+	t.Helper()
+	db, err := sql.Open(drv, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	db.SetMaxOpenConns(2)
+	var warns atomic.Int64
+	r, err := relay.New(db, relay.Config{Dialect: e.Target.Dialect, Table: e.Table, Publisher: pub,
+		PollInterval: 20 * time.Millisecond, Logger: slog.New(countingHandler{&warns})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	ctx := testCtx(t, time.Minute)
+	inner := pub.inner.(*outboxtestPub)
+	if err := inTx(ctx, e.DB, func(ctx context.Context, _ *sql.Tx) error { return outbox.Emit(ctx, ev("before", 1)) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inner.WaitForCount(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	p.Refuse(true)
+	outageEnds := time.Now().Add(3 * time.Second)
+	for i := 0; i < 50; i++ {
+		if err := inTx(ctx, e.DB, func(ctx context.Context, _ *sql.Tx) error { return outbox.Emit(ctx, ev("during", i)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-time.After(time.Until(outageEnds)) // the outage is the scenario
+	failures := warns.Load()
+	p.Refuse(false)
+	if _, err := inner.WaitForCount(ctx, 51); err != nil {
+		t.Fatal(err)
+	}
+	if failures < 1 || failures > 12 {
+		t.Fatalf("%d logged failures during a 3 s outage: want a few (backoff 100 ms doubling), not zero nor a tight loop", failures)
+	}
+	if n := p.Refused.Load(); n > 40 {
+		t.Fatalf("%d connection attempts during a 3 s outage: not backing off", n)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := r.Stop(sctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("3 s outage: %d logged failures, %d refused connections", failures, p.Refused.Load())
+}
+
+type outboxtestPub = outboxtest.Publisher
+
+func outboxtestPublisher() *outboxtest.Publisher { return outboxtest.NewPublisher() }

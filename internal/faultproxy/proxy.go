@@ -33,8 +33,11 @@ type Proxy struct {
 	pattern []byte
 	action  Action
 	conns   map[net.Conn]struct{}
+	refuse  bool
 	// Tripped counts connections cut by a pattern.
 	Tripped atomic.Int64
+	// Refused counts connections closed at once while refusing.
+	Refused atomic.Int64
 }
 
 // Start listens on 127.0.0.1 (a free port) and forwards to target.
@@ -56,6 +59,17 @@ func (p *Proxy) Arm(pattern []byte, action Action) {
 	p.mu.Lock()
 	p.pattern, p.action = append([]byte(nil), pattern...), action
 	p.mu.Unlock()
+}
+
+// Refuse makes the proxy cut every open connection and close new ones at
+// once (on: the server looks down) or forward again (off).
+func (p *Proxy) Refuse(on bool) {
+	p.mu.Lock()
+	p.refuse = on
+	p.mu.Unlock()
+	if on {
+		p.CutAll()
+	}
 }
 
 // CutAll closes every open connection (new ones are still accepted).
@@ -89,6 +103,14 @@ func (p *Proxy) accept() {
 		client, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		p.mu.Lock()
+		refuse := p.refuse
+		p.mu.Unlock()
+		if refuse {
+			p.Refused.Add(1)
+			client.Close()
+			continue
 		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {
