@@ -93,15 +93,7 @@ func (b *bundle) status(t *testing.T, id string) (status, attempts int) {
 
 func eventually(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	t.Helper()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-tick.C:
-		}
-	}
+	testdb.Eventually(t, ctx, what, cond)
 }
 
 // order returns the published message IDs of one aggregate, in order.

@@ -484,11 +484,7 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 		cuts++
 	}
 	<-writerDone
-	rows := readLedger(t, e)
-	recs, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return checkLedger(rows, r).lost == 0 })
-	if err != nil {
-		t.Fatalf("%v; ledger %+v", err, checkLedger(rows, recs))
-	}
+	rows := waitLedger(t, ctx, e, kb.cons)
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := r.Stop(sctx); err != nil {

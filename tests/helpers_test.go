@@ -128,13 +128,5 @@ var _ = driver.Postgres
 // deadline, not a sleep standing in for synchronisation).
 func eventually(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	t.Helper()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-tick.C:
-		}
-	}
+	testdb.Eventually(t, ctx, what, cond)
 }

@@ -214,6 +214,18 @@ func checkLedger(rows []ledgerRow, recs []kafkatest.Record) ledgerReport {
 	return rep
 }
 
+// waitLedger reads the committed rows of e and waits until cons has
+// delivered every one of them (or fails t); it returns the rows.
+func waitLedger(t *testing.T, ctx context.Context, e *testdb.Env, cons *kafkatest.Consumer) []ledgerRow {
+	t.Helper()
+	rows := readLedger(t, e)
+	recs, err := cons.Wait(ctx, func(r []kafkatest.Record) bool { return checkLedger(rows, r).lost == 0 })
+	if err != nil {
+		t.Fatalf("%v; ledger %+v", err, checkLedger(rows, recs))
+	}
+	return rows
+}
+
 // writeSerialized runs writers goroutines that together commit total
 // events, one per transaction, over aggregates aggregates. Each
 // transaction locks its aggregate's row (SELECT ... FOR UPDATE; on SQLite
@@ -348,12 +360,8 @@ func TestRelayStopAndRestartLosesNothing(t *testing.T) {
 				if t.Failed() {
 					return
 				}
-				rows := readLedger(t, e)
-				recs, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return checkLedger(rows, r).lost == 0 })
-				if err != nil {
-					t.Fatalf("%v; ledger %+v", err, checkLedger(rows, recs))
-				}
-				rep := checkLedger(rows, recs)
+				rows := waitLedger(t, ctx, e, kb.cons)
+				rep := checkLedger(rows, kb.cons.Records())
 				if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > batch {
 					t.Fatalf("ledger %+v (duplicates may be at most one batch, %d)", rep, batch)
 				}

@@ -169,11 +169,7 @@ func TestRelayKilledAtFailpoints(t *testing.T) {
 				}
 				before := len(kb.cons.Records())
 				second := startChild(t, e, kb.broker.Addrs(), batch, "")
-				rows := readLedger(t, e)
-				recs, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return checkLedger(rows, r).lost == 0 })
-				if err != nil {
-					t.Fatalf("%v; ledger %+v", err, checkLedger(rows, recs))
-				}
+				rows := waitLedger(t, ctx, e, kb.cons)
 				second.terminate(t, ctx)
 				rep := checkLedger(rows, kb.cons.Records())
 				if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > 2*batch {
@@ -217,11 +213,7 @@ func TestRelayKilledAtRandomMoments(t *testing.T) {
 		}
 		last := startChild(t, e, kb.broker.Addrs(), batch, "")
 		wg.Wait()
-		rows := readLedger(t, e)
-		recs, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return checkLedger(rows, r).lost == 0 })
-		if err != nil {
-			t.Fatalf("%v; ledger %+v", err, checkLedger(rows, recs))
-		}
+		rows := waitLedger(t, ctx, e, kb.cons)
 		last.terminate(t, ctx)
 		rep := checkLedger(rows, kb.cons.Records())
 		if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > kills*2*batch {
@@ -249,10 +241,7 @@ func TestRelaySIGTERMWithPublishesInFlight(t *testing.T) {
 		first.terminate(t, ctx)
 		stoppedAt := len(kb.cons.Records())
 		second := startChild(t, e, kb.broker.Addrs(), batch, "")
-		rows := readLedger(t, e)
-		if _, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return checkLedger(rows, r).lost == 0 }); err != nil {
-			t.Fatal(err)
-		}
+		rows := waitLedger(t, ctx, e, kb.cons)
 		second.terminate(t, ctx)
 		rep := checkLedger(rows, kb.cons.Records())
 		if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates != 0 {

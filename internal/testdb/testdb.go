@@ -297,3 +297,19 @@ func SQLiteDSN(path string) string {
 	v.Set("_txlock", "immediate")
 	return "file:" + path + "?" + v.Encode()
 }
+
+// Eventually polls cond every 5 ms until it holds, failing t when ctx ends
+// first: a condition with a deadline, not a sleep standing in for
+// synchronisation.
+func Eventually(t testing.TB, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
+		}
+	}
+}
