@@ -82,6 +82,10 @@ const (
 	HeaderAggregateType = "outbox-aggregate-type"
 	HeaderAggregateID   = "outbox-aggregate-id"
 	HeaderContentType   = "outbox-content-type"
+	// HeaderPartition and HeaderEpoch carry the relay partition and the
+	// lease epoch (fencing token) under which the record was published.
+	HeaderPartition = "outbox-partition"
+	HeaderEpoch     = "outbox-epoch"
 )
 
 // Record size accounting, mirrored from Kafka's v2 record format and
@@ -97,9 +101,10 @@ const (
 	RecordOverhead = 36
 	// HeaderOverhead is the largest framing of one header (two varint32 lengths).
 	HeaderOverhead = 10
-	// RelayHeaderReserve is room kept for headers the relay may add beyond
-	// the five above (relay partition, lease epoch).
-	RelayHeaderReserve = 64
+	// RelayHeaderReserve is room kept for the headers the relay adds beyond
+	// the five above: outbox-partition (up to 4 digits) and outbox-epoch (up
+	// to 19), with their framing: 16+4+10 + 12+19+10 = 71, rounded up.
+	RelayHeaderReserve = 96
 )
 
 // RecordSize returns an upper bound, in bytes, of the Kafka record batch

@@ -481,14 +481,14 @@ func TestRecordSizeArithmetic(t *testing.T) {
 		Payload:       []byte(`{"a":1}`),
 		Headers:       map[string]string{"trace": "abc"},
 	}
-	const want = 61 + 36 + 3 + 7 + 64 + // batch, record framing, key, value, relay reserve
+	const want = 61 + 36 + 3 + 7 + 96 + // batch, record framing, key, value, relay reserve
 		(17 + 4 + 10) + // outbox-message-id
 		(17 + 10 + 10) + // outbox-event-type
 		(21 + 5 + 10) + // outbox-aggregate-type
 		(19 + 3 + 10) + // outbox-aggregate-id
 		(19 + 16 + 10) + // outbox-content-type: application/json
 		(5 + 3 + 10) // trace: abc
-	if want != 370 {
+	if want != 402 {
 		t.Fatalf("test arithmetic: %d", want)
 	}
 	if got := RecordSize(&ev); got != want {

@@ -62,6 +62,6 @@ func Example() {
 	// emit: <nil>
 	// invalid: true true true
 	// duplicate: true
-	// msg-0001 order o-42 order.paid application/json {"total":42} abc 384
+	// msg-0001 order o-42 order.paid application/json {"total":42} abc 416
 	// after commit: true
 }

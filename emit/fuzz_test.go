@@ -92,7 +92,7 @@ func oracleViolations(ev Event, maxRecord int) ([]violation, int) {
 	} else if ct == DefaultContentType && !json.Valid(ev.Payload) {
 		add("Payload", ErrPayloadNotJSON)
 	}
-	size := 61 + 36 + 64 + 2*len(ev.AggregateID) + len(ev.Payload) +
+	size := 61 + 36 + 96 + 2*len(ev.AggregateID) + len(ev.Payload) +
 		(17 + idLen + 10) + (17 + len(ev.Type) + 10) + (21 + len(ev.AggregateType) + 10) +
 		(19 + 10) + (19 + len(ct) + 10)
 	for k, val := range ev.Headers {

@@ -22,6 +22,10 @@ type Message struct {
 	ContentType string
 	// Partition is the relay partition (partition.Of) stored on the row.
 	Partition int
+	// Epoch is the fencing token of this relay's lease on Partition when
+	// the message was claimed; publishers send it as a header so that
+	// ownership can be audited from the records.
+	Epoch int64
 	// Payload and Headers are exactly what was given to Emit.
 	Payload []byte
 	Headers map[string]string

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/dialect"
 	"github.com/sqloutbox/outbox/internal/failpoint"
+	"github.com/sqloutbox/outbox/partition"
 )
 
 // Defaults, from the seed article unless noted.
@@ -89,6 +91,21 @@ type Config struct {
 	OnUnavailable func(error)
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
+	// Partitions is the number of relay partitions; it must equal
+	// driver.Config.Partitions of every writer. Default
+	// partition.DefaultCount.
+	Partitions int
+	// LeaseTTL is how long a partition lease lasts without renewal, by the
+	// database clock. Default DefaultLeaseTTL (10 s); at least MinLeaseTTL.
+	// A crashed instance's partitions are taken over within LeaseTTL plus
+	// one LeaseHeartbeat.
+	LeaseTTL time.Duration
+	// LeaseHeartbeat is how often leases are renewed and rebalanced.
+	// Default LeaseTTL/4; at most LeaseTTL/2.
+	LeaseHeartbeat time.Duration
+	// InstanceID names this relay in the lease table (at most 128 bytes).
+	// Default hostname-pid-random.
+	InstanceID string
 	// Clock is the host clock the relay's backoff computations read
 	// (cenkalti/backoff's Clock). Default the system clock. No decision
 	// about due retries compares host time with the database: due times are
@@ -131,6 +148,18 @@ func (c Config) withDefaults() Config {
 	if c.Clock == nil {
 		c.Clock = backoff.SystemClock
 	}
+	if c.Partitions == 0 {
+		c.Partitions = partition.DefaultCount
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.LeaseHeartbeat == 0 {
+		c.LeaseHeartbeat = c.LeaseTTL / 4
+	}
+	if c.InstanceID == "" {
+		c.InstanceID = newInstanceID()
+	}
 	return c
 }
 
@@ -153,6 +182,7 @@ type Relay struct {
 	hard context.CancelFunc // cancels in-flight work on a hard stop
 
 	marking *markJob // owned by the Run goroutine
+	leases  *leases  // set by Run
 }
 
 // New returns a relay over db, the outbox table's database. The relay runs
@@ -176,6 +206,13 @@ func New(db *sql.DB, cfg Config) (*Relay, error) {
 		cfg.RetryMax < cfg.RetryInitial || cfg.RetryJitter < 0 || cfg.RetryJitter >= 1 ||
 		cfg.PublishTimeout < 0 || cfg.QueryTimeout < 0 || cfg.DeadLetterPolicy < HoldAggregate || cfg.DeadLetterPolicy > SkipDead {
 		return nil, fmt.Errorf("%w: out-of-range setting in %+v", ErrInvalidConfig, cfg)
+	}
+	if err := partition.Validate(cfg.Partitions); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if cfg.LeaseTTL < MinLeaseTTL || cfg.LeaseHeartbeat <= 0 || cfg.LeaseHeartbeat > cfg.LeaseTTL/2 || len(cfg.InstanceID) > 128 {
+		return nil, fmt.Errorf("%w: LeaseTTL %v (min %v), LeaseHeartbeat %v (max LeaseTTL/2), InstanceID of %d bytes (max 128)",
+			ErrInvalidConfig, cfg.LeaseTTL, MinLeaseTTL, cfg.LeaseHeartbeat, len(cfg.InstanceID))
 	}
 	d, err := dialect.New(dialect.Name(cfg.Dialect), cfg.Table)
 	if err != nil {
@@ -232,8 +269,24 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.checkSchema(hardCtx); err != nil {
 		return err
 	}
+	r.leases = &leases{r: r, id: r.cfg.InstanceID, partitions: r.cfg.Partitions, ttl: r.cfg.LeaseTTL, beat: r.cfg.LeaseHeartbeat,
+		owned: map[int]int64{}, toRelease: map[int]bool{}, changed: make(chan struct{}, 1)}
+	if err := r.startLeases(hardCtx); err != nil {
+		return err
+	}
+	beatCtx, stopBeat := context.WithCancel(hardCtx)
+	beatDone := make(chan struct{})
+	go func() { defer close(beatDone); r.leases.run(beatCtx) }()
+	defer func() {
+		stopBeat()
+		<-beatDone
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
+		defer cancel()
+		r.leases.leave(lctx)
+	}()
 	close(r.started)
-	r.log.Info("relay started", "dialect", r.cfg.Dialect, "poll_interval", r.cfg.PollInterval, "batch_size", r.cfg.BatchSize)
+	r.log.Info("relay started", "dialect", r.cfg.Dialect, "instance", r.cfg.InstanceID, "poll_interval", r.cfg.PollInterval,
+		"batch_size", r.cfg.BatchSize, "partitions", r.cfg.Partitions, "lease_ttl", r.cfg.LeaseTTL)
 
 	bo := r.loopBackoff()
 	poll := time.NewTimer(r.cfg.PollInterval)
@@ -282,6 +335,30 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-poll.C:
 		case <-r.notify:
 		case <-r.cfg.Wakeup: // a nil channel never fires
+		case <-r.leases.changed: // partitions acquired: they may hold a backlog
+		}
+	}
+}
+
+// startLeases creates the lease rows and takes a first share, retrying
+// transient database errors until stopped; a partition count that
+// disagrees with the table is returned at once.
+func (r *Relay) startLeases(ctx context.Context) error {
+	bo := r.loopBackoff()
+	for {
+		err := r.leases.start(ctx)
+		if err == nil {
+			err = r.leases.heartbeat(ctx)
+		}
+		if err == nil || errors.Is(err, ErrPartitionMismatch) {
+			return err
+		}
+		wait := bo.NextBackOff()
+		r.log.Warn("relay cannot set up partition leases; retrying", "error", err, "retry_in", wait)
+		select {
+		case <-r.stopping:
+			return nil
+		case <-time.After(wait):
 		}
 	}
 }
@@ -350,12 +427,30 @@ func (r *Relay) beginStop() { r.stopOnce.Do(func() { close(r.stopping) }) }
 // cycle claims one batch, publishes it and records the outcomes. It
 // returns the number of rows claimed.
 func (r *Relay) cycle(ctx context.Context) (int, error) {
-	msgs, err := r.claim(ctx)
+	set, release := r.leases.snapshot()
+	if len(release) > 0 {
+		// Give up excess partitions only once this instance's work on
+		// them is recorded, so the next owner starts where it stopped.
+		if err := r.waitMark(); err != nil {
+			r.log.Warn("marking a published batch sent failed; it will be re-sent", "error", err)
+		}
+		r.leases.release(ctx, release)
+	}
+	if len(set.epochs) == 0 || !time.Now().Before(set.trustedUntil) {
+		return 0, nil // nothing owned, or ownership not renewed in time
+	}
+	msgs, err := r.claim(ctx, set)
 	if err != nil || len(msgs) == 0 {
 		return 0, err
 	}
 	failpoint.Inject(failpoint.AfterClaim)
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	// Publish only within the trust window: a paused or partitioned
+	// instance must not publish for partitions it may have lost.
+	budget := min(r.cfg.PublishTimeout, time.Until(set.trustedUntil))
+	if budget <= 0 {
+		return 0, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, budget)
 	perr := r.cfg.Publisher.Publish(pctx, msgs)
 	cancel()
 	failpoint.Inject(failpoint.AfterPublish)
@@ -463,14 +558,19 @@ func (r *Relay) waitMark() error {
 // claim reads the next batch. Rows of a batch still being marked sent are
 // pending in the table but already published: the query asks for that
 // many more rows and they are dropped here.
-func (r *Relay) claim(ctx context.Context) ([]Message, error) {
+func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	var skip map[int64]struct{}
 	if r.marking != nil {
 		skip = r.marking.ids
 	}
-	rows, err := r.db.QueryContext(qctx, r.d.Query("claim"), r.cfg.BatchSize+len(skip))
+	parts := make([]int, 0, len(set.epochs))
+	for p := range set.epochs {
+		parts = append(parts, p)
+	}
+	sort.Ints(parts)
+	rows, err := r.db.QueryContext(qctx, r.d.Claim(parts), r.cfg.BatchSize+len(skip))
 	if err != nil {
 		return nil, fmt.Errorf("claiming from %s: %w", r.cfg.Table, err)
 	}
@@ -489,6 +589,7 @@ func (r *Relay) claim(ctx context.Context) ([]Message, error) {
 		if m.Payload == nil {
 			m.Payload = []byte{} // some drivers read an empty BLOB as nil
 		}
+		m.Epoch = set.epochs[m.Partition]
 		if headers != "" {
 			if err := json.Unmarshal([]byte(headers), &m.Headers); err != nil {
 				return nil, fmt.Errorf("decoding headers of row %d: %w", m.ID, err)
@@ -516,7 +617,7 @@ func (r *Relay) markSent(ctx context.Context, msgs []Message) error {
 	for i := range msgs {
 		ids[i] = msgs[i].ID
 	}
-	q, args := r.d.MarkSent(ids)
+	q, args := r.d.MarkSent(ids, r.cfg.InstanceID)
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	if _, err := r.db.ExecContext(qctx, q, args...); err != nil {
@@ -552,7 +653,7 @@ func (r *Relay) markFailed(ctx context.Context, m Message, perr error) error {
 		if r.cfg.DeadLetterPolicy == SkipDead {
 			q = "mark_dead_released"
 		}
-		if _, err := r.db.ExecContext(qctx, r.d.Query(q), errText(perr), m.ID); err != nil {
+		if _, err := r.db.ExecContext(qctx, r.d.Fenced(q, true), errText(perr), m.ID, r.cfg.InstanceID); err != nil {
 			return fmt.Errorf("dead-lettering message %s: %w", m.MessageID, err)
 		}
 		r.log.Error("message dead-lettered", "held", r.cfg.DeadLetterPolicy == HoldAggregate, "message_id", m.MessageID, "outbox_id", m.ID,
@@ -563,7 +664,7 @@ func (r *Relay) markFailed(ctx context.Context, m Message, perr error) error {
 		return nil
 	}
 	delay := r.retryDelay(attempt)
-	if _, err := r.db.ExecContext(qctx, r.d.Query("mark_retry"), delay.Microseconds(), errText(perr), m.ID); err != nil {
+	if _, err := r.db.ExecContext(qctx, r.d.Fenced("mark_retry", true), delay.Microseconds(), errText(perr), m.ID, r.cfg.InstanceID); err != nil {
 		return fmt.Errorf("scheduling retry of message %s: %w", m.MessageID, err)
 	}
 	r.log.Warn("publish failed; will retry", "message_id", m.MessageID, "outbox_id", m.ID, "attempt", attempt, "retry_in", delay, "error", perr)

@@ -133,6 +133,11 @@ func TestKafkaRoundTrip(t *testing.T) {
 			for k, v := range ev.Headers {
 				want[k] = v
 			}
+			// The relay's own: partition as stored, epoch of its lease.
+			if r.Headers[emit.HeaderPartition] != fmt.Sprint(partition.Of(ev.AggregateType, ev.AggregateID, partition.DefaultCount)) || r.Headers[emit.HeaderEpoch] == "" {
+				t.Errorf("%s: partition/epoch headers %q/%q", ev.ID, r.Headers[emit.HeaderPartition], r.Headers[emit.HeaderEpoch])
+			}
+			want[emit.HeaderPartition], want[emit.HeaderEpoch] = r.Headers[emit.HeaderPartition], r.Headers[emit.HeaderEpoch]
 			if fmt.Sprint(r.Headers) != fmt.Sprint(want) {
 				t.Errorf("%s: headers %v, want %v", ev.ID, r.Headers, want)
 			}

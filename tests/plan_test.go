@@ -64,7 +64,7 @@ func TestClaimCostIndependentOfBacklog(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := e.RelayDB.QueryContext(ctx, d.Query("claim"), batch)
+		res, err := e.RelayDB.QueryContext(ctx, d.Claim(nil), batch)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +105,7 @@ func claimRowVisits(t *testing.T, e *testdb.Env, d *dialect.Dialect, batch int) 
 	var text string
 	switch e.Target.Dialect {
 	case driver.Postgres:
-		q := strings.Replace(d.Query("claim"), "$1", fmt.Sprint(batch), 1)
+		q := strings.Replace(d.Claim(nil), "$1", fmt.Sprint(batch), 1)
 		if err := e.RelayDB.QueryRow("EXPLAIN (ANALYZE, FORMAT JSON) " + q).Scan(&text); err != nil {
 			t.Fatal(err)
 		}
@@ -131,7 +131,7 @@ func claimRowVisits(t *testing.T, e *testdb.Env, d *dialect.Dialect, batch int) 
 		}
 		return int(walk(plan[0].Plan))
 	case driver.MySQL:
-		q := strings.Replace(d.Query("claim"), "LIMIT ?", fmt.Sprintf("LIMIT %d", batch), 1)
+		q := strings.Replace(d.Claim(nil), "LIMIT ?", fmt.Sprintf("LIMIT %d", batch), 1)
 		if err := e.RelayDB.QueryRow("ANALYZE FORMAT=JSON " + q).Scan(&text); err != nil {
 			t.Fatal(err)
 		}
@@ -165,7 +165,7 @@ func claimRowVisits(t *testing.T, e *testdb.Env, d *dialect.Dialect, batch int) 
 		}
 		return int(walk(doc))
 	default:
-		rows, err := e.RelayDB.Query("EXPLAIN QUERY PLAN "+d.Query("claim"), batch)
+		rows, err := e.RelayDB.Query("EXPLAIN QUERY PLAN "+d.Claim(nil), batch)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -129,6 +129,12 @@ func (t templateData) Table() string { return t.d.quoted }
 // Migrations is the quoted, schema-qualified migrations table.
 func (t templateData) Migrations() string { return t.d.qualify(t.d.base + "_migrations") }
 
+// Lease is the quoted, schema-qualified partition lease table.
+func (t templateData) Lease() string { return t.d.qualify(t.d.base + "_lease") }
+
+// Members is the quoted, schema-qualified relay instance table.
+func (t templateData) Members() string { return t.d.qualify(t.d.base + "_relay") }
+
 // Index names an index or constraint after the table: PostgreSQL puts it in
 // the table's schema by itself; SQLite wants the schema on the index name.
 func (t templateData) Index(suffix string) string {
@@ -306,9 +312,10 @@ func (d *Dialect) writePlaceholders(b *strings.Builder, s string, n int) int {
 	return n
 }
 
-// MarkSent returns the statement marking ids sent and its arguments.
-func (d *Dialect) MarkSent(ids []int64) (string, []any) {
-	q := d.Query("mark_sent")
+// MarkSent returns the statement marking ids sent and its arguments,
+// fenced by owner's leases unless owner is "".
+func (d *Dialect) MarkSent(ids []int64, owner string) (string, []any) {
+	q := d.Fenced("mark_sent", owner != "")
 	if d.name == Postgres {
 		var b strings.Builder
 		b.WriteByte('{')
@@ -319,11 +326,18 @@ func (d *Dialect) MarkSent(ids []int64) (string, []any) {
 			b.WriteString(strconv.FormatInt(id, 10))
 		}
 		b.WriteByte('}')
-		return q, []any{b.String()}
+		args := []any{b.String()}
+		if owner != "" {
+			args = append(args, owner)
+		}
+		return q, args
 	}
-	args := make([]any, len(ids))
+	args := make([]any, len(ids), len(ids)+1)
 	for i, id := range ids {
 		args[i] = id
+	}
+	if owner != "" {
+		args = append(args, owner)
 	}
 	return strings.Replace(q, "{{IDS}}", strings.TrimSuffix(strings.Repeat("?,", len(ids)), ","), 1), args
 }
@@ -354,3 +368,61 @@ func (d *Dialect) WithSelector(name, where string, limit int) string {
 	d.writePlaceholders(&b, q, 0)
 	return b.String()
 }
+
+// Bind turns the ? placeholders of q into the dialect's own, numbered
+// from 1 (PostgreSQL's $n); other dialects keep ?.
+func (d *Dialect) Bind(q string) string {
+	var b strings.Builder
+	d.writePlaceholders(&b, q, 0)
+	return b.String()
+}
+
+// Fenced returns the named relay write with the lease fence appended when
+// fenced is true (one more argument: the instance ID, last), or removed.
+func (d *Dialect) Fenced(name string, fenced bool) string {
+	q := d.Query(name)
+	if !fenced {
+		return strings.Replace(q, "{{FENCE}}", "", 1)
+	}
+	// Number the fence's placeholder after the statement's own.
+	n := strings.Count(q, "?")
+	if d.name == Postgres {
+		n = strings.Count(q, "$")
+	}
+	fence := d.Query("fence")
+	var b strings.Builder
+	d.writePlaceholders(&b, fence, n)
+	return strings.Replace(q, "{{FENCE}}", b.String(), 1)
+}
+
+// Claim returns the claim restricted to the given relay partitions, or
+// unrestricted when partitions is nil.
+func (d *Dialect) Claim(partitions []int) string {
+	q := d.Query("claim")
+	if partitions == nil {
+		return strings.Replace(q, "{{PARTITIONS}}", "", 1)
+	}
+	var b strings.Builder
+	b.WriteString("AND o.partition_key IN (")
+	for i, p := range partitions {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(p))
+	}
+	b.WriteString(")")
+	return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1)
+}
+
+// LeaseInit returns the statement creating lease rows for partitions
+// 0..n-1 (n arguments: the partition numbers).
+func (d *Dialect) LeaseInit(n int) string {
+	q := strings.Replace(d.Query("lease_init"), "{{ROWS}}", strings.TrimSuffix(strings.Repeat("(?, 0), ", n), ", "), 1)
+	return d.Bind(q)
+}
+
+// Lease returns a named lease query with the dialect's placeholders.
+func (d *Dialect) Lease(name string) string { return d.Bind(d.Query(name)) }
+
+// LeaseTable is the quoted partition lease table.
+func (d *Dialect) LeaseTable() string { return templateData{d}.Lease() }

@@ -106,12 +106,41 @@ func TestInsertPlaceholders(t *testing.T) {
 	if lite.MaxInsertRows()*InsertColumns > 32766 {
 		t.Error("sqlite rows exceed the parameter limit")
 	}
-	q, args := my.MarkSent([]int64{4, 5, 6})
+	q, args := my.MarkSent([]int64{4, 5, 6}, "")
 	if strings.Count(q, "?") != 3 || len(args) != 3 {
 		t.Errorf("mysql mark_sent: %s %v", q, args)
 	}
-	q, args = pg.MarkSent([]int64{4, 5, 6})
+	q, args = pg.MarkSent([]int64{4, 5, 6}, "")
 	if len(args) != 1 || args[0] != "{4,5,6}" || !strings.Contains(q, "ANY($1") {
 		t.Errorf("postgres mark_sent: %s %v", q, args)
+	}
+}
+
+func TestFencedWrites(t *testing.T) {
+	t.Parallel()
+	pg, _ := New(Postgres, "s.t")
+	q, args := pg.MarkSent([]int64{1}, "relay-a")
+	if !strings.Contains(q, "l.owner = $2") || len(args) != 2 || args[1] != "relay-a" || !strings.Contains(q, `"s"."t_lease"`) {
+		t.Errorf("fenced postgres mark_sent: %s %v", q, args)
+	}
+	if q := pg.Fenced("mark_retry", true); !strings.Contains(q, "l.owner = $4") {
+		t.Errorf("fenced postgres mark_retry: %s", q)
+	}
+	for _, n := range []Name{Postgres, MySQL, SQLite} {
+		d, _ := New(n, "t")
+		if q, _ := d.MarkSent([]int64{1}, "x"); strings.Contains(q, "{{") {
+			t.Errorf("%s mark_sent: marker left: %s", n, q)
+		}
+		for _, q := range []string{"mark_retry", "mark_dead", "mark_dead_released"} {
+			if strings.Contains(d.Fenced(q, false), "{{") || strings.Contains(d.Fenced(q, true), "{{") {
+				t.Errorf("%s %s: marker left", n, q)
+			}
+		}
+		if strings.Contains(d.Claim(nil), "{{") || !strings.Contains(d.Claim([]int{3, 7}), "IN (3,7)") {
+			t.Errorf("%s claim partitions: %s", n, d.Claim([]int{3, 7}))
+		}
+		if got := strings.Count(d.LeaseInit(4), "0)"); got != 4 {
+			t.Errorf("%s lease_init: %s", n, d.LeaseInit(4))
+		}
 	}
 }

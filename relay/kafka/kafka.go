@@ -24,7 +24,8 @@
 //
 // The record key is the aggregate ID, so one aggregate's events share a
 // partition. Headers carry the message ID, event type, aggregate type and
-// ID and content type (emit.Header* names), then the event's own headers.
+// ID, content type, relay partition and lease epoch (emit.Header* names),
+// then the event's own headers.
 //
 // Sarama, like the Java client, does not stop later records when one fails
 // for good; the relay holds an aggregate back itself (see package relay).
@@ -35,6 +36,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -448,13 +450,15 @@ func (p *Publisher) record(m *relay.Message) *sarama.ProducerMessage {
 	if topic == "" {
 		topic = p.route(*m)
 	}
-	hs := make([]sarama.RecordHeader, 0, 5+len(m.Headers))
+	hs := make([]sarama.RecordHeader, 0, 7+len(m.Headers))
 	hs = append(hs,
 		sarama.RecordHeader{Key: []byte(emit.HeaderMessageID), Value: []byte(m.MessageID)},
 		sarama.RecordHeader{Key: []byte(emit.HeaderEventType), Value: []byte(m.EventType)},
 		sarama.RecordHeader{Key: []byte(emit.HeaderAggregateType), Value: []byte(m.AggregateType)},
 		sarama.RecordHeader{Key: []byte(emit.HeaderAggregateID), Value: []byte(m.AggregateID)},
 		sarama.RecordHeader{Key: []byte(emit.HeaderContentType), Value: []byte(m.ContentType)},
+		sarama.RecordHeader{Key: []byte(emit.HeaderPartition), Value: strconv.AppendInt(nil, int64(m.Partition), 10)},
+		sarama.RecordHeader{Key: []byte(emit.HeaderEpoch), Value: strconv.AppendInt(nil, m.Epoch, 10)},
 	)
 	if len(m.Headers) > 0 {
 		keys := make([]string, 0, len(m.Headers))

@@ -336,6 +336,8 @@ func checkRecord(t *testing.T, r kafkatest.Record, m relay.Message, topic string
 		emit.HeaderAggregateType: m.AggregateType,
 		emit.HeaderAggregateID:   m.AggregateID,
 		emit.HeaderContentType:   m.ContentType,
+		emit.HeaderPartition:     strconv.Itoa(m.Partition),
+		emit.HeaderEpoch:         strconv.FormatInt(m.Epoch, 10),
 	}
 	maps.Copy(want, m.Headers)
 	if !maps.Equal(r.Headers, want) {

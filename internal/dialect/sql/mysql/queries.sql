@@ -29,6 +29,7 @@ WHERE o.status = 0
             WHERE status = 0 AND next_retry_at > UTC_TIMESTAMP(6)
         ) h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id AND h.id < o.id)
+  {{"{{PARTITIONS}}"}}
 ORDER BY o.id
 LIMIT ?
 
@@ -37,25 +38,25 @@ LIMIT ?
 UPDATE {{.Table}}
 SET status = 1, attempts = attempts + 1, sent_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6),
     next_retry_at = NULL
-WHERE id IN ({{"{{IDS}}"}}) AND status = 0
+WHERE id IN ({{"{{IDS}}"}}) AND status = 0 {{"{{FENCE}}"}}
 
 -- name: mark_retry
 UPDATE {{.Table}}
 SET attempts = attempts + 1, next_retry_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
     last_error = ?, updated_at = UTC_TIMESTAMP(6)
-WHERE id = ? AND status = 0
+WHERE id = ? AND status = 0 {{"{{FENCE}}"}}
 
 -- name: mark_dead
 -- Dead rows keep next_retry_at = "never" so that they hold their aggregate.
 UPDATE {{.Table}}
 SET status = 2, attempts = attempts + 1, next_retry_at = '9999-12-31 23:59:59.999999', last_error = ?, updated_at = UTC_TIMESTAMP(6)
-WHERE id = ? AND status = 0
+WHERE id = ? AND status = 0 {{"{{FENCE}}"}}
 
 -- name: mark_dead_released
 -- Dead, but not holding its aggregate (DeadLetterPolicy SkipDead).
 UPDATE {{.Table}}
 SET status = 2, attempts = attempts + 1, next_retry_at = NULL, last_error = ?, updated_at = UTC_TIMESTAMP(6)
-WHERE id = ? AND status = 0
+WHERE id = ? AND status = 0 {{"{{FENCE}}"}}
 
 -- name: insert
 -- Multi-row INSERT written by the commit hook: the row template below is
@@ -92,3 +93,58 @@ WHERE status = 2 AND {{"{{WHERE}}"}}
 UPDATE {{.Table}}
 SET next_retry_at = NULL, updated_at = UTC_TIMESTAMP(6)
 WHERE status = 2 AND next_retry_at IS NOT NULL AND {{"{{WHERE}}"}}
+
+-- name: fence
+-- Appended to the relay's writes when leases are on: the row's partition
+-- must still be leased to this instance (? = instance ID), unexpired by the
+-- database clock. A stale owner's outcomes are rejected.
+AND EXISTS (SELECT 1 FROM {{.Lease}} l
+            WHERE l.partition_key = {{.Table}}.partition_key AND l.owner = ? AND l.expires_at > UTC_TIMESTAMP(6))
+
+-- name: lease_init
+-- One row per partition, created once; {{"{{ROWS}}"}} is "(?, 0)" per partition.
+INSERT IGNORE INTO {{.Lease}} (partition_key, epoch) VALUES {{"{{ROWS}}"}}
+
+-- name: member_beat
+-- ? = instance ID, lease TTL in microseconds.
+INSERT INTO {{.Members}} (instance_id, expires_at) VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)
+
+-- name: member_count
+SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > UTC_TIMESTAMP(6)
+
+-- name: member_leave
+DELETE FROM {{.Members}} WHERE instance_id = ?
+
+-- name: lease_renew
+-- ? = TTL in microseconds, instance ID.
+UPDATE {{.Lease}} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE owner = ? AND expires_at > UTC_TIMESTAMP(6)
+
+-- name: lease_mine
+SELECT partition_key, epoch FROM {{.Lease}}
+WHERE owner = ? AND expires_at > UTC_TIMESTAMP(6)
+ORDER BY partition_key
+
+-- name: lease_free
+SELECT partition_key FROM {{.Lease}}
+WHERE owner IS NULL OR expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6)
+ORDER BY partition_key
+
+-- name: lease_acquire
+-- ? = instance ID, TTL in microseconds, partition. Raises the epoch: the
+-- fencing token that tells this ownership from every earlier one.
+UPDATE {{.Lease}} SET owner = ?, epoch = epoch + 1, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE partition_key = ? AND (owner IS NULL OR expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6))
+
+-- name: lease_release
+-- ? = partition, instance ID.
+UPDATE {{.Lease}} SET owner = NULL, expires_at = NULL
+WHERE partition_key = ? AND owner = ?
+
+-- name: lease_owners
+-- Every partition's owner, epoch and remaining lease in milliseconds
+-- (negative: expired), for stats and tests.
+SELECT partition_key, COALESCE(owner, ''), epoch,
+       COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) DIV 1000, -1)
+FROM {{.Lease}} ORDER BY partition_key

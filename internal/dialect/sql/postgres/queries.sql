@@ -25,6 +25,7 @@ WHERE o.status = 0
         SELECT 1 FROM {{.Table}} h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
           AND h.status <> 1 AND h.next_retry_at > (SELECT clock_timestamp()) AND h.id + 0 < o.id)
+  {{"{{PARTITIONS}}"}}
 ORDER BY o.id
 LIMIT $1
 
@@ -33,28 +34,28 @@ LIMIT $1
 UPDATE {{.Table}}
 SET status = 1, attempts = attempts + 1, sent_at = clock_timestamp(), updated_at = clock_timestamp(),
     next_retry_at = NULL
-WHERE id = ANY($1::bigint[]) AND status = 0
+WHERE id = ANY($1::bigint[]) AND status = 0 {{"{{FENCE}}"}}
 
 -- name: mark_retry
 -- $1 = delay in microseconds, $2 = error text, $3 = id.
 UPDATE {{.Table}}
 SET attempts = attempts + 1, next_retry_at = clock_timestamp() + ($1::bigint * interval '1 microsecond'),
     last_error = $2, updated_at = clock_timestamp()
-WHERE id = $3 AND status = 0
+WHERE id = $3 AND status = 0 {{"{{FENCE}}"}}
 
 -- name: mark_dead
 -- Dead rows keep next_retry_at = "never" so that they hold their aggregate.
 -- $1 = error text, $2 = id.
 UPDATE {{.Table}}
 SET status = 2, attempts = attempts + 1, next_retry_at = 'infinity'::timestamptz, last_error = $1, updated_at = clock_timestamp()
-WHERE id = $2 AND status = 0
+WHERE id = $2 AND status = 0 {{"{{FENCE}}"}}
 
 -- name: mark_dead_released
 -- Dead, but not holding its aggregate (DeadLetterPolicy SkipDead).
 -- $1 = error text, $2 = id.
 UPDATE {{.Table}}
 SET status = 2, attempts = attempts + 1, next_retry_at = NULL, last_error = $1, updated_at = clock_timestamp()
-WHERE id = $2 AND status = 0
+WHERE id = $2 AND status = 0 {{"{{FENCE}}"}}
 
 -- name: insert
 -- Multi-row INSERT written by the commit hook: the row template below is
@@ -91,3 +92,58 @@ WHERE status = 2 AND {{"{{WHERE}}"}}
 UPDATE {{.Table}}
 SET next_retry_at = NULL, updated_at = clock_timestamp()
 WHERE status = 2 AND next_retry_at IS NOT NULL AND {{"{{WHERE}}"}}
+
+-- name: fence
+-- Appended to the relay's writes when leases are on: the row's partition
+-- must still be leased to this instance (? = instance ID), unexpired by the
+-- database clock. A stale owner's outcomes are rejected.
+AND EXISTS (SELECT 1 FROM {{.Lease}} l
+            WHERE l.partition_key = {{.Table}}.partition_key AND l.owner = ? AND l.expires_at > clock_timestamp())
+
+-- name: lease_init
+-- One row per partition, created once; {{"{{ROWS}}"}} is "(?, 0)" per partition.
+INSERT INTO {{.Lease}} (partition_key, epoch) VALUES {{"{{ROWS}}"}} ON CONFLICT DO NOTHING
+
+-- name: member_beat
+-- ? = instance ID, lease TTL in microseconds.
+INSERT INTO {{.Members}} (instance_id, expires_at) VALUES (?, clock_timestamp() + (?::bigint * interval '1 microsecond'))
+ON CONFLICT (instance_id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+
+-- name: member_count
+SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > clock_timestamp()
+
+-- name: member_leave
+DELETE FROM {{.Members}} WHERE instance_id = ?
+
+-- name: lease_renew
+-- ? = TTL in microseconds, instance ID.
+UPDATE {{.Lease}} SET expires_at = clock_timestamp() + (?::bigint * interval '1 microsecond')
+WHERE owner = ? AND expires_at > clock_timestamp()
+
+-- name: lease_mine
+SELECT partition_key, epoch FROM {{.Lease}}
+WHERE owner = ? AND expires_at > clock_timestamp()
+ORDER BY partition_key
+
+-- name: lease_free
+SELECT partition_key FROM {{.Lease}}
+WHERE owner IS NULL OR expires_at IS NULL OR expires_at <= clock_timestamp()
+ORDER BY partition_key
+
+-- name: lease_acquire
+-- ? = instance ID, TTL in microseconds, partition. Raises the epoch: the
+-- fencing token that tells this ownership from every earlier one.
+UPDATE {{.Lease}} SET owner = ?, epoch = epoch + 1, expires_at = clock_timestamp() + (?::bigint * interval '1 microsecond')
+WHERE partition_key = ? AND (owner IS NULL OR expires_at IS NULL OR expires_at <= clock_timestamp())
+
+-- name: lease_release
+-- ? = partition, instance ID.
+UPDATE {{.Lease}} SET owner = NULL, expires_at = NULL
+WHERE partition_key = ? AND owner = ?
+
+-- name: lease_owners
+-- Every partition's owner, epoch and remaining lease in milliseconds
+-- (negative: expired), for stats and tests.
+SELECT partition_key, COALESCE(owner, ''), epoch,
+       COALESCE(CAST(EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000 AS BIGINT), -1)
+FROM {{.Lease}} ORDER BY partition_key

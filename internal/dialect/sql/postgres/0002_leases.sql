@@ -1,0 +1,14 @@
+-- outbox schema version 2: partition leases for several relay instances.
+-- One row per relay partition: its owner, the fencing token (epoch, raised
+-- at every acquisition) and when the lease expires by the database clock.
+CREATE TABLE IF NOT EXISTS {{.Lease}} (
+    partition_key INTEGER NOT NULL PRIMARY KEY,
+    owner         VARCHAR(128) NULL,
+    epoch         BIGINT NOT NULL DEFAULT 0,
+    expires_at    TIMESTAMPTZ NULL
+);
+-- Live relay instances, for balancing: each renews its row by heartbeat.
+CREATE TABLE IF NOT EXISTS {{.Members}} (
+    instance_id   VARCHAR(128) NOT NULL PRIMARY KEY,
+    expires_at    TIMESTAMPTZ NOT NULL
+);

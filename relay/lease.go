@@ -1,0 +1,283 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Lease defaults.
+const (
+	// DefaultLeaseTTL is how long a partition lease lasts without renewal,
+	// by the database clock.
+	DefaultLeaseTTL = 10 * time.Second
+	// MinLeaseTTL is the shortest LeaseTTL New accepts.
+	MinLeaseTTL = 500 * time.Millisecond
+)
+
+// ErrPartitionMismatch is returned by Run when the lease table or pending
+// rows disagree with Config.Partitions: every writer and relay of a table
+// must use the same count (see Repartition to change it).
+var ErrPartitionMismatch = errors.New("outbox: relay partition count differs from the table's")
+
+// leaseSet is what the loop may work on: owned partitions (with their
+// fencing epochs) and until when, by the host's monotonic clock, that
+// ownership can be trusted.
+type leaseSet struct {
+	epochs       map[int]int64
+	trustedUntil time.Time
+}
+
+// leases keeps this instance's share of the relay partitions: it
+// heartbeats its membership, renews what it owns, takes free or expired
+// partitions up to its fair share, and asks the loop to give up the excess
+// (the loop releases a partition only after its in-flight work on it is
+// recorded). See the package documentation for the state machine.
+type leases struct {
+	r          *Relay
+	id         string
+	partitions int
+	ttl, beat  time.Duration
+
+	mu        sync.Mutex
+	owned     map[int]int64
+	trusted   time.Time
+	toRelease map[int]bool
+	changed   chan struct{} // signalled when new partitions were acquired
+}
+
+func newInstanceID() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	id := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+	if len(id) > 128 {
+		id = id[len(id)-128:]
+	}
+	return id
+}
+
+func (l *leases) ttlMicros() int64 { return l.ttl.Microseconds() }
+
+// start creates the lease rows (once per table) and checks the partition
+// count against the table.
+func (l *leases) start(ctx context.Context) error {
+	args := make([]any, l.partitions)
+	for i := range args {
+		args[i] = i
+	}
+	qctx, cancel := context.WithTimeout(ctx, l.r.cfg.QueryTimeout)
+	defer cancel()
+	if _, err := l.r.db.ExecContext(qctx, l.r.d.LeaseInit(l.partitions), args...); err != nil {
+		return fmt.Errorf("creating lease rows: %w", err)
+	}
+	var rows int
+	var maxPending sql.NullInt64
+	if err := l.r.db.QueryRowContext(qctx, "SELECT COUNT(*) FROM "+l.r.d.LeaseTable()).Scan(&rows); err != nil {
+		return err
+	}
+	if err := l.r.db.QueryRowContext(qctx, "SELECT MAX(partition_key) FROM "+l.r.d.QuotedTable()+" WHERE status = 0").Scan(&maxPending); err != nil {
+		return err
+	}
+	if rows != l.partitions || (maxPending.Valid && int(maxPending.Int64) >= l.partitions) {
+		return fmt.Errorf("%w: relay configured with %d partitions; lease table has %d, highest pending partition %d",
+			ErrPartitionMismatch, l.partitions, rows, maxPending.Int64)
+	}
+	return nil
+}
+
+// snapshot returns what the loop may claim now, and the partitions it
+// should release once its in-flight work is recorded.
+func (l *leases) snapshot() (leaseSet, []int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	set := leaseSet{epochs: make(map[int]int64, len(l.owned)), trustedUntil: l.trusted}
+	var rel []int
+	for p, e := range l.owned {
+		if l.toRelease[p] {
+			rel = append(rel, p)
+			continue
+		}
+		set.epochs[p] = e
+	}
+	sort.Ints(rel)
+	return set, rel
+}
+
+// released records that the loop gave partitions up.
+func (l *leases) released(ps []int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range ps {
+		delete(l.owned, p)
+		delete(l.toRelease, p)
+	}
+}
+
+// release gives partitions up in the database.
+func (l *leases) release(ctx context.Context, ps []int) {
+	for _, p := range ps {
+		qctx, cancel := context.WithTimeout(ctx, l.r.cfg.QueryTimeout)
+		_, err := l.r.db.ExecContext(qctx, l.r.d.Lease("lease_release"), p, l.id)
+		cancel()
+		if err != nil {
+			l.r.log.Warn("releasing a partition lease failed; it expires by itself", "partition", p, "error", err)
+		}
+	}
+	l.released(ps)
+}
+
+// heartbeat runs one round: membership, renewal, balancing.
+func (l *leases) heartbeat(ctx context.Context) error {
+	qctx, cancel := context.WithTimeout(ctx, l.r.cfg.QueryTimeout)
+	defer cancel()
+	db, d := l.r.db, l.r.d
+	started := time.Now() // the trust window starts before the renewal
+	if _, err := db.ExecContext(qctx, d.Lease("member_beat"), l.id, l.ttlMicros()); err != nil {
+		return fmt.Errorf("membership heartbeat: %w", err)
+	}
+	if _, err := db.ExecContext(qctx, d.Lease("lease_renew"), l.ttlMicros(), l.id); err != nil {
+		return fmt.Errorf("renewing leases: %w", err)
+	}
+	mine, err := l.mine(qctx)
+	if err != nil {
+		return err
+	}
+	var live int
+	if err := db.QueryRowContext(qctx, d.Lease("member_count")).Scan(&live); err != nil {
+		return fmt.Errorf("counting relay instances: %w", err)
+	}
+	live = max(live, 1)
+	target := (l.partitions + live - 1) / live
+
+	l.mu.Lock()
+	for p := range l.owned {
+		if _, ok := mine[p]; !ok {
+			l.r.log.Warn("partition lease lost", "partition", p, "instance", l.id)
+		}
+	}
+	l.owned = mine
+	l.trusted = started.Add(l.ttl - l.ttl/5)
+	pendingRelease := len(l.toRelease)
+	if excess := len(mine) - target; excess > 0 && pendingRelease == 0 {
+		ps := make([]int, 0, len(mine))
+		for p := range mine {
+			ps = append(ps, p)
+		}
+		sort.Sort(sort.Reverse(sort.IntSlice(ps)))
+		for _, p := range ps[:excess] {
+			l.toRelease[p] = true
+		}
+	}
+	deficit := target - len(mine)
+	l.mu.Unlock()
+
+	if deficit <= 0 || pendingRelease > 0 {
+		return nil
+	}
+	free, err := l.free(qctx)
+	if err != nil {
+		return err
+	}
+	acquired := 0
+	for _, p := range free {
+		if acquired == deficit {
+			break
+		}
+		res, err := db.ExecContext(qctx, d.Lease("lease_acquire"), l.id, l.ttlMicros(), p)
+		if err != nil {
+			return fmt.Errorf("acquiring partition %d: %w", p, err)
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			acquired++
+		}
+	}
+	if acquired > 0 {
+		if mine, err = l.mine(qctx); err != nil {
+			return err
+		}
+		l.mu.Lock()
+		l.owned = mine
+		l.mu.Unlock()
+		l.r.log.Info("partition leases acquired", "instance", l.id, "acquired", acquired, "owned", len(mine), "instances", live)
+		select {
+		case l.changed <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+func (l *leases) mine(ctx context.Context) (map[int]int64, error) {
+	rows, err := l.r.db.QueryContext(ctx, l.r.d.Lease("lease_mine"), l.id)
+	if err != nil {
+		return nil, fmt.Errorf("reading own leases: %w", err)
+	}
+	defer rows.Close()
+	m := map[int]int64{}
+	for rows.Next() {
+		var p int
+		var e int64
+		if err := rows.Scan(&p, &e); err != nil {
+			return nil, err
+		}
+		m[p] = e
+	}
+	return m, rows.Err()
+}
+
+func (l *leases) free(ctx context.Context) ([]int, error) {
+	rows, err := l.r.db.QueryContext(ctx, l.r.d.Lease("lease_free"))
+	if err != nil {
+		return nil, fmt.Errorf("reading free leases: %w", err)
+	}
+	defer rows.Close()
+	var ps []int
+	for rows.Next() {
+		var p int
+		if err := rows.Scan(&p); err != nil {
+			return nil, err
+		}
+		ps = append(ps, p)
+	}
+	return ps, rows.Err()
+}
+
+// run heartbeats every l.beat until ctx ends.
+func (l *leases) run(ctx context.Context) {
+	t := time.NewTicker(l.beat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := l.heartbeat(ctx); err != nil && ctx.Err() == nil {
+			l.r.log.Warn("lease heartbeat failed; leases lapse unless a later one succeeds", "instance", l.id, "error", err)
+		}
+	}
+}
+
+// leave releases every partition and the membership (graceful stop).
+func (l *leases) leave(ctx context.Context) {
+	l.mu.Lock()
+	ps := make([]int, 0, len(l.owned))
+	for p := range l.owned {
+		ps = append(ps, p)
+	}
+	l.mu.Unlock()
+	l.release(ctx, ps)
+	qctx, cancel := context.WithTimeout(ctx, l.r.cfg.QueryTimeout)
+	defer cancel()
+	if _, err := l.r.db.ExecContext(qctx, l.r.d.Lease("member_leave"), l.id); err != nil {
+		l.r.log.Warn("leaving the relay group failed; the membership expires by itself", "error", err)
+	}
+}
