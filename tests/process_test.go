@@ -54,11 +54,13 @@ func relayChild() int {
 	}
 	defer pub.Close()
 	batch, _ := strconv.Atoi(os.Getenv("OUTBOX_CHILD_BATCH"))
+	ttl, _ := time.ParseDuration(os.Getenv("OUTBOX_CHILD_LEASE_TTL"))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	r, err := relay.New(db, relay.Config{
 		Dialect: driver.Dialect(os.Getenv("OUTBOX_CHILD_DIALECT")), Table: os.Getenv("OUTBOX_CHILD_TABLE"),
 		Publisher: pub, PollInterval: 20 * time.Millisecond, BatchSize: batch, Logger: quietLogger(),
+		LeaseTTL: ttl, InstanceID: os.Getenv("OUTBOX_CHILD_INSTANCE"),
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -84,6 +86,15 @@ type child struct {
 // failpoints is the OUTBOX_FAILPOINTS value ("" for none).
 func startChild(t *testing.T, e *testdb.Env, brokers []string, batch int, failpoints string) *child {
 	t.Helper()
+	return startChildAs(t, e, brokers, batch, failpoints, "")
+}
+
+// childLeaseTTL keeps lease takeovers after a kill quick in tests.
+const childLeaseTTL = 2 * time.Second
+
+// startChildAs is startChild with a fixed relay instance ID ("" for the default).
+func startChildAs(t *testing.T, e *testdb.Env, brokers []string, batch int, failpoints, instance string) *child {
+	t.Helper()
 	c := &child{cmd: exec.Command(os.Args[0], "-test.run=^$"), done: make(chan struct{})}
 	c.cmd.Env = append(os.Environ(),
 		"OUTBOX_TEST_CHILD=relay",
@@ -93,6 +104,8 @@ func startChild(t *testing.T, e *testdb.Env, brokers []string, batch int, failpo
 		"OUTBOX_CHILD_BROKERS="+strings.Join(brokers, ","),
 		"OUTBOX_CHILD_BATCH="+strconv.Itoa(batch),
 		"OUTBOX_FAILPOINTS="+failpoints,
+		"OUTBOX_CHILD_LEASE_TTL="+childLeaseTTL.String(),
+		"OUTBOX_CHILD_INSTANCE="+instance,
 	)
 	c.cmd.Stdout = &c.out
 	c.cmd.Stderr = &c.out
