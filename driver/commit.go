@@ -84,7 +84,8 @@ func (i *interceptor) TxRollback(ctx context.Context, tx sqldriver.Tx) error {
 	return tx.Rollback()
 }
 
-// insertCache keeps rendered multi-row INSERTs for small row counts.
+// insertCache keeps rendered multi-row INSERTs for small row counts,
+// keyed by rows*2 (+1 with NOTIFY).
 type insertCache struct {
 	mu sync.RWMutex
 	m  map[int]string
@@ -92,22 +93,34 @@ type insertCache struct {
 
 const cachedInsertRows = 256
 
-func (o *Outbox) insertSQL(rows int) string {
-	if rows > cachedInsertRows {
+// insertSQL returns the multi-row INSERT for rows events, with the
+// PostgreSQL NOTIFY folded in when notify is set.
+func (o *Outbox) insertSQL(rows int, notify bool) string {
+	render := func() string {
+		if notify {
+			return o.dialect.InsertNotify(rows)
+		}
 		return o.dialect.Insert(rows)
 	}
+	if rows > cachedInsertRows {
+		return render()
+	}
+	key := rows * 2
+	if notify {
+		key++
+	}
 	o.inserts.mu.RLock()
-	q, ok := o.inserts.m[rows]
+	q, ok := o.inserts.m[key]
 	o.inserts.mu.RUnlock()
 	if ok {
 		return q
 	}
-	q = o.dialect.Insert(rows)
+	q = render()
 	o.inserts.mu.Lock()
 	if o.inserts.m == nil {
 		o.inserts.m = map[int]string{}
 	}
-	o.inserts.m[rows] = q
+	o.inserts.m[key] = q
 	o.inserts.mu.Unlock()
 	return q
 }
@@ -159,7 +172,10 @@ func (o *Outbox) write(ctx context.Context, conn sqldriver.ConnBeginTx, events [
 				args = append(args, sqldriver.NamedValue{Ordinal: len(args) + 1, Value: v})
 			}
 		}
-		if err := execOnConn(ctx, conn, o.insertSQL(end-start), args); err != nil {
+		// One NOTIFY per transaction, folded into its last INSERT.
+		notify := end == len(events) && o.cfg.Dialect == Postgres && !o.cfg.DisableNotify
+		q := o.insertSQL(end-start, notify)
+		if err := execOnConn(ctx, conn, q, args); err != nil {
 			return fmt.Errorf("inserting %d events into %s: %w", end-start, o.cfg.Table, err)
 		}
 		start = end

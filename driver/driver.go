@@ -72,6 +72,13 @@ type Config struct {
 	// Limits bound what one transaction may emit (see emit.Limits for the
 	// defaults).
 	Limits emit.Limits
+	// DisableNotify turns off the PostgreSQL NOTIFY that wakes relays in
+	// other processes (relay.ListenPostgres). On by default for Postgres: the
+	// commit hook's INSERT also queues a NOTIFY on the table's channel, in the
+	// same statement, delivered only if the transaction commits. Turn it off
+	// when every relay runs in the writing process, or if very high commit
+	// rates contend on PostgreSQL's notification queue lock.
+	DisableNotify bool
 }
 
 func (c Config) withDefaults() Config {

@@ -25,6 +25,8 @@ const (
 	// wake-up carries latency; the poll finds rows written by other
 	// processes and retries that came due.
 	DefaultPollInterval = time.Second
+	// DefaultMinPollInterval is the shortest adaptive poll wait.
+	DefaultMinPollInterval = 10 * time.Millisecond
 	// DefaultBatchSize is the most rows claimed and published per cycle.
 	// The seed uses 100; larger batches amortize the claim and mark-sent
 	// round trips (measured in BENCHMARKS.md).
@@ -66,6 +68,14 @@ type Config struct {
 	Wakeup <-chan struct{}
 	// PollInterval is the fallback poll. Default DefaultPollInterval.
 	PollInterval time.Duration
+	// MinPollInterval makes the poll adaptive, for relays that no wake-up
+	// reaches (another process than the writers on MySQL/MariaDB or
+	// SQLite): after a cycle that found work the next poll comes after
+	// MinPollInterval, and each empty one doubles the wait up to
+	// PollInterval, so an idle relay still costs one query per PollInterval.
+	// Default DefaultMinPollInterval; set it equal to PollInterval for a
+	// fixed poll.
+	MinPollInterval time.Duration
 	// BatchSize is the most messages per cycle. Default DefaultBatchSize.
 	BatchSize int
 	// MaxAttempts is how many times a message is tried before it is
@@ -120,6 +130,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
+	}
+	if c.MinPollInterval == 0 {
+		c.MinPollInterval = min(DefaultMinPollInterval, c.PollInterval)
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
@@ -202,7 +215,7 @@ func New(db *sql.DB, cfg Config) (*Relay, error) {
 	if db == nil || cfg.Publisher == nil {
 		return nil, fmt.Errorf("%w: a *sql.DB and a Publisher are required", ErrInvalidConfig)
 	}
-	if cfg.PollInterval < 0 || cfg.BatchSize < 1 || cfg.MaxAttempts < 1 || cfg.RetryInitial < 0 ||
+	if cfg.PollInterval < 0 || cfg.MinPollInterval < 0 || cfg.MinPollInterval > cfg.PollInterval || cfg.BatchSize < 1 || cfg.MaxAttempts < 1 || cfg.RetryInitial < 0 ||
 		cfg.RetryMax < cfg.RetryInitial || cfg.RetryJitter < 0 || cfg.RetryJitter >= 1 ||
 		cfg.PublishTimeout < 0 || cfg.QueryTimeout < 0 || cfg.DeadLetterPolicy < HoldAggregate || cfg.DeadLetterPolicy > SkipDead {
 		return nil, fmt.Errorf("%w: out-of-range setting in %+v", ErrInvalidConfig, cfg)
@@ -291,6 +304,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	bo := r.loopBackoff()
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
+	idle := r.cfg.MinPollInterval // adaptive poll wait
 	for {
 		select {
 		case <-r.stopping:
@@ -309,10 +323,16 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.log.Warn("relay cycle failed; backing off", "error", err, "retry_in", wait)
 		case n == r.cfg.BatchSize:
 			bo.Reset()
+			idle = r.cfg.MinPollInterval
 			continue // more may be waiting
+		case n > 0:
+			bo.Reset()
+			idle = r.cfg.MinPollInterval
+			wait = idle
 		default:
 			bo.Reset()
-			wait = r.cfg.PollInterval
+			wait = idle
+			idle = min(idle*2, r.cfg.PollInterval)
 		}
 		if !poll.Stop() {
 			select {

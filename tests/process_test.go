@@ -55,16 +55,25 @@ func relayChild() int {
 	defer pub.Close()
 	batch, _ := strconv.Atoi(os.Getenv("OUTBOX_CHILD_BATCH"))
 	ttl, _ := time.ParseDuration(os.Getenv("OUTBOX_CHILD_LEASE_TTL"))
+	poll, err := time.ParseDuration(os.Getenv("OUTBOX_CHILD_POLL"))
+	if err != nil {
+		poll = 20 * time.Millisecond
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	r, err := relay.New(db, relay.Config{
 		Dialect: driver.Dialect(os.Getenv("OUTBOX_CHILD_DIALECT")), Table: os.Getenv("OUTBOX_CHILD_TABLE"),
-		Publisher: pub, PollInterval: 20 * time.Millisecond, BatchSize: batch, Logger: quietLogger(),
+		Publisher: pub, PollInterval: poll, BatchSize: batch, Logger: quietLogger(),
 		LeaseTTL: ttl, InstanceID: os.Getenv("OUTBOX_CHILD_INSTANCE"),
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
+	}
+	if os.Getenv("OUTBOX_CHILD_LISTEN") != "" {
+		go func() {
+			_ = relay.ListenPostgres(ctx, os.Getenv("OUTBOX_CHILD_DSN"), os.Getenv("OUTBOX_CHILD_TABLE"), r.Notify, quietLogger())
+		}()
 	}
 	fmt.Println("relay child running")
 	if err := r.Run(ctx); err != nil {
@@ -93,7 +102,7 @@ func startChild(t *testing.T, e *testdb.Env, brokers []string, batch int, failpo
 const childLeaseTTL = 2 * time.Second
 
 // startChildAs is startChild with a fixed relay instance ID ("" for the default).
-func startChildAs(t *testing.T, e *testdb.Env, brokers []string, batch int, failpoints, instance string) *child {
+func startChildAs(t *testing.T, e *testdb.Env, brokers []string, batch int, failpoints, instance string, env ...string) *child {
 	t.Helper()
 	c := &child{cmd: exec.Command(os.Args[0], "-test.run=^$"), done: make(chan struct{})}
 	c.cmd.Env = append(os.Environ(),
@@ -107,6 +116,7 @@ func startChildAs(t *testing.T, e *testdb.Env, brokers []string, batch int, fail
 		"OUTBOX_CHILD_LEASE_TTL="+childLeaseTTL.String(),
 		"OUTBOX_CHILD_INSTANCE="+instance,
 	)
+	c.cmd.Env = append(c.cmd.Env, env...)
 	c.cmd.Stdout = &c.out
 	c.cmd.Stderr = &c.out
 	if err := c.cmd.Start(); err != nil {

@@ -1,0 +1,81 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
+)
+
+// ListenPostgres wakes a relay in another process than the writers: it
+// holds one PostgreSQL connection of its own (outside any pool that could
+// recycle it), LISTENs on the table's channel, and calls wake for every
+// notification the outbox driver's commit hook sends (driver.Config's
+// NOTIFY, on by default for Postgres). Notifications are delivered only
+// for committed transactions; wake should coalesce (Relay.Notify does).
+//
+//	go relay.ListenPostgres(ctx, dsn, "outbox_message", r.Notify, logger)
+//
+// dsn is a libpq-style URL or key=value string (as pgx accepts). It
+// reconnects with backoff (100 ms doubling to 30 s) when the connection
+// drops, and calls wake after each (re)connection, since notifications sent
+// while disconnected are lost (the relay's poll would find them too). It
+// returns ctx's error once ctx ends, or an error wrapping ErrInvalidConfig
+// for a bad table name; logger may be nil (slog.Default()).
+func ListenPostgres(ctx context.Context, dsn, table string, wake func(), logger *slog.Logger) error {
+	if table == "" {
+		table = driver.DefaultTable
+	}
+	d, err := dialect.New(dialect.Postgres, table)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	log := logger.With("component", "outbox.listen", "channel", d.Channel())
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 100*time.Millisecond, 30*time.Second, 0
+	bo.Reset()
+	for {
+		err := listenOnce(ctx, dsn, d.Channel(), wake, bo.Reset)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		wait := bo.NextBackOff()
+		log.Warn("listening for commit notifications failed; reconnecting", "error", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+func listenOnce(ctx context.Context, dsn, channel string, wake func(), connected func()) error {
+	conn, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+channel).ReadAll(); err != nil {
+		return fmt.Errorf("LISTEN %s: %w", channel, err)
+	}
+	connected()
+	wake() // catch up on what committed while not listening
+	for {
+		if err := conn.WaitForNotification(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		wake()
+	}
+}
