@@ -59,9 +59,68 @@
 // nil. A graceful stop therefore causes no duplicates. Stop's own context bounds the wait: when it ends,
 // in-flight work is cancelled and its rows stay pending.
 //
-// # Limits of this version
+// # Several instances: partition leases
 //
-// Run one relay per outbox table: several relays on one table would
-// publish rows twice and could interleave an aggregate's events. Leased,
-// fenced partition ownership for several instances is planned.
+// Every row carries a relay partition (partition.Of of its aggregate,
+// Config.Partitions of them, 32 by default), fixed when it is written. Each
+// relay instance leases a share of the partitions in <table>_lease and
+// claims only rows of partitions it holds; one aggregate lives in one
+// partition, so its events are only ever published by one instance at a
+// time, in id order, while partitions run in parallel.
+//
+// Membership and balance. Every LeaseHeartbeat (LeaseTTL/4, 2.5 s by
+// default) an instance upserts its row in <table>_relay (expiring after
+// LeaseTTL by the database clock), renews its leases, counts the live
+// instances L and aims for ceil(N/L) partitions: it takes free or expired
+// partitions up to that share, and hands the excess back. A partition is
+// handed back only after the instance's in-flight work on it is recorded
+// (the loop releases it between batches), so the next owner starts exactly
+// where it stopped.
+//
+// The state of one lease, per partition:
+//
+//	free --acquire (epoch+1, expires = now+TTL)--> owned
+//	owned --renew every heartbeat--> owned
+//	owned --excess, after in-flight work is recorded--> free (released)
+//	owned --no renewal for LeaseTTL (crash, pause, partition)--> expired
+//	expired --acquire by anyone (epoch+1)--> owned
+//
+// Rebalancing bounds: an instance that joins gets its share within about
+// two heartbeats (the others see it at their next heartbeat and release;
+// it acquires at its next); a graceful stop releases at once and the others
+// take over within one heartbeat; a crashed or frozen instance's partitions
+// are taken over within LeaseTTL plus one heartbeat (12.5 s by default).
+//
+// Fencing. Every acquisition raises the partition's epoch, the fencing
+// token; records carry it (and the partition) in headers so ownership can
+// be audited from the broker. Every outcome write (mark sent, retry, dead)
+// is conditioned on the lease still belonging to the writer and being
+// unexpired by the database clock: a stale owner's results are rejected.
+// The trust window bounds what a live but slow or frozen owner does: an
+// instance trusts its leases only until heartbeat start + LeaseTTL*4/5 by
+// its monotonic clock, claims nothing after that, and gives Publish only
+// the time left in the window. A process frozen between handing a batch to
+// the Kafka client and the bytes reaching the broker can still deliver
+// that batch late; because each instance keeps one batch in flight and a
+// batch is contiguous in each aggregate's pending sequence, such a late
+// batch adds only duplicates with the same message IDs, never a first
+// delivery out of order. (Kafka transactions would fence at the broker
+// too, at the cost of several round trips per batch; the database fence
+// and the trust window are measured sufficient in TestScaleOut.)
+//
+// Changing Config.Partitions needs a drain barrier: see Repartition.
+//
+// # Waking relays in other processes
+//
+// The post-commit signal reaches relays in the writing process. On
+// PostgreSQL the commit hook also queues a NOTIFY in its INSERT statement
+// (delivered only on commit), and ListenPostgres, on a connection of its
+// own, turns it into Relay.Notify for relays elsewhere. On MySQL/MariaDB
+// and SQLite the poll is adaptive: MinPollInterval after a cycle that found
+// work, doubling to PollInterval when idle.
+//
+// # Cost of an idle relay
+//
+// One claim per PollInterval, plus a lease heartbeat (four short statements)
+// per LeaseHeartbeat.
 package relay

@@ -207,9 +207,8 @@ type Relay struct {
 // the outbox driver. New returns ErrInvalidConfig (wrapped) for a missing
 // Publisher, an unknown dialect, a bad table name or a negative setting.
 //
-// Until partition leases arrive, run one relay per outbox table: two
-// relays on one table publish every row twice and may interleave an
-// aggregate's events.
+// Any number of relays, in any processes, may run on one table: they share
+// its relay partitions through leases (see the package documentation).
 func New(db *sql.DB, cfg Config) (*Relay, error) {
 	cfg = cfg.withDefaults()
 	if db == nil || cfg.Publisher == nil {

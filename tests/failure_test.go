@@ -176,6 +176,7 @@ func TestPoisonIsolation(t *testing.T) {
 		if rep.orderViolations != 0 || rep.duplicates != 0 {
 			t.Fatalf("healthy ledger %+v", rep)
 		}
+		eventually(t, ctx, "OnDeadLetter for all 10", func() bool { deadMu.Lock(); defer deadMu.Unlock(); return len(dead) == 10 })
 		deadMu.Lock()
 		defer deadMu.Unlock()
 		if len(dead) != 10 {
@@ -297,6 +298,7 @@ func TestOversizedRecordAmongSmall(t *testing.T) {
 		if n := rowCount(t, e, "message_id = 'big' AND status = 2 AND attempts = 1"); n != 1 {
 			t.Errorf("big record not dead-lettered at its first attempt")
 		}
+		eventually(t, ctx, "OnDeadLetter for the big record", func() bool { deadMu.Lock(); defer deadMu.Unlock(); return len(dead) > 0 })
 		deadMu.Lock()
 		defer deadMu.Unlock()
 		if len(dead) != 1 || dead[0] != "big" {

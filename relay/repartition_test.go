@@ -1,0 +1,107 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// TestRepartition: refused while rows are pending or a relay runs; once
+// drained and stopped, the lease table is resized, and a relay configured
+// with the old count is then refused with ErrPartitionMismatch.
+func TestRepartition(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		b := setup(t, tg, nil)
+		b.emit(t, event("A", 1))
+		if _, err := b.pub.WaitForCount(b.ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		ctx := b.ctx
+		if err := relay.Repartition(ctx, b.e.RelayDB, tg.Dialect, b.e.Table, 64); !errors.Is(err, relay.ErrNotDrained) {
+			t.Fatalf("Repartition with a live relay = %v, want ErrNotDrained", err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := b.r.Stop(sctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := relay.Repartition(ctx, b.e.RelayDB, tg.Dialect, b.e.Table, 0); !errors.Is(err, relay.ErrInvalidConfig) {
+			t.Errorf("count 0: %v", err)
+		}
+		if err := relay.Repartition(ctx, b.e.RelayDB, tg.Dialect, b.e.Table, 64); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := b.e.RelayDB.QueryRow("SELECT COUNT(*) FROM " + b.e.Table + "_lease").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 64 {
+			t.Errorf("%d lease rows, want 64", n)
+		}
+		old, err := relay.New(b.e.RelayDB, relay.Config{Dialect: tg.Dialect, Table: b.e.Table, Publisher: outboxtest.NewPublisher(), Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := old.Run(ctx); !errors.Is(err, relay.ErrPartitionMismatch) {
+			t.Errorf("relay with the old count: %v, want ErrPartitionMismatch", err)
+		}
+		if err := relay.Repartition(ctx, b.e.RelayDB, driver.Dialect("x"), b.e.Table, 8); !errors.Is(err, relay.ErrInvalidConfig) {
+			t.Errorf("bad dialect: %v", err)
+		}
+	})
+}
+
+// TestFenceRejectsStaleOwner: once a partition's lease belongs to another
+// instance (or has expired), the former owner's outcome writes change
+// nothing.
+func TestFenceRejectsStaleOwner(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		b := setup(t, tg, func(c *relay.Config) { c.InstanceID = "owner-a" })
+		sctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+		defer cancel()
+		b.emit(t, event("F", 1))
+		if _, err := b.pub.WaitForCount(b.ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.r.Stop(sctx); err != nil {
+			t.Fatal(err)
+		}
+		d, err := dialect.New(dialect.Name(tg.Dialect), b.e.Table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := b.e.RelayDB
+		var id int64
+		var part int
+		if err := db.QueryRow("SELECT id, partition_key FROM "+b.e.Table).Scan(&id, &part); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(d.Bind("UPDATE "+b.e.Table+" SET status = 0 WHERE id = ?"), id); err != nil {
+			t.Fatal(err)
+		}
+		// owner-b holds the partition now.
+		if _, err := db.Exec(d.Lease("lease_acquire"), "owner-b", int64(time.Minute/time.Microsecond), part); err != nil {
+			t.Fatal(err)
+		}
+		for _, owner := range []string{"owner-a", "owner-b"} {
+			q, args := d.MarkSent([]int64{id}, owner)
+			res, err := db.Exec(q, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, _ := res.RowsAffected()
+			if want := map[string]int64{"owner-a": 0, "owner-b": 1}[owner]; n != want {
+				t.Errorf("mark sent by %s changed %d rows, want %d", owner, n, want)
+			}
+		}
+	})
+}
