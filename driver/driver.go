@@ -252,3 +252,18 @@ func DDL(cfg Config) (string, error) {
 	}
 	return o.DDL(), nil
 }
+
+// SchemaVersion returns the newest schema version applied to cfg's table
+// on db (0 if never migrated) and the newest this build knows. It returns
+// ErrInvalidConfig for a bad cfg, or the database error, wrapped.
+func SchemaVersion(ctx context.Context, db *sql.DB, cfg Config) (current, latest int, err error) {
+	o, err := New(cfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	v, err := o.dialect.Version(ctx, db)
+	if err != nil {
+		return 0, 0, fmt.Errorf("outbox: reading schema version of %s: %w", o.cfg.Table, err)
+	}
+	return v, o.dialect.LatestVersion(), nil
+}

@@ -165,6 +165,7 @@ func (l *leases) heartbeat(ctx context.Context) error {
 	}
 	l.owned = mine
 	l.trusted = started.Add(l.ttl - l.ttl/5)
+	l.r.cfg.Observer.Leases(len(mine))
 	pendingRelease := len(l.toRelease)
 	if excess := len(mine) - target; excess > 0 && pendingRelease == 0 {
 		ps := make([]int, 0, len(mine))
@@ -206,6 +207,7 @@ func (l *leases) heartbeat(ctx context.Context) error {
 		l.mu.Lock()
 		l.owned = mine
 		l.mu.Unlock()
+		l.r.cfg.Observer.Leases(len(mine))
 		l.r.log.Info("partition leases acquired", "instance", l.id, "acquired", acquired, "owned", len(mine), "instances", live)
 		select {
 		case l.changed <- struct{}{}:

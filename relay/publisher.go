@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Message is one outbox row as the relay hands it to a Publisher.
@@ -31,6 +32,10 @@ type Message struct {
 	Headers map[string]string
 	// Attempts counts earlier publish attempts of this message (0 the first time).
 	Attempts int
+	// Age is how long before the claim the row was written, by the
+	// database clock (written just before its transaction's COMMIT, so
+	// about the time since commit).
+	Age time.Duration
 }
 
 // Publisher sends messages to a broker. Publish receives a batch in outbox

@@ -116,6 +116,8 @@ type Config struct {
 	// InstanceID names this relay in the lease table (at most 128 bytes).
 	// Default hostname-pid-random.
 	InstanceID string
+	// Observer receives the relay's events, for metrics. Default none.
+	Observer Observer
 	// Clock is the host clock the relay's backoff computations read
 	// (cenkalti/backoff's Clock). Default the system clock. No decision
 	// about due retries compares host time with the database: due times are
@@ -163,6 +165,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Partitions == 0 {
 		c.Partitions = partition.DefaultCount
+	}
+	if c.Observer == nil {
+		c.Observer = nopObserver{}
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = DefaultLeaseTTL
@@ -297,6 +302,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.leases.leave(lctx)
 	}()
 	close(r.started)
+	r.cfg.Observer.Up(true)
+	defer r.cfg.Observer.Up(false)
 	r.log.Info("relay started", "dialect", r.cfg.Dialect, "instance", r.cfg.InstanceID, "poll_interval", r.cfg.PollInterval,
 		"batch_size", r.cfg.BatchSize, "partitions", r.cfg.Partitions, "lease_ttl", r.cfg.LeaseTTL)
 
@@ -458,10 +465,12 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	if len(set.epochs) == 0 || !time.Now().Before(set.trustedUntil) {
 		return 0, nil // nothing owned, or ownership not renewed in time
 	}
+	claimStart := time.Now()
 	msgs, err := r.claim(ctx, set)
 	if err != nil || len(msgs) == 0 {
 		return 0, err
 	}
+	r.cfg.Observer.Claimed(len(msgs), time.Since(claimStart))
 	failpoint.Inject(failpoint.AfterClaim)
 	// Publish only within the trust window: a paused or partitioned
 	// instance must not publish for partitions it may have lost.
@@ -478,7 +487,11 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	if err := r.waitMark(); err != nil {
 		r.log.Warn("marking a published batch sent failed; it will be re-sent", "error", err)
 	}
+	took := time.Since(claimStart)
 	if perr == nil {
+		for i := range msgs {
+			r.cfg.Observer.Published(msgs[i], took)
+		}
 		// Pipelining: mark this batch sent while the next one is claimed
 		// and published. Its rows are still pending in the table until
 		// then, so claim skips them (r.marking).
@@ -491,6 +504,13 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		// misconfiguration): no attempt is counted; the loop backs off and
 		// re-sends.
 		r.unavailable(perr)
+		class := ClassBatch
+		if errors.Is(perr, ErrUnavailable) {
+			class = ClassUnavailable
+		}
+		for i := range msgs {
+			r.cfg.Observer.Failed(msgs[i], class, perr)
+		}
 		return len(msgs), fmt.Errorf("publishing %d messages: %w", len(msgs), perr)
 	}
 	// Per-message outcomes. The first failure of an aggregate counts an
@@ -505,6 +525,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		k := aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}
 		switch {
 		case pe[i] == nil:
+			r.cfg.Observer.Published(msgs[i], took)
 			if held[k] {
 				r.log.Warn("publisher acknowledged a message after an earlier one of its aggregate failed; first delivery order may be broken",
 					"message_id", msgs[i].MessageID, "aggregate_type", k.typ, "aggregate_id", k.id)
@@ -514,6 +535,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 			held[k] = true
 			if errors.Is(pe[i], ErrUnavailable) {
 				unavailable = pe[i] // not the message's fault: no attempt
+				r.cfg.Observer.Failed(msgs[i], ClassUnavailable, pe[i])
 				continue
 			}
 			failed = append(failed, i)
@@ -598,8 +620,9 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 	for rows.Next() {
 		var m Message
 		var headers string
+		var ageMicros int64
 		if err := rows.Scan(&m.ID, &m.MessageID, &m.AggregateType, &m.AggregateID, &m.EventType,
-			&m.Topic, &m.Partition, &m.ContentType, &m.Payload, &headers, &m.Attempts); err != nil {
+			&m.Topic, &m.Partition, &m.ContentType, &m.Payload, &headers, &m.Attempts, &ageMicros); err != nil {
 			return nil, fmt.Errorf("reading claimed row: %w", err)
 		}
 		if _, ok := skip[m.ID]; ok {
@@ -609,6 +632,7 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 			m.Payload = []byte{} // some drivers read an empty BLOB as nil
 		}
 		m.Epoch = set.epochs[m.Partition]
+		m.Age = time.Duration(ageMicros) * time.Microsecond
 		if headers != "" {
 			if err := json.Unmarshal([]byte(headers), &m.Headers); err != nil {
 				return nil, fmt.Errorf("decoding headers of row %d: %w", m.ID, err)
@@ -667,6 +691,11 @@ func (r *Relay) markFailed(ctx context.Context, m Message, perr error) error {
 	attempt := m.Attempts + 1
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
+	class := ClassTransient
+	if errors.Is(perr, ErrPermanent) {
+		class = ClassPermanent
+	}
+	r.cfg.Observer.Failed(m, class, perr)
 	if attempt >= r.cfg.MaxAttempts || errors.Is(perr, ErrPermanent) {
 		q := "mark_dead"
 		if r.cfg.DeadLetterPolicy == SkipDead {
@@ -677,6 +706,7 @@ func (r *Relay) markFailed(ctx context.Context, m Message, perr error) error {
 		}
 		r.log.Error("message dead-lettered", "held", r.cfg.DeadLetterPolicy == HoldAggregate, "message_id", m.MessageID, "outbox_id", m.ID,
 			"aggregate_type", m.AggregateType, "aggregate_id", m.AggregateID, "attempts", attempt, "error", perr)
+		r.cfg.Observer.DeadLettered(m, perr)
 		if r.cfg.OnDeadLetter != nil {
 			r.cfg.OnDeadLetter(m, perr)
 		}
@@ -686,6 +716,7 @@ func (r *Relay) markFailed(ctx context.Context, m Message, perr error) error {
 	if _, err := r.db.ExecContext(qctx, r.d.Fenced("mark_retry", true), delay.Microseconds(), errText(perr), m.ID, r.cfg.InstanceID); err != nil {
 		return fmt.Errorf("scheduling retry of message %s: %w", m.MessageID, err)
 	}
+	r.cfg.Observer.Retried(m, attempt, delay)
 	r.log.Warn("publish failed; will retry", "message_id", m.MessageID, "outbox_id", m.ID, "attempt", attempt, "retry_in", delay, "error", perr)
 	return nil
 }

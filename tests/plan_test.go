@@ -75,8 +75,9 @@ func TestClaimCostIndependentOfBacklog(t *testing.T) {
 				mid, at, aid, et, topic, ct, headers string
 				part, attempts                       int
 				payload                              []byte
+				age                                  int64
 			}
-			if err := res.Scan(&m.id, &m.mid, &m.at, &m.aid, &m.et, &m.topic, &m.part, &m.ct, &m.payload, &m.headers, &m.attempts); err != nil {
+			if err := res.Scan(&m.id, &m.mid, &m.at, &m.aid, &m.et, &m.topic, &m.part, &m.ct, &m.payload, &m.headers, &m.attempts, &m.age); err != nil {
 				t.Fatal(err)
 			}
 			if strings.Contains(held, "'"+m.aid+"'") {

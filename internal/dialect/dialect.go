@@ -132,6 +132,9 @@ func (t templateData) Migrations() string { return t.d.qualify(t.d.base + "_migr
 // Lease is the quoted, schema-qualified partition lease table.
 func (t templateData) Lease() string { return t.d.qualify(t.d.base + "_lease") }
 
+// Archive is the quoted, schema-qualified archive table for retention.
+func (t templateData) Archive() string { return t.d.qualify(t.d.base + "_archive") }
+
 // Members is the quoted, schema-qualified relay instance table.
 func (t templateData) Members() string { return t.d.qualify(t.d.base + "_relay") }
 
@@ -438,4 +441,11 @@ func (d *Dialect) Channel() string { return d.base + "_wakeup" }
 // only if, the transaction commits, at no extra round trip.
 func (d *Dialect) InsertNotify(rows int) string {
 	return "WITH ins AS (" + d.Insert(rows) + " RETURNING 1) SELECT pg_notify('" + d.Channel() + "', '') FROM (SELECT 1 FROM ins LIMIT 1) AS x"
+}
+
+// WithIDs returns the named statement with {{IDS}} expanded to n
+// placeholders in the dialect's style.
+func (d *Dialect) WithIDs(name string, n int) string {
+	q := strings.Replace(d.Query(name), "{{IDS}}", strings.TrimSuffix(strings.Repeat("?,", n), ","), 1)
+	return d.Bind(q)
 }

@@ -16,7 +16,8 @@ SELECT VERSION()
 -- instead of sorting the whole backlog. ? = batch size.
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
-       COALESCE(o.headers, ''), o.attempts
+       COALESCE(o.headers, ''), o.attempts,
+       TIMESTAMPDIFF(MICROSECOND, o.created_at, UTC_TIMESTAMP(6))
 FROM {{.Table}} o FORCE INDEX ({{.Index "status_id_idx"}})
 WHERE o.status = 0
   AND (o.next_retry_at IS NULL OR o.next_retry_at <= UTC_TIMESTAMP(6))
@@ -148,3 +149,28 @@ WHERE partition_key = ? AND owner = ?
 SELECT partition_key, COALESCE(owner, ''), epoch,
        COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) DIV 1000, -1)
 FROM {{.Lease}} ORDER BY partition_key
+
+-- name: stats_pending
+-- Pending rows per relay partition: count and age of the oldest in
+-- microseconds (database clock).
+SELECT partition_key, COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)), 0)
+FROM {{.Table}} WHERE status = 0
+GROUP BY partition_key ORDER BY partition_key
+
+-- name: stats_status
+SELECT status, COUNT(*) FROM {{.Table}} GROUP BY status ORDER BY status
+
+-- name: retention_batch
+-- Ids of sent rows older than the retention ($1/first ?: microseconds), at
+-- most one batch ({{"{{LIMIT}}"}}), oldest first.
+SELECT id FROM {{.Table}}
+WHERE status = 1 AND sent_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+ORDER BY id
+LIMIT {{"{{LIMIT}}"}}
+
+-- name: retention_archive
+-- Copies one batch of sent rows ({{"{{IDS}}"}}) to the archive table.
+INSERT INTO {{.Archive}} SELECT * FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1
+
+-- name: retention_delete
+DELETE FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1

@@ -17,7 +17,8 @@ SELECT current_setting('server_version_num')::int
 -- volatile and could only filter. $1 = batch size.
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
-       COALESCE(o.headers, ''), o.attempts
+       COALESCE(o.headers, ''), o.attempts,
+       (EXTRACT(EPOCH FROM ((SELECT clock_timestamp()) - o.created_at)) * 1000000)::bigint
 FROM {{.Table}} o
 WHERE o.status = 0
   AND (o.next_retry_at IS NULL OR o.next_retry_at <= (SELECT clock_timestamp()))
@@ -147,3 +148,28 @@ WHERE partition_key = ? AND owner = ?
 SELECT partition_key, COALESCE(owner, ''), epoch,
        COALESCE(CAST(EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000 AS BIGINT), -1)
 FROM {{.Lease}} ORDER BY partition_key
+
+-- name: stats_pending
+-- Pending rows per relay partition: count and age of the oldest in
+-- microseconds (database clock).
+SELECT partition_key, COUNT(*), COALESCE((EXTRACT(EPOCH FROM (clock_timestamp() - MIN(created_at))) * 1000000)::bigint, 0)
+FROM {{.Table}} WHERE status = 0
+GROUP BY partition_key ORDER BY partition_key
+
+-- name: stats_status
+SELECT status, COUNT(*) FROM {{.Table}} GROUP BY status ORDER BY status
+
+-- name: retention_batch
+-- Ids of sent rows older than the retention ($1/first ?: microseconds), at
+-- most one batch ({{"{{LIMIT}}"}}), oldest first.
+SELECT id FROM {{.Table}}
+WHERE status = 1 AND sent_at < clock_timestamp() - ($1::bigint * interval '1 microsecond')
+ORDER BY id
+LIMIT {{"{{LIMIT}}"}}
+
+-- name: retention_archive
+-- Copies one batch of sent rows ({{"{{IDS}}"}}) to the archive table.
+INSERT INTO {{.Archive}} SELECT * FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1
+
+-- name: retention_delete
+DELETE FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1

@@ -15,7 +15,8 @@ SELECT sqlite_version()
 -- walk over all earlier rows, history included, when nothing holds). ? = batch size.
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
-       COALESCE(o.headers, ''), o.attempts
+       COALESCE(o.headers, ''), o.attempts,
+       (CAST(unixepoch('subsec') * 1000 AS INTEGER) - o.created_at) * 1000
 FROM {{.Table}} o
 WHERE o.status = 0
   AND (o.next_retry_at IS NULL OR o.next_retry_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER))
@@ -141,3 +142,28 @@ WHERE partition_key = ? AND owner = ?
 SELECT partition_key, COALESCE(owner, ''), epoch,
        COALESCE(expires_at - CAST(unixepoch('subsec') * 1000 AS INTEGER), -1)
 FROM {{.Lease}} ORDER BY partition_key
+
+-- name: stats_pending
+-- Pending rows per relay partition: count and age of the oldest in
+-- microseconds (database clock).
+SELECT partition_key, COUNT(*), COALESCE((CAST(unixepoch('subsec') * 1000 AS INTEGER) - MIN(created_at)) * 1000, 0)
+FROM {{.Table}} WHERE status = 0
+GROUP BY partition_key ORDER BY partition_key
+
+-- name: stats_status
+SELECT status, COUNT(*) FROM {{.Table}} GROUP BY status ORDER BY status
+
+-- name: retention_batch
+-- Ids of sent rows older than the retention ($1/first ?: microseconds), at
+-- most one batch ({{"{{LIMIT}}"}}), oldest first.
+SELECT id FROM {{.Table}}
+WHERE status = 1 AND sent_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - (? / 1000)
+ORDER BY id
+LIMIT {{"{{LIMIT}}"}}
+
+-- name: retention_archive
+-- Copies one batch of sent rows ({{"{{IDS}}"}}) to the archive table.
+INSERT INTO {{.Archive}} SELECT * FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1
+
+-- name: retention_delete
+DELETE FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1

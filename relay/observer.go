@@ -1,0 +1,52 @@
+package relay
+
+import "time"
+
+// ErrorClass classifies a publish failure for observers.
+type ErrorClass string
+
+// The failure classes (see the package documentation's Outcomes).
+const (
+	// ClassTransient: a per-message failure that will be retried.
+	ClassTransient ErrorClass = "transient"
+	// ClassPermanent: ErrPermanent, dead-lettered at once.
+	ClassPermanent ErrorClass = "permanent"
+	// ClassUnavailable: ErrUnavailable, misconfiguration; nothing counted.
+	ClassUnavailable ErrorClass = "unavailable"
+	// ClassBatch: the whole batch failed (broker unreachable, timeout).
+	ClassBatch ErrorClass = "batch"
+)
+
+// Observer receives what the relay does, for metrics (package metrics
+// implements it on Prometheus). Methods are called synchronously from the
+// relay's loop: they must be quick and must not block. A nil
+// Config.Observer observes nothing.
+type Observer interface {
+	// Claimed: a claim returned n messages and took the given time.
+	Claimed(n int, took time.Duration)
+	// Published: m was acknowledged by the broker, took after its claim;
+	// m.Age + took approximates commit-to-publish latency.
+	Published(m Message, took time.Duration)
+	// Failed: a publish failed for m (ClassBatch: for each message of a
+	// batch that failed as a whole).
+	Failed(m Message, class ErrorClass, err error)
+	// Retried: m will be tried again after delay; attempt is the number
+	// of attempts made so far.
+	Retried(m Message, attempt int, delay time.Duration)
+	// DeadLettered: m was marked failed.
+	DeadLettered(m Message, err error)
+	// Leases: the instance now owns this many partitions.
+	Leases(owned int)
+	// Up: the relay started (true) or stopped (false).
+	Up(up bool)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Claimed(int, time.Duration)          {}
+func (nopObserver) Published(Message, time.Duration)    {}
+func (nopObserver) Failed(Message, ErrorClass, error)   {}
+func (nopObserver) Retried(Message, int, time.Duration) {}
+func (nopObserver) DeadLettered(Message, error)         {}
+func (nopObserver) Leases(int)                          {}
+func (nopObserver) Up(bool)                             {}

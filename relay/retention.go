@@ -1,0 +1,159 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
+)
+
+// Retention defaults, from the seed article.
+const (
+	// DefaultRetention keeps sent rows 7 days.
+	DefaultRetention = 7 * 24 * time.Hour
+	// DefaultRetentionBatch is the most rows one retention transaction
+	// touches; MaxRetentionBatch the most it may be set to.
+	DefaultRetentionBatch = 1000
+	MaxRetentionBatch     = 1000
+	// DefaultRetentionInterval is how often Run looks for expired rows.
+	DefaultRetentionInterval = time.Minute
+)
+
+// RetentionConfig configures a Retention.
+type RetentionConfig struct {
+	// Dialect and Table name the outbox table, as in Config.
+	Dialect driver.Dialect
+	Table   string
+	// After is how long sent rows are kept (by sent_at, database clock).
+	// Default DefaultRetention (7 days).
+	After time.Duration
+	// BatchSize is the most rows per transaction, 1..MaxRetentionBatch.
+	// Default DefaultRetentionBatch.
+	BatchSize int
+	// Archive moves rows to <table>_archive (created by Migrate) instead
+	// of deleting them.
+	Archive bool
+	// Interval is Run's period. Default DefaultRetentionInterval.
+	Interval time.Duration
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Retention deletes (or archives) sent rows older than After, in small
+// batches, each its own short transaction touching only sent rows by
+// primary key, so it never blocks writers (who insert new ids) or the
+// relay (which reads and updates unsent rows). Pending and dead rows are
+// never touched.
+type Retention struct {
+	db  *sql.DB
+	cfg RetentionConfig
+	d   *dialect.Dialect
+	log *slog.Logger
+}
+
+// NewRetention returns a Retention over db, or ErrInvalidConfig (wrapped)
+// for a bad dialect, table or setting.
+func NewRetention(db *sql.DB, cfg RetentionConfig) (*Retention, error) {
+	if cfg.Table == "" {
+		cfg.Table = driver.DefaultTable
+	}
+	if cfg.After == 0 {
+		cfg.After = DefaultRetention
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = DefaultRetentionBatch
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultRetentionInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if db == nil || cfg.After < 0 || cfg.BatchSize < 1 || cfg.BatchSize > MaxRetentionBatch || cfg.Interval < 0 {
+		return nil, fmt.Errorf("%w: retention needs a db, After >= 0, BatchSize 1..%d, Interval >= 0", ErrInvalidConfig, MaxRetentionBatch)
+	}
+	d, err := dialect.New(dialect.Name(cfg.Dialect), cfg.Table)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return &Retention{db: db, cfg: cfg, d: d, log: cfg.Logger.With("component", "outbox.retention", "table", cfg.Table)}, nil
+}
+
+// RunOnce removes every expired sent row, one batch per transaction, and
+// returns how many it removed. It stops early, returning what it did and
+// the error, if ctx ends or the database fails.
+func (r *Retention) RunOnce(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		n, err := r.batch(ctx)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < int64(r.cfg.BatchSize) {
+			return total, nil
+		}
+	}
+}
+
+func (r *Retention) batch(ctx context.Context) (int64, error) {
+	rows, err := r.db.QueryContext(ctx, r.d.WithSelector("retention_batch", "", r.cfg.BatchSize), r.cfg.After.Microseconds())
+	if err != nil {
+		return 0, fmt.Errorf("outbox: retention: finding expired rows: %w", err)
+	}
+	var ids []any
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	if r.cfg.Archive {
+		if _, err := tx.ExecContext(ctx, r.d.WithIDs("retention_archive", len(ids)), ids...); err != nil {
+			return 0, fmt.Errorf("outbox: retention: archiving: %w", err)
+		}
+	}
+	res, err := tx.ExecContext(ctx, r.d.WithIDs("retention_delete", len(ids)), ids...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: retention: deleting: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// Run calls RunOnce every Interval until ctx ends, logging failures, and
+// returns nil then.
+func (r *Retention) Run(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		if n, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("retention pass failed; retrying next interval", "removed", n, "error", err)
+		} else if n > 0 {
+			r.log.Info("retention pass", "removed", n, "archive", r.cfg.Archive)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
