@@ -116,6 +116,10 @@ type Config struct {
 	// InstanceID names this relay in the lease table (at most 128 bytes).
 	// Default hostname-pid-random.
 	InstanceID string
+	// DeleteOnPublish deletes rows once the broker acknowledged them,
+	// instead of marking them sent: no history to retain, at the price of
+	// no record of what was sent (stats show no sent rows).
+	DeleteOnPublish bool
 	// Observer receives the relay's events, for metrics. Default none.
 	Observer Observer
 	// Clock is the host clock the relay's backoff computations read
@@ -660,7 +664,11 @@ func (r *Relay) markSent(ctx context.Context, msgs []Message) error {
 	for i := range msgs {
 		ids[i] = msgs[i].ID
 	}
-	q, args := r.d.MarkSent(ids, r.cfg.InstanceID)
+	mark := r.d.MarkSent
+	if r.cfg.DeleteOnPublish {
+		mark = r.d.DeleteSent
+	}
+	q, args := mark(ids, r.cfg.InstanceID)
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	if _, err := r.db.ExecContext(qctx, q, args...); err != nil {

@@ -94,3 +94,25 @@ func TestRetentionAndStats(t *testing.T) {
 		t.Errorf("nil db: %v", err)
 	}
 }
+
+// TestDeleteOnPublish: acknowledged rows are gone at once; failed ones stay.
+func TestDeleteOnPublish(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		b := setup(t, tg, func(c *relay.Config) { c.DeleteOnPublish = true; c.MaxAttempts = 1 })
+		b.pub.FailWith(func(m relay.Message) error {
+			if m.AggregateID == "bad" {
+				return errors.New("refused")
+			}
+			return nil
+		})
+		b.emit(t, event("ok", 1), event("ok", 2), event("bad", 1))
+		if _, err := b.pub.WaitForCount(b.ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, b.ctx, "published rows deleted", func() bool {
+			st, err := relay.ReadStats(b.ctx, b.e.RelayDB, tg.Dialect, b.e.Table)
+			return err == nil && st.Sent == 0 && st.Pending == 0 && st.Dead == 1
+		})
+	})
+}

@@ -318,7 +318,16 @@ func (d *Dialect) writePlaceholders(b *strings.Builder, s string, n int) int {
 // MarkSent returns the statement marking ids sent and its arguments,
 // fenced by owner's leases unless owner is "".
 func (d *Dialect) MarkSent(ids []int64, owner string) (string, []any) {
-	q := d.Fenced("mark_sent", owner != "")
+	return d.markSent("mark_sent", ids, owner)
+}
+
+// DeleteSent is MarkSent for DeleteOnPublish: it deletes the rows instead.
+func (d *Dialect) DeleteSent(ids []int64, owner string) (string, []any) {
+	return d.markSent("delete_sent", ids, owner)
+}
+
+func (d *Dialect) markSent(name string, ids []int64, owner string) (string, []any) {
+	q := d.Fenced(name, owner != "")
 	if d.name == Postgres {
 		var b strings.Builder
 		b.WriteByte('{')

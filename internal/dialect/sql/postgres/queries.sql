@@ -173,3 +173,7 @@ INSERT INTO {{.Archive}} SELECT * FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AN
 
 -- name: retention_delete
 DELETE FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1
+
+-- name: delete_sent
+-- Mark-sent for DeleteOnPublish: acknowledged rows are deleted at once.
+DELETE FROM {{.Table}} WHERE id = ANY($1::bigint[]) AND status = 0 {{"{{FENCE}}"}}
