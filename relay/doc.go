@@ -14,7 +14,8 @@
 // # Claiming
 //
 // The claim reads pending rows (status 0) in id order whose retry is due
-// by the database's clock (clock_timestamp(), UTC_TIMESTAMP(6), or SQLite's
+// by the database's clock, read once per claim (statement_timestamp(),
+// UTC_TIMESTAMP(6), or SQLite's
 // unixepoch), and only those whose aggregate has no earlier row waiting for
 // a retry or dead-lettered. So while event k of an aggregate waits, k+1 is
 // not handed out (the seed article's query, "status=0 AND due ORDER BY id",

@@ -144,3 +144,22 @@ func TestFencedWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimReadsTheClockOnce is the regression test for a claim that read
+// the database clock twice (PostgreSQL: two InitPlans evaluated at
+// different moments; SQLite: 'now' re-read at each step): a retry coming
+// due between the reads was neither claimed nor holding its aggregate, and
+// a later event of the aggregate went out first (seen under load as
+// "A delivered as [A-2 A-3 A-1]"). MySQL's UTC_TIMESTAMP() is constant
+// within a statement by definition.
+func TestClaimReadsTheClockOnce(t *testing.T) {
+	t.Parallel()
+	lite, _ := New(SQLite, "t")
+	if n := strings.Count(lite.Claim(nil), "unixepoch("); n != 1 {
+		t.Errorf("sqlite claim reads the clock %d times, want once:\n%s", n, lite.Claim(nil))
+	}
+	pg, _ := New(Postgres, "t")
+	if q := pg.Claim(nil); strings.Contains(q, "clock_timestamp()") || !strings.Contains(q, "statement_timestamp()") {
+		t.Errorf("postgres claim must use the one statement_timestamp(), not clock_timestamp() reads:\n%s", q)
+	}
+}

@@ -12,20 +12,20 @@ SELECT current_setting('server_version_num')::int
 -- cost does not grow with history or with one aggregate's backlog. The
 -- redundant "h.status <> 1" lets the planner prove the partial index
 -- applies; "h.id + 0" keeps it from walking the primary key instead (a
--- walk over all earlier rows, history included, when nothing holds). "(SELECT clock_timestamp())" is evaluated once per statement (an
+-- walk over all earlier rows, history included, when nothing holds). "statement_timestamp()" is evaluated once per statement (an
 -- InitPlan), so it can bound the index scan; bare clock_timestamp() is
 -- volatile and could only filter. $1 = batch size.
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
        COALESCE(o.headers, ''), o.attempts,
-       (EXTRACT(EPOCH FROM ((SELECT clock_timestamp()) - o.created_at)) * 1000000)::bigint
+       (EXTRACT(EPOCH FROM (statement_timestamp() - o.created_at)) * 1000000)::bigint
 FROM {{.Table}} o
 WHERE o.status = 0
-  AND (o.next_retry_at IS NULL OR o.next_retry_at <= (SELECT clock_timestamp()))
+  AND (o.next_retry_at IS NULL OR o.next_retry_at <= statement_timestamp())
   AND NOT EXISTS (
         SELECT 1 FROM {{.Table}} h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status <> 1 AND h.next_retry_at > (SELECT clock_timestamp()) AND h.id + 0 < o.id)
+          AND h.status <> 1 AND h.next_retry_at > statement_timestamp() AND h.id + 0 < o.id)
   {{"{{PARTITIONS}}"}}
 ORDER BY o.id
 LIMIT $1

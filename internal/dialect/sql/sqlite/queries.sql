@@ -10,20 +10,24 @@ SELECT sqlite_version()
 -- (next_retry_at in the future) or dead (next_retry_at = never). Each
 -- candidate costs one probe of hold_idx bounded by next_retry_at, so the
 -- cost does not grow with history or with one aggregate's backlog. The
--- redundant "h.status <> 1" lets the planner prove the partial index
+-- database clock is read once (the materialized CTE c): SQLite re-reads
+-- 'now' at each step of a statement, and two reads could disagree about a
+-- retry that comes due between them, letting a later event of the
+-- aggregate out first. The redundant "h.status <> 1" lets the planner prove the partial index
 -- applies; "h.id + 0" keeps it from walking the primary key instead (a
 -- walk over all earlier rows, history included, when nothing holds). ? = batch size.
+WITH c AS MATERIALIZED (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now)
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
        COALESCE(o.headers, ''), o.attempts,
-       (CAST(unixepoch('subsec') * 1000 AS INTEGER) - o.created_at) * 1000
-FROM {{.Table}} o
+       (c.now - o.created_at) * 1000
+FROM c, {{.Table}} o
 WHERE o.status = 0
-  AND (o.next_retry_at IS NULL OR o.next_retry_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER))
+  AND (o.next_retry_at IS NULL OR o.next_retry_at <= c.now)
   AND NOT EXISTS (
         SELECT 1 FROM {{.Table}} h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status <> 1 AND h.next_retry_at > CAST(unixepoch('subsec') * 1000 AS INTEGER) AND h.id + 0 < o.id)
+          AND h.status <> 1 AND h.next_retry_at > c.now AND h.id + 0 < o.id)
   {{"{{PARTITIONS}}"}}
 ORDER BY o.id
 LIMIT ?

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/sqloutbox/outbox/driver"
+)
+
+func TestRedactDSN(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"postgres://bob:secret@db:5432/app?sslmode=disable", "postgres://bob:xxxxx@db:5432/app?sslmode=disable"},
+		{"postgresql://bob:p%40ss%2Fw0rd@db/app", "postgresql://bob:xxxxx@db/app"},
+		{"postgres://bob@db/app", "postgres://bob@db/app"},
+		{"postgres://db/app?user=bob&password=secret", "postgres://db/app?user=bob&password=xxxxx"},
+		{"postgres://bob:s%zz@db/app", "postgres://bob:xxxxx@db/app"}, // unparsable URL
+		{"mysql://root:secret@127.0.0.1:3306/test?parseTime=true", "mysql://root:xxxxx@127.0.0.1:3306/test?parseTime=true"},
+		{"root:secret@tcp(127.0.0.1:3306)/test", "root:xxxxx@tcp(127.0.0.1:3306)/test"},
+		{"root:se:cr@et@tcp(127.0.0.1:3306)/test?parseTime=true", "root:xxxxx@tcp(127.0.0.1:3306)/test?parseTime=true"},
+		{"root@tcp(127.0.0.1:3306)/test", "root@tcp(127.0.0.1:3306)/test"},
+		{"app:secret@unix(/run/mysqld/mysqld.sock)/app", "app:xxxxx@unix(/run/mysqld/mysqld.sock)/app"},
+		{"host=db user=bob password=secret dbname=app", "host=db user=bob password=xxxxx dbname=app"},
+		{"sqlite:/var/lib/app.db", "sqlite:/var/lib/app.db"},
+		{"file:/tmp/x.db?_pragma=busy_timeout(5000)", "file:/tmp/x.db?_pragma=busy_timeout(5000)"},
+	} {
+		if got := redactDSN(tc.in); got != tc.want {
+			t.Errorf("redactDSN(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestRedactMessage(t *testing.T) {
+	t.Parallel()
+	a := &app{dsn: "postgres://bob:hunter22@db/app"}
+	got := a.redact(`dial postgres://bob:hunter22@db/app: auth "hunter22" failed`)
+	if strings.Contains(got, "hunter22") || !strings.Contains(got, "postgres://bob:xxxxx@db/app") {
+		t.Errorf("redact: %q", got)
+	}
+	a = &app{dsn: "bob:hunter22@tcp(db:3306)/app"}
+	if got := a.redact("access denied for hunter22"); strings.Contains(got, "hunter22") {
+		t.Errorf("redact: %q", got)
+	}
+}
+
+func TestParseDSN(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		dsn   string
+		d     driver.Dialect
+		where string
+	}{
+		{"postgres://bob:pw@db.example:6432/app", driver.Postgres, "db.example:6432"},
+		{"postgresql://bob@db/app", driver.Postgres, "db:5432"},
+		{"mysql://root:pw@db/app?parseTime=true", driver.MySQL, "db:3306"},
+		{"mysql://root@db:3307/app", driver.MySQL, "db:3307"},
+		{"root:pw@tcp(10.0.0.1:3306)/app", driver.MySQL, "10.0.0.1:3306"},
+		{"root@unix(/run/mysqld.sock)/app", driver.MySQL, "/run/mysqld.sock"},
+		{"sqlite:/data/app.db", driver.SQLite, "/data/app.db"},
+		{"sqlite:///data/app.db", driver.SQLite, "/data/app.db"},
+		{"file:rel/app.sqlite?_pragma=cache_size(2000)", driver.SQLite, "rel/app.sqlite"},
+		{"/data/app.db", driver.SQLite, "/data/app.db"},
+	} {
+		tg, err := parseDSN(tc.dsn)
+		if err != nil {
+			t.Errorf("parseDSN(%q): %v", tc.dsn, err)
+			continue
+		}
+		if tg.dialect != tc.d || tg.where != tc.where {
+			t.Errorf("parseDSN(%q) = %s at %s, want %s at %s", tc.dsn, tg.dialect, tg.where, tc.d, tc.where)
+		}
+	}
+	for _, dsn := range []string{"", "oracle://x", "app.sqlite3", "sqlite:", "mysql://root@db/app?parseTime=maybe", "root@tcp(db)/app?parseTime=maybe"} {
+		if _, err := parseDSN(dsn); err == nil {
+			t.Errorf("parseDSN(%q) accepted", dsn)
+		}
+	}
+}
+
+func TestSQLiteDSNRecipe(t *testing.T) {
+	t.Parallel()
+	got := sqliteDSN("/x.db", map[string][]string{"_pragma": {"busy_timeout(500)"}, "_txlock": {"deferred"}})
+	for _, want := range []string{"file:/x.db?", "busy_timeout%2810000%29", "journal_mode%28WAL%29", "busy_timeout%28500%29", "_txlock=deferred"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("sqliteDSN = %q, missing %q", got, want)
+		}
+	}
+	if i, j := strings.Index(got, "busy_timeout%2810000%29"), strings.Index(got, "busy_timeout%28500%29"); i > j {
+		t.Errorf("the user's pragma must come last (win): %q", got)
+	}
+}

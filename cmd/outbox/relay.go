@@ -1,0 +1,330 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/metrics"
+	"github.com/sqloutbox/outbox/partition"
+	"github.com/sqloutbox/outbox/relay"
+	"github.com/sqloutbox/outbox/relay/kafka"
+)
+
+// relayFlags are the relay command's settings.
+type relayFlags struct {
+	brokers      []string
+	topicPrefix  string
+	partitions   int
+	leaseTTL     time.Duration
+	poll         time.Duration
+	batchSize    int
+	instanceID   string
+	httpAddr     string
+	retention    time.Duration
+	archive      bool
+	drainTimeout time.Duration
+}
+
+func (a *app) relayCmd() *cobra.Command {
+	var f relayFlags
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Run the standalone relay service: publish committed events to Kafka",
+		Long: `Run the relay as a service: claim committed outbox rows of the partitions
+this instance leases, publish them to Kafka in order per aggregate (topic
+--topic-prefix + aggregate type unless the event names its own), mark them
+sent, and retry or dead-letter failures. Run one in every replica: instances
+share the table's relay partitions through leases. On PostgreSQL it also
+LISTENs for the commit notifications of the outbox driver, so other
+processes' commits wake it at once; elsewhere it polls adaptively.
+
+It also deletes sent rows older than --retention (moving them to
+<table>_archive with --archive), in small batches.
+
+HTTP (--http): /metrics (Prometheus), /healthz (200 while the process runs),
+/readyz (200 once the schema check passed and the relay runs, else 503).
+
+SIGTERM or SIGINT stops it cleanly: no new claims, the in-flight batch is
+given --drain-timeout to finish and record its outcomes, then the producer
+and the HTTP server are closed. It exits 1 if the database, the schema or
+the brokers are unusable at start.`,
+		Example: "  OUTBOX_DSN=postgres://relay:secret@db:5432/app outbox relay --brokers kafka-1:9092,kafka-2:9092",
+		Args:    cobra.NoArgs,
+		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
+			return a.runRelay(cmd.Context(), &f)
+		}),
+	}
+	fs := cmd.Flags()
+	fs.StringSliceVar(&f.brokers, "brokers", nil, "Kafka bootstrap brokers, host:port, comma-separated (required)")
+	envFlag(fs, "brokers", "OUTBOX_BROKERS")
+	fs.StringVar(&f.topicPrefix, "topic-prefix", kafka.DefaultTopicPrefix, "topic of an event without its own topic: this prefix + its aggregate type")
+	envFlag(fs, "topic-prefix", "OUTBOX_TOPIC_PREFIX")
+	fs.IntVar(&f.partitions, "partitions", partition.DefaultCount, "relay partitions; must equal the writers' driver.Config.Partitions")
+	envFlag(fs, "partitions", "OUTBOX_PARTITIONS")
+	fs.DurationVar(&f.leaseTTL, "lease-ttl", relay.DefaultLeaseTTL, "partition lease lifetime: a dead instance's partitions are taken over after about this long")
+	envFlag(fs, "lease-ttl", "OUTBOX_LEASE_TTL")
+	fs.DurationVar(&f.poll, "poll", relay.DefaultPollInterval, "fallback poll interval when idle")
+	envFlag(fs, "poll", "OUTBOX_POLL")
+	fs.IntVar(&f.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published per cycle")
+	envFlag(fs, "batch-size", "OUTBOX_BATCH_SIZE")
+	fs.StringVar(&f.instanceID, "instance-id", "", "this instance's name in the lease table (default host-pid-random)")
+	envFlag(fs, "instance-id", "OUTBOX_INSTANCE_ID")
+	fs.StringVar(&f.httpAddr, "http", ":9464", "listen address of /metrics, /healthz and /readyz; empty disables")
+	envFlag(fs, "http", "OUTBOX_HTTP")
+	fs.DurationVar(&f.retention, "retention", relay.DefaultRetention, "delete sent rows older than this; 0 disables")
+	envFlag(fs, "retention", "OUTBOX_RETENTION")
+	fs.BoolVar(&f.archive, "archive", false, "move expired sent rows to <table>_archive instead of deleting them")
+	envFlag(fs, "archive", "OUTBOX_ARCHIVE")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "on shutdown, how long the in-flight batch may take to finish")
+	envFlag(fs, "drain-timeout", "OUTBOX_DRAIN_TIMEOUT")
+	return cmd
+}
+
+// nopPublisher only exists to validate a relay.Config before connecting
+// to the brokers.
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(context.Context, []relay.Message) error { return nil }
+
+// readyObserver forwards to the metrics observer and tracks whether the
+// relay runs (Up), for /readyz.
+type readyObserver struct {
+	relay.Observer
+	ready *atomic.Bool
+}
+
+func (o readyObserver) Up(up bool) {
+	o.ready.Store(up)
+	o.Observer.Up(up)
+}
+
+func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
+	// Usage checks first: they need neither the database nor the brokers.
+	brokers := f.brokers[:0:0]
+	for _, b := range f.brokers {
+		if b = strings.TrimSpace(b); b != "" {
+			brokers = append(brokers, b)
+		}
+	}
+	if len(brokers) == 0 {
+		return usageErrorf("no Kafka brokers given: set --brokers or OUTBOX_BROKERS")
+	}
+	switch {
+	case f.batchSize < 1:
+		return usageErrorf("--batch-size must be at least 1, got %d", f.batchSize)
+	case f.partitions < 1:
+		return usageErrorf("--partitions must be at least 1, got %d", f.partitions)
+	case f.poll <= 0 || f.leaseTTL <= 0 || f.drainTimeout <= 0:
+		return usageErrorf("--poll, --lease-ttl and --drain-timeout must be positive")
+	case f.retention < 0:
+		return usageErrorf("--retention must be positive, or 0 to disable it")
+	}
+	t, err := parseDSN(a.dsn)
+	if err != nil {
+		return err
+	}
+	// The library's loggers add their own component attribute.
+	baseLog := slog.New(slog.NewJSONHandler(a.stderr, nil))
+	log := baseLog.With("component", "outbox.cmd")
+	prefix := f.topicPrefix
+	cfg := relay.Config{
+		Dialect:      t.dialect,
+		Table:        a.table,
+		Publisher:    nopPublisher{},
+		PollInterval: f.poll,
+		BatchSize:    f.batchSize,
+		Partitions:   f.partitions,
+		LeaseTTL:     f.leaseTTL,
+		InstanceID:   f.instanceID,
+		Logger:       baseLog, // logs dead letters and unavailable routes at ERROR itself
+	}
+	if cfg.PollInterval > 0 && cfg.PollInterval < relay.DefaultMinPollInterval {
+		cfg.MinPollInterval = cfg.PollInterval
+	}
+	// Validate the settings before connecting anywhere: New and
+	// NewRetention only store the *sql.DB.
+	probe := new(sql.DB)
+	if _, err := relay.New(probe, cfg); err != nil {
+		return err // ErrInvalidConfig: exit 2
+	}
+	var ret relay.RetentionConfig
+	if f.retention > 0 {
+		ret = relay.RetentionConfig{Dialect: t.dialect, Table: a.table, After: f.retention, Archive: f.archive,
+			Logger: baseLog}
+		if _, err := relay.NewRetention(probe, ret); err != nil {
+			return err
+		}
+	}
+
+	// Start-up checks, bounded by --timeout.
+	sctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	_, db, err := a.open(sctx, true)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if t.dialect != driver.SQLite {
+		db.SetMaxOpenConns(4) // relay 2, stats scrape 1, retention 1
+	}
+	if err := checkSchema(sctx, db, t, a.table); err != nil {
+		return err
+	}
+	sc := sarama.NewConfig()
+	sc.ClientID = "outbox-relay"
+	sc.Net.DialTimeout = min(a.timeout, sc.Net.DialTimeout)
+	pub, err := kafka.NewPublisher(kafka.Config{
+		Brokers: brokers,
+		Sarama:  sc,
+		Topic:   func(m relay.Message) string { return prefix + m.AggregateType },
+	})
+	if err != nil {
+		return fmt.Errorf("cannot connect to Kafka brokers %s: %w", strings.Join(brokers, ","), err)
+	}
+	var closePub sync.Once
+	closePublisher := func() {
+		closePub.Do(func() {
+			if err := pub.Close(); err != nil {
+				log.Warn("closing the Kafka producer", "error", err)
+			}
+		})
+	}
+	defer closePublisher()
+
+	reg := prometheus.NewRegistry()
+	rm, err := metrics.NewRelayMetrics(reg, a.table)
+	if err != nil {
+		return err
+	}
+	if err := reg.Register(metrics.NewStatsCollector(db, t.dialect, a.table, 0)); err != nil {
+		return err
+	}
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return err
+	}
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		return err
+	}
+	var ready atomic.Bool
+	cfg.Observer = readyObserver{Observer: rm, ready: &ready}
+	cfg.Publisher = pub
+	r, err := relay.New(db, cfg)
+	if err != nil {
+		return err
+	}
+	var rt *relay.Retention
+	if f.retention > 0 {
+		if rt, err = relay.NewRetention(db, ret); err != nil {
+			return err
+		}
+	}
+
+	var srv *http.Server
+	srvDone := make(chan error, 1)
+	if f.httpAddr != "" {
+		ln, err := net.Listen("tcp", f.httpAddr)
+		if err != nil {
+			return fmt.Errorf("cannot serve HTTP on %s: %w", f.httpAddr, err)
+		}
+		srv = &http.Server{Handler: httpHandler(reg, &ready), ReadHeaderTimeout: 10 * time.Second}
+		go func() { srvDone <- srv.Serve(ln) }()
+		log.Info("serving HTTP", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
+	}
+
+	log.Info("starting relay", "dsn", redactDSN(a.dsn), "dialect", t.dialect, "table", a.table, "brokers", brokers,
+		"topic_prefix", prefix, "partitions", f.partitions, "retention", f.retention.String(), "archive", f.archive)
+
+	// Background work ends with bg; the relay itself is stopped with Stop.
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	var wg sync.WaitGroup
+	runErr := make(chan error, 1)
+	go func() { runErr <- r.Run(bg) }()
+	if t.dialect == driver.Postgres {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = relay.ListenPostgres(bg, t.raw, a.table, r.Notify, baseLog)
+		}()
+	}
+	if rt != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = rt.Run(bg)
+		}()
+	}
+
+	var result error
+	select {
+	case <-ctx.Done():
+		restoreSignals(ctx) // a second signal kills at once
+		log.Info("shutting down", "drain_timeout", f.drainTimeout.String())
+		ready.Store(false)
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.drainTimeout)
+		if err := r.Stop(dctx); err != nil {
+			log.Warn("the in-flight batch did not finish within --drain-timeout; its rows stay pending and will be re-sent", "error", err)
+		}
+		cancel()
+		if err := <-runErr; err != nil {
+			result = err
+		}
+	case err := <-runErr:
+		// Run returns by itself only when the database cannot be relayed from.
+		if err == nil {
+			err = errors.New("relay stopped unexpectedly")
+		}
+		result = err
+	case err := <-srvDone:
+		result = fmt.Errorf("HTTP server on %s failed: %w", f.httpAddr, err)
+		_ = r.Stop(context.Background())
+		<-runErr
+	}
+	stopBG()
+	wg.Wait()
+	closePublisher()
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = srv.Shutdown(sctx)
+		cancel()
+	}
+	if result != nil {
+		log.Error("relay failed", "error", a.redact(result.Error()))
+		return result
+	}
+	log.Info("relay stopped cleanly")
+	return nil
+}
+
+// httpHandler serves /metrics from reg, /healthz, and /readyz from ready.
+func httpHandler(reg *prometheus.Registry, ready *atomic.Bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready: the relay is not running", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = fmt.Fprintln(w, "ready")
+	})
+	return mux
+}

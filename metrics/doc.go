@@ -1,0 +1,86 @@
+// Package metrics exports the outbox's health as Prometheus metrics
+// (github.com/prometheus/client_golang): what a relay does, through
+// RelayMetrics (a relay.Observer), and what the outbox table holds, through
+// the collector of NewStatsCollector. Together they cover the seed
+// article's monitoring: pending count, age of the oldest pending row,
+// publish success rate and retries. alerts.yml (a Prometheus rules file)
+// and dashboard.json (a Grafana dashboard) in this directory are built on
+// them.
+//
+// # Wiring
+//
+//	reg := prometheus.NewRegistry()
+//	m, err := metrics.NewRelayMetrics(reg, "outbox_message")
+//	if err != nil { ... }
+//	r, err := relay.New(relayDB, relay.Config{Dialect: driver.Postgres, Table: "outbox_message",
+//		Publisher: pub, Wakeup: ob.Wakeup(), Observer: m})
+//	reg.MustRegister(metrics.NewStatsCollector(relayDB, driver.Postgres, "outbox_message", 5*time.Second))
+//	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+//	go r.Run(ctx)
+//
+// Use one RelayMetrics per relay. Register the stats collector once per
+// table in each process that should report it (every relay instance
+// reports the same numbers; dashboards and alerts aggregate them with max).
+// Its queries run on each scrape: give it the relay's own small pool.
+//
+// # Relay metrics (RelayMetrics)
+//
+// All carry the constant label table.
+//
+//   - outbox_published_total (counter, messages): messages the broker
+//     acknowledged. A message re-sent after a crash or a lost mark-sent is
+//     counted again (delivery is at least once).
+//   - outbox_publish_errors_total{class} (counter, messages): failed
+//     publishes per message, by relay.ErrorClass: transient (will be
+//     retried), permanent (relay.ErrPermanent, dead-lettered at once),
+//     unavailable (relay.ErrUnavailable, misconfiguration, no attempt
+//     counted), batch (the whole batch failed: one per message of it).
+//     The success ratio is rate(outbox_published_total) / (that +
+//     rate(outbox_publish_errors_total)).
+//   - outbox_retries_total (counter, retries): retries scheduled after a
+//     failed attempt.
+//   - outbox_dead_lettered_total (counter, messages): messages marked
+//     failed (status 2), after MaxAttempts or at once for ErrPermanent.
+//   - outbox_commit_to_publish_seconds (histogram, seconds): from the
+//     row's creation, just before its transaction's COMMIT, by the database
+//     clock, to the broker's acknowledgement (relay.Message.Age plus the
+//     time since the claim). Buckets 0.5 ms doubling to 65.5 s.
+//   - outbox_batch_size (histogram, messages): messages per non-empty
+//     claim, that is per Publish batch. Buckets 1 to 1000 (1-2-5 series).
+//   - outbox_claim_duration_seconds (histogram, seconds): duration of a
+//     non-empty claim query. Buckets 0.1 ms doubling to 6.6 s.
+//   - outbox_partitions_owned (gauge, partitions): relay partitions this
+//     instance holds a lease on; 0 once the relay stopped.
+//   - outbox_relay_up (gauge, 1/0): 1 while the relay loop runs.
+//
+// # Table metrics (NewStatsCollector)
+//
+// Read with relay.ReadStats on every scrape; all gauges with the constant
+// label table.
+//
+//   - outbox_pending_events (rows): pending rows (status 0), including
+//     rows waiting for a retry or held behind a dead letter.
+//   - outbox_oldest_pending_age_seconds (seconds): age of the oldest
+//     pending row by the database clock, 0 if none.
+//   - outbox_sent_events (rows): sent rows (status 1) not yet removed by
+//     retention.
+//   - outbox_dead_letters (rows): dead-lettered rows (status 2) in the
+//     table now; relay.DeadLetters lists, retries or skips them.
+//   - outbox_partition_pending_events{partition} (rows) and
+//     outbox_partition_oldest_pending_age_seconds{partition} (seconds): the
+//     same per relay partition, for partitions with a lease row or pending
+//     rows.
+//   - outbox_partition_owner_info{partition,owner} (always 1): the relay
+//     instance holding a partition's live lease; absent if none does.
+//   - outbox_stats_scrape_error (1/0): 1 if the statistics could not be
+//     read (database error or timeout) during this scrape; the other table
+//     metrics are then absent from that scrape.
+//
+// # Alerts
+//
+// alerts.yml holds the seed's alerts and a few more: OutboxBacklogHigh
+// (more than 1000 pending for 5 minutes), OutboxOldestPendingTooOld (the
+// oldest pending row older than 5 minutes), OutboxPublishSuccessLow
+// (success ratio below 99% for 10 minutes), OutboxRelayDown,
+// OutboxDeadLetters and OutboxStatsScrapeFailing.
+package metrics

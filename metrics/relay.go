@@ -1,0 +1,252 @@
+package metrics
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// Names of the metrics RelayMetrics exports. All carry the constant label
+// table (the outbox table the relay serves).
+const (
+	// MetricPublished is a counter of messages the broker acknowledged.
+	MetricPublished = "outbox_published_total"
+	// MetricPublishErrors is a counter of publish failures per message,
+	// labelled class (relay.ErrorClass: transient, permanent, unavailable,
+	// batch).
+	MetricPublishErrors = "outbox_publish_errors_total"
+	// MetricRetries is a counter of retries scheduled (a failed attempt
+	// that will be tried again after a backoff).
+	MetricRetries = "outbox_retries_total"
+	// MetricDeadLettered is a counter of messages marked failed (status 2).
+	MetricDeadLettered = "outbox_dead_lettered_total"
+	// MetricCommitToPublish is a histogram, in seconds, of the time from a
+	// message's commit (its row's creation, by the database clock) to the
+	// broker's acknowledgement.
+	MetricCommitToPublish = "outbox_commit_to_publish_seconds"
+	// MetricBatchSize is a histogram of the number of messages per
+	// non-empty claim (one claim is one Publish batch).
+	MetricBatchSize = "outbox_batch_size"
+	// MetricClaimDuration is a histogram, in seconds, of how long a
+	// non-empty claim query took.
+	MetricClaimDuration = "outbox_claim_duration_seconds"
+	// MetricPartitionsOwned is a gauge of the relay partitions this
+	// instance holds a lease on.
+	MetricPartitionsOwned = "outbox_partitions_owned"
+	// MetricRelayUp is a gauge: 1 while the relay's loop runs, 0 before it
+	// started and after it stopped.
+	MetricRelayUp = "outbox_relay_up"
+)
+
+// Histogram bucket upper bounds.
+var (
+	// Seconds: 0.5 ms doubling to 65.5 s (18 buckets), from a wake-up
+	// delivery (milliseconds) to a minute of retries and polls.
+	commitToPublishBuckets = prometheus.ExponentialBuckets(0.0005, 2, 18)
+	// Messages: 1 to 1000 in a 1-2-5 series.
+	batchSizeBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}
+	// Seconds: 0.1 ms doubling to 6.6 s (17 buckets).
+	claimDurationBuckets = prometheus.ExponentialBuckets(0.0001, 2, 17)
+)
+
+// RelayMetrics is a relay.Observer that records what one relay does as
+// Prometheus metrics (see the package documentation for the list). Create
+// it with NewRelayMetrics and set it as relay.Config.Observer. Its methods
+// only update atomic counters, gauges and histograms: they never block and
+// are safe for concurrent use.
+//
+// Use one RelayMetrics per Relay: outbox_relay_up and
+// outbox_partitions_owned describe a single relay instance. Several relays
+// of different tables can share a registry, since every metric carries the
+// table label.
+//
+// RelayMetrics is also a prometheus.Collector (NewRelayMetrics registers
+// it); Describe and Collect exist for that and need not be called directly.
+type RelayMetrics struct {
+	published       prometheus.Counter
+	errors          *prometheus.CounterVec
+	errTransient    prometheus.Counter
+	errPermanent    prometheus.Counter
+	errUnavailable  prometheus.Counter
+	errBatch        prometheus.Counter
+	retries         prometheus.Counter
+	deadLettered    prometheus.Counter
+	commitToPublish prometheus.Histogram
+	batchSize       prometheus.Histogram
+	claimDuration   prometheus.Histogram
+	partitionsOwned prometheus.Gauge
+	up              prometheus.Gauge
+}
+
+var _ relay.Observer = (*RelayMetrics)(nil)
+
+// NewRelayMetrics creates the relay metrics of table (default
+// driver.DefaultTable, as in relay.Config) and registers them with reg
+// (prometheus.DefaultRegisterer if nil). It returns the registration error,
+// wrapped (a prometheus.AlreadyRegisteredError when metrics of the same
+// table are already registered with reg); it never panics.
+func NewRelayMetrics(reg prometheus.Registerer, table string) (*RelayMetrics, error) {
+	if reg == nil {
+		reg = prometheus.DefaultRegisterer
+	}
+	m := newRelayMetrics(tableLabel(table))
+	if err := reg.Register(m); err != nil {
+		return nil, fmt.Errorf("outbox metrics: registering relay metrics of table %q: %w", tableLabel(table), err)
+	}
+	return m, nil
+}
+
+func tableLabel(table string) string {
+	if table == "" {
+		return driver.DefaultTable
+	}
+	return table
+}
+
+func newRelayMetrics(table string) *RelayMetrics {
+	cl := prometheus.Labels{"table": table}
+	m := &RelayMetrics{
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        MetricPublished,
+			Help:        "Outbox messages acknowledged by the broker.",
+			ConstLabels: cl,
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        MetricPublishErrors,
+			Help:        "Outbox messages whose publish failed, by class (transient, permanent, unavailable, batch).",
+			ConstLabels: cl,
+		}, []string{"class"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        MetricRetries,
+			Help:        "Outbox message retries scheduled after a failed publish attempt.",
+			ConstLabels: cl,
+		}),
+		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        MetricDeadLettered,
+			Help:        "Outbox messages dead-lettered (marked failed).",
+			ConstLabels: cl,
+		}),
+		commitToPublish: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:        MetricCommitToPublish,
+			Help:        "Seconds from an outbox message's commit to the broker's acknowledgement.",
+			ConstLabels: cl,
+			Buckets:     commitToPublishBuckets,
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:        MetricBatchSize,
+			Help:        "Outbox messages per non-empty relay claim (one publish batch).",
+			ConstLabels: cl,
+			Buckets:     batchSizeBuckets,
+		}),
+		claimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:        MetricClaimDuration,
+			Help:        "Seconds a non-empty relay claim query took.",
+			ConstLabels: cl,
+			Buckets:     claimDurationBuckets,
+		}),
+		partitionsOwned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        MetricPartitionsOwned,
+			Help:        "Relay partitions this relay instance holds a lease on.",
+			ConstLabels: cl,
+		}),
+		up: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        MetricRelayUp,
+			Help:        "1 while the relay loop runs, 0 otherwise.",
+			ConstLabels: cl,
+		}),
+	}
+	// Resolve the known classes once (no map lookup or allocation per
+	// failure) and export them from the start at 0, so that rates and
+	// ratios are defined before the first failure.
+	m.errTransient = m.errors.WithLabelValues(string(relay.ClassTransient))
+	m.errPermanent = m.errors.WithLabelValues(string(relay.ClassPermanent))
+	m.errUnavailable = m.errors.WithLabelValues(string(relay.ClassUnavailable))
+	m.errBatch = m.errors.WithLabelValues(string(relay.ClassBatch))
+	return m
+}
+
+func (m *RelayMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.published, m.errors, m.retries, m.deadLettered,
+		m.commitToPublish, m.batchSize, m.claimDuration, m.partitionsOwned, m.up}
+}
+
+// Describe implements prometheus.Collector: it sends the descriptors of
+// every metric listed in the package documentation under RelayMetrics.
+func (m *RelayMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.collectors() {
+		c.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector: it sends the current value of
+// every RelayMetrics metric.
+func (m *RelayMetrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.collectors() {
+		c.Collect(ch)
+	}
+}
+
+// Claimed implements relay.Observer: it observes n in outbox_batch_size
+// and took, in seconds, in outbox_claim_duration_seconds.
+func (m *RelayMetrics) Claimed(n int, took time.Duration) {
+	m.batchSize.Observe(float64(n))
+	m.claimDuration.Observe(took.Seconds())
+}
+
+// Published implements relay.Observer: it increments
+// outbox_published_total and observes msg.Age + took, in seconds (never
+// below 0), in outbox_commit_to_publish_seconds.
+func (m *RelayMetrics) Published(msg relay.Message, took time.Duration) {
+	m.published.Inc()
+	m.commitToPublish.Observe(max(msg.Age+took, 0).Seconds())
+}
+
+// Failed implements relay.Observer: it increments
+// outbox_publish_errors_total{class}.
+func (m *RelayMetrics) Failed(_ relay.Message, class relay.ErrorClass, _ error) {
+	switch class {
+	case relay.ClassTransient:
+		m.errTransient.Inc()
+	case relay.ClassPermanent:
+		m.errPermanent.Inc()
+	case relay.ClassUnavailable:
+		m.errUnavailable.Inc()
+	case relay.ClassBatch:
+		m.errBatch.Inc()
+	default: // a class added to relay later
+		m.errors.WithLabelValues(string(class)).Inc()
+	}
+}
+
+// Retried implements relay.Observer: it increments outbox_retries_total.
+func (m *RelayMetrics) Retried(relay.Message, int, time.Duration) {
+	m.retries.Inc()
+}
+
+// DeadLettered implements relay.Observer: it increments
+// outbox_dead_lettered_total.
+func (m *RelayMetrics) DeadLettered(relay.Message, error) {
+	m.deadLettered.Inc()
+}
+
+// Leases implements relay.Observer: it sets outbox_partitions_owned to
+// owned.
+func (m *RelayMetrics) Leases(owned int) {
+	m.partitionsOwned.Set(float64(owned))
+}
+
+// Up implements relay.Observer: it sets outbox_relay_up to 1 or 0. When
+// the relay stops it also sets outbox_partitions_owned to 0, since a
+// stopping relay gives up its leases.
+func (m *RelayMetrics) Up(up bool) {
+	if up {
+		m.up.Set(1)
+		return
+	}
+	m.up.Set(0)
+	m.partitionsOwned.Set(0)
+}
