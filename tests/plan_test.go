@@ -15,7 +15,7 @@ import (
 	"github.com/sqloutbox/outbox/internal/testdb"
 )
 
-// TestClaimCostIndependentOfBacklog (with 200,000 rows of sent history
+// TestClaimCostIndependentOfBacklog (with 1,000,000 rows of sent history
 // too) is the regression test for claims
 // whose hold check probed every earlier row of the candidate's aggregate:
 // SQLite walked all earlier rows, sent history included, and PostgreSQL
@@ -49,14 +49,14 @@ func TestClaimCostIndependentOfBacklog(t *testing.T) {
 			driver.MySQL:    "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR",
 			driver.SQLite:   "CAST(unixepoch('subsec') * 1000 AS INTEGER) + 3600000",
 		}[tg.Dialect]
-		// 200,000 rows of sent history with higher ids, as retention would
+		// 1,000,000 rows of sent history with higher ids, as retention would
 		// leave them: the claim must not visit them either.
 		history := map[driver.Dialect]string{
 			driver.Postgres: "INSERT INTO " + e.Table + " (message_id, aggregate_type, aggregate_id, event_type, partition_key, content_type, payload, status, attempts, created_at, updated_at, sent_at) " +
-				"SELECT 'h-' || g, 'order', 'agg-' || (g % 10), 't', 0, 'application/json', '{}', 1, 1, clock_timestamp(), clock_timestamp(), clock_timestamp() FROM generate_series(1, 200000) g",
+				"SELECT 'h-' || g, 'order', 'agg-' || (g % 10), 't', 0, 'application/json', '{}', 1, 1, clock_timestamp(), clock_timestamp(), clock_timestamp() FROM generate_series(1, 1000000) g",
 			driver.MySQL: "INSERT INTO " + e.Table + " (message_id, aggregate_type, aggregate_id, event_type, partition_key, content_type, payload, status, attempts, created_at, updated_at, sent_at) " +
-				"SELECT CONCAT('h-', seq), 'order', CONCAT('agg-', seq % 10), 't', 0, 'application/json', '{}', 1, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM seq_1_to_200000",
-			driver.SQLite: "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 200000) " +
+				"SELECT CONCAT('h-', seq), 'order', CONCAT('agg-', seq % 10), 't', 0, 'application/json', '{}', 1, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM seq_1_to_1000000",
+			driver.SQLite: "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 1000000) " +
 				"INSERT INTO " + e.Table + " (message_id, aggregate_type, aggregate_id, event_type, partition_key, content_type, payload, status, attempts, created_at, updated_at, sent_at) " +
 				"SELECT 'h-' || n, 'order', 'agg-' || (n % 10), 't', 0, 'application/json', '{}', 1, 1, 0, 0, 0 FROM g",
 		}[tg.Dialect]
