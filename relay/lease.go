@@ -46,6 +46,11 @@ type leases struct {
 	partitions int
 	ttl, beat  time.Duration
 
+	// op serializes a heartbeat round with a release by the loop: a
+	// heartbeat that read the leases before a release must not write the
+	// released partition back into owned.
+	op sync.Mutex
+
 	mu        sync.Mutex
 	owned     map[int]int64
 	trusted   time.Time
@@ -123,6 +128,8 @@ func (l *leases) released(ps []int) {
 
 // release gives partitions up in the database.
 func (l *leases) release(ctx context.Context, ps []int) {
+	l.op.Lock()
+	defer l.op.Unlock()
 	for _, p := range ps {
 		qctx, cancel := context.WithTimeout(ctx, l.r.cfg.QueryTimeout)
 		_, err := l.r.db.ExecContext(qctx, l.r.d.Lease("lease_release"), p, l.id)
@@ -136,6 +143,8 @@ func (l *leases) release(ctx context.Context, ps []int) {
 
 // heartbeat runs one round: membership, renewal, balancing.
 func (l *leases) heartbeat(ctx context.Context) error {
+	l.op.Lock()
+	defer l.op.Unlock()
 	qctx, cancel := context.WithTimeout(ctx, l.r.cfg.QueryTimeout)
 	defer cancel()
 	db, d := l.r.db, l.r.d

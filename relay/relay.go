@@ -263,10 +263,11 @@ func (r *Relay) Notify() {
 // in-flight batch finish (Publish is bounded by PublishTimeout), records
 // its outcomes, and returns nil; what was not published stays pending. It
 // returns an error wrapping driver.ErrUnsupportedServer,
-// driver.ErrSchemaMissing, driver.ErrSchemaOutdated or
-// driver.ErrSchemaTooNew if the database cannot be relayed from (at start,
-// without retrying), and ErrStopped if Run was already called. Database errors during
-// the run are logged and retried with backoff; they do not end Run.
+// driver.ErrSchemaMissing, driver.ErrSchemaOutdated,
+// driver.ErrSchemaTooNew or ErrPartitionMismatch if the table cannot be
+// relayed from with this configuration (at start, without retrying), and
+// ErrStopped if Run was already called. Database errors during the run are
+// logged and retried with backoff; they do not end Run.
 func (r *Relay) Run(ctx context.Context) error {
 	first := false
 	r.runOnce.Do(func() { first = true })
