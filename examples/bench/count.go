@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	sqldriver "database/sql/driver"
+	"errors"
 	"sync/atomic"
 )
 
@@ -64,13 +65,11 @@ var (
 )
 
 func (c *countingConn) BeginTx(ctx context.Context, opts sqldriver.TxOptions) (sqldriver.Tx, error) {
-	var tx sqldriver.Tx
-	var err error
-	if b, ok := c.Conn.(sqldriver.ConnBeginTx); ok {
-		tx, err = b.BeginTx(ctx, opts)
-	} else {
-		tx, err = c.Conn.Begin() //nolint:staticcheck // fallback for old drivers
+	b, ok := c.Conn.(sqldriver.ConnBeginTx)
+	if !ok {
+		return nil, errors.New("bench: driver connection without BeginTx")
 	}
+	tx, err := b.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, err
 	}

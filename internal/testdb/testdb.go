@@ -275,6 +275,9 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 			t.Fatal(err)
 		}
 		e.RelayDB.SetMaxOpenConns(2)
+		// Many tests run in parallel against one server (PostgreSQL's
+		// default max_connections is 100): cap each test's pool.
+		e.DB.SetMaxOpenConns(12)
 	}
 	if e.RelayDB != e.DB {
 		t.Cleanup(func() { e.RelayDB.Close() })

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/partition"
+)
+
+// payload is every event's body: a small order JSON (about 100 bytes).
+var payload = []byte(`{"order_id":"o-000000","status":"paid","amount_cents":12345,"currency":"EUR","items":3}`)
+
+// CommitVariant is one variant's medians.
+type CommitVariant struct {
+	Name string `json:"name"`
+	// MedianMicros is the median wall time of one transaction, BeginTx to
+	// Commit returned, in microseconds.
+	MedianMicros float64 `json:"median_us"`
+	P99Micros    float64 `json:"p99_us"`
+	// RoundTrips is driver calls per transaction that reach the network
+	// driver (Begin, Exec, Query, Prepare, Commit, Rollback).
+	RoundTrips float64 `json:"round_trips"`
+	N          int     `json:"n"`
+}
+
+// CommitResult is part 1.
+type CommitResult struct {
+	// Variants: none, handwritten, emit1, emit10.
+	Variants []CommitVariant `json:"variants"`
+	// RatioEmit1 is emit1/handwritten median time (c/b); RatioEmit10 d/b.
+	RatioEmit1        float64 `json:"ratio_emit1_vs_handwritten"`
+	RatioEmit10       float64 `json:"ratio_emit10_vs_handwritten"`
+	RoundTripsRatio1  float64 `json:"round_trips_ratio_emit1_vs_handwritten"`
+	RoundTripsRatio10 float64 `json:"round_trips_ratio_emit10_vs_handwritten"`
+	HandwrittenVsNone float64 `json:"ratio_handwritten_vs_none"`
+	// Emit10VsHandwritten10: Emit(10) against ten hand-written INSERTs.
+	Emit10VsHandwritten10 float64 `json:"ratio_emit10_vs_handwritten10"`
+	Rounds                int     `json:"rounds"`
+	NotifyInInsertOnPG    bool    `json:"postgres_notify_in_insert"`
+}
+
+func nowSQL(d driver.Dialect) string {
+	switch d {
+	case driver.Postgres:
+		return "clock_timestamp()"
+	case driver.MySQL:
+		return "UTC_TIMESTAMP(6)"
+	}
+	return "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+}
+
+// runCommit measures part 1: the same business transaction (one INSERT
+// into an orders table) with no event, with the seed's hand-written outbox
+// INSERT, with Emit of 1 and of 10 events. The variants are interleaved
+// round by round so drift (autovacuum, checkpoints, cache) hits them
+// alike; medians over all rounds.
+func runCommit(ctx context.Context, db *database, iters int) (*CommitResult, error) {
+	env, err := db.newOutbox(ctx, "ob_commit", 1)
+	if err != nil {
+		return nil, err
+	}
+	defer env.close()
+	orders := db.table("orders_commit")
+	if _, err := env.plainApp.ExecContext(ctx, "CREATE TABLE "+orders+
+		" (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL, amount_cents BIGINT NOT NULL)"); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", orders, err)
+	}
+	insOrder := "INSERT INTO " + orders + " (id, status, amount_cents) VALUES (" + db.ph(1) + ", 'paid', " + db.ph(2) + ")"
+	now := nowSQL(db.dialect)
+	insOutbox := "INSERT INTO " + env.table + " (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers, created_at, updated_at) VALUES (" +
+		db.ph(1) + ", " + db.ph(2) + ", " + db.ph(3) + ", " + db.ph(4) + ", NULL, " + db.ph(5) + ", " + db.ph(6) + ", " + db.ph(7) + ", NULL, " + now + ", " + now + ")"
+
+	type variant struct {
+		name string
+		db   *sql.DB
+		run  func(ctx context.Context, tx *sql.Tx, id string) error
+	}
+	emitN := func(n int) func(ctx context.Context, tx *sql.Tx, id string) error {
+		return func(ctx context.Context, _ *sql.Tx, id string) error {
+			for k := 0; k < n; k++ {
+				if err := outbox.Emit(ctx, outbox.Event{AggregateType: "order", AggregateID: id, Type: "order.paid", Payload: payload}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	variants := []variant{
+		{"none", env.plainApp, func(context.Context, *sql.Tx, string) error { return nil }},
+		{"handwritten", env.plainApp, func(ctx context.Context, tx *sql.Tx, id string) error {
+			mid, err := outbox.NewMessageID()
+			if err != nil {
+				return err
+			}
+			_, err = tx.ExecContext(ctx, insOutbox, mid, "order", id, "order.paid", partition.Of("order", id, partition.DefaultCount), "application/json", payload)
+			return err
+		}},
+		{"emit1", env.app, emitN(1)},
+		{"emit10", env.app, emitN(10)},
+	}
+	// The seed's way for 10 events: ten hand-written INSERTs (not a
+	// target ratio; shows what Emit(10) replaces).
+	variants = append(variants, variant{"handwritten10", env.plainApp, func(ctx context.Context, tx *sql.Tx, id string) error {
+		for k := 0; k < 10; k++ {
+			if err := variants[1].run(ctx, tx, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	}})
+	if db.dialect == driver.Postgres {
+		// Diagnostic: the same Emit(1) without the NOTIFY folded into the
+		// INSERT (driver.Config.DisableNotify), on the same table.
+		ob2, err := driver.New(driver.Config{Dialect: db.dialect, Table: env.table, DisableNotify: true})
+		if err != nil {
+			return nil, err
+		}
+		c, err := db.raw()
+		if err != nil {
+			return nil, err
+		}
+		nn := sql.OpenDB(ob2.WrapConnector(countingConnector{c, db.cnt}))
+		nn.SetMaxOpenConns(1)
+		defer nn.Close()
+		variants = append(variants, variant{"emit1_nonotify", nn, emitN(1)})
+	}
+	times := make([][]time.Duration, len(variants))
+	trips := make([]int64, len(variants))
+	warm := max(iters/10, 5)
+	for i := -warm; i < iters; i++ {
+		for v, vr := range variants {
+			id := fmt.Sprintf("o-%s-%d", vr.name, i+warm)
+			before := db.cnt.Load()
+			start := time.Now()
+			tctx := outbox.NewContext(ctx)
+			tx, err := vr.db.BeginTx(tctx, nil)
+			if err != nil {
+				return nil, fmt.Errorf("%s: begin: %w", vr.name, err)
+			}
+			if _, err := tx.ExecContext(tctx, insOrder, id, int64(i+warm)); err != nil {
+				_ = tx.Rollback()
+				return nil, fmt.Errorf("%s: insert order: %w", vr.name, err)
+			}
+			if err := vr.run(tctx, tx, id); err != nil {
+				_ = tx.Rollback()
+				return nil, fmt.Errorf("%s: %w", vr.name, err)
+			}
+			if err := tx.Commit(); err != nil {
+				return nil, fmt.Errorf("%s: commit: %w", vr.name, err)
+			}
+			took := time.Since(start)
+			if i >= 0 {
+				times[v] = append(times[v], took)
+				trips[v] += db.cnt.Load() - before
+			}
+		}
+	}
+	res := &CommitResult{Rounds: iters, NotifyInInsertOnPG: db.dialect == driver.Postgres}
+	for v, vr := range variants {
+		res.Variants = append(res.Variants, CommitVariant{
+			Name:         vr.name,
+			MedianMicros: micros(quantile(times[v], 0.5)),
+			P99Micros:    micros(quantile(times[v], 0.99)),
+			RoundTrips:   float64(trips[v]) / float64(iters),
+			N:            len(times[v]),
+		})
+	}
+	b, c, d := res.Variants[1], res.Variants[2], res.Variants[3]
+	res.RatioEmit1 = ratio(c.MedianMicros, b.MedianMicros)
+	res.RatioEmit10 = ratio(d.MedianMicros, b.MedianMicros)
+	res.RoundTripsRatio1 = ratio(c.RoundTrips, b.RoundTrips)
+	res.RoundTripsRatio10 = ratio(d.RoundTrips, b.RoundTrips)
+	res.HandwrittenVsNone = ratio(b.MedianMicros, res.Variants[0].MedianMicros)
+	res.Emit10VsHandwritten10 = ratio(d.MedianMicros, res.Variants[4].MedianMicros)
+	return res, nil
+}
+
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(q * float64(len(s)))
+	if i >= len(s) {
+		i = len(s) - 1
+	}
+	return s[i]
+}
+
+func micros(d time.Duration) float64 { return round2(float64(d) / float64(time.Microsecond)) }
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return round2(a / b)
+}
+
+func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }

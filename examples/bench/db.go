@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	sqldriver "database/sql/driver"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"modernc.org/sqlite"
+
+	"github.com/sqloutbox/outbox/driver"
+)
+
+// database is one run's private namespace on the target database: a
+// PostgreSQL schema, a MariaDB/MySQL database or a SQLite file, dropped at
+// the end of the run.
+type database struct {
+	dialect driver.Dialect
+	label   string
+	schema  string // "" on SQLite
+	admin   *sql.DB
+	// raw returns a fresh connector of the real driver for the private
+	// namespace.
+	raw   func() (sqldriver.Connector, error)
+	cnt   *counter
+	close func()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func openDatabase(ctx context.Context, dsn string) (*database, error) {
+	db := &database{cnt: &counter{}}
+	switch {
+	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
+		pc, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("parsing -db: %w", err)
+		}
+		db.dialect, db.label = driver.Postgres, "postgres"
+		db.raw = func() (sqldriver.Connector, error) { return stdlib.GetConnector(*pc), nil }
+		db.admin = sql.OpenDB(stdlib.GetConnector(*pc))
+		db.schema = "bench_" + randomHex(4)
+		if _, err := db.admin.ExecContext(ctx, "CREATE SCHEMA "+db.schema); err != nil {
+			_ = db.admin.Close()
+			return nil, fmt.Errorf("creating schema: %w", err)
+		}
+		db.close = func() {
+			_, _ = db.admin.ExecContext(context.Background(), "DROP SCHEMA "+db.schema+" CASCADE")
+			_ = db.admin.Close()
+		}
+	case strings.HasPrefix(dsn, "mysql://") || strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
+		mc, err := mysqlConfig(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("parsing -db: %w", err)
+		}
+		db.dialect, db.label = driver.MySQL, "mysql"
+		ac, err := mysql.NewConnector(mc)
+		if err != nil {
+			return nil, err
+		}
+		db.admin = sql.OpenDB(ac)
+		db.schema = "bench_" + randomHex(4)
+		if _, err := db.admin.ExecContext(ctx, "CREATE DATABASE "+db.schema); err != nil {
+			_ = db.admin.Close()
+			return nil, fmt.Errorf("creating database: %w", err)
+		}
+		pc := mc.Clone()
+		pc.DBName = db.schema
+		db.raw = func() (sqldriver.Connector, error) { return mysql.NewConnector(pc) }
+		db.close = func() {
+			_, _ = db.admin.ExecContext(context.Background(), "DROP DATABASE "+db.schema)
+			_ = db.admin.Close()
+		}
+	case dsn == "":
+		dir, err := os.MkdirTemp("", "outbox-bench-")
+		if err != nil {
+			return nil, err
+		}
+		db.dialect, db.label = driver.SQLite, "sqlite"
+		fdsn := sqliteDSN(filepath.Join(dir, "bench.db"))
+		db.raw = func() (sqldriver.Connector, error) { return dsnConnector{&sqlite.Driver{}, fdsn}, nil }
+		c, _ := db.raw()
+		db.admin = sql.OpenDB(c)
+		db.admin.SetMaxOpenConns(1)
+		db.close = func() {
+			_ = db.admin.Close()
+			_ = os.RemoveAll(dir)
+		}
+	default:
+		return nil, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN (user@tcp(host:port)/db or mysql://...), or empty for embedded SQLite", dsn)
+	}
+	return db, nil
+}
+
+// table qualifies name with the run's schema.
+func (db *database) table(name string) string {
+	if db.schema == "" {
+		return name
+	}
+	return db.schema + "." + name
+}
+
+func (db *database) ph(n int) string {
+	if db.dialect == driver.Postgres {
+		return fmt.Sprintf("$%d", n)
+	}
+	return "?"
+}
+
+// outboxEnv is one outbox table with its pools.
+type outboxEnv struct {
+	table string
+	ob    *driver.Outbox
+	// app is opened through the outbox wrapper over the counting connector.
+	app *sql.DB
+	// plainApp is the counting connector without the outbox wrapper: the
+	// seed's application (hand-written INSERT).
+	plainApp *sql.DB
+	// relay is the relay's pool (on SQLite the app pool itself).
+	relay *sql.DB
+	close func()
+}
+
+func (db *database) newOutbox(ctx context.Context, name string, appConns int) (*outboxEnv, error) {
+	e := &outboxEnv{table: db.table(name)}
+	ob, err := driver.New(driver.Config{Dialect: db.dialect, Table: e.table})
+	if err != nil {
+		return nil, err
+	}
+	e.ob = ob
+	c1, err := db.raw()
+	if err != nil {
+		return nil, err
+	}
+	c2, err := db.raw()
+	if err != nil {
+		return nil, err
+	}
+	e.app = sql.OpenDB(ob.WrapConnector(countingConnector{c1, db.cnt}))
+	e.plainApp = sql.OpenDB(countingConnector{c2, db.cnt})
+	if db.dialect == driver.SQLite {
+		e.app.SetMaxOpenConns(1)
+		e.plainApp.SetMaxOpenConns(1)
+		e.relay = e.app
+	} else {
+		e.app.SetMaxOpenConns(appConns)
+		e.app.SetMaxIdleConns(appConns)
+		e.plainApp.SetMaxOpenConns(appConns)
+		e.plainApp.SetMaxIdleConns(appConns)
+		c3, err := db.raw()
+		if err != nil {
+			return nil, err
+		}
+		e.relay = sql.OpenDB(c3)
+		e.relay.SetMaxOpenConns(2)
+	}
+	e.close = func() {
+		_ = e.app.Close()
+		_ = e.plainApp.Close()
+		if e.relay != e.app {
+			_ = e.relay.Close()
+		}
+	}
+	if err := ob.Migrate(ctx, e.app); err != nil {
+		e.close()
+		return nil, fmt.Errorf("migrating %s: %w", e.table, err)
+	}
+	return e, nil
+}
+
+// mysqlConfig parses a go-sql-driver DSN, or a mysql://user:pass@host:port/db?params URL.
+func mysqlConfig(dsn string) (*mysql.Config, error) {
+	if strings.HasPrefix(dsn, "mysql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return nil, err
+		}
+		host := u.Host
+		if u.Port() == "" {
+			host += ":3306"
+		}
+		userinfo := ""
+		if u.User != nil {
+			userinfo = u.User.Username()
+			if pw, ok := u.User.Password(); ok {
+				userinfo += ":" + pw
+			}
+			userinfo += "@"
+		}
+		dsn = fmt.Sprintf("%stcp(%s)/%s", userinfo, host, strings.TrimPrefix(u.Path, "/"))
+		if u.RawQuery != "" {
+			dsn += "?" + u.RawQuery
+		}
+	}
+	return mysql.ParseDSN(dsn)
+}
+
+// sqliteDSN is the project's SQLite recipe (WAL, busy_timeout, BEGIN IMMEDIATE).
+func sqliteDSN(path string) string {
+	v := url.Values{}
+	v.Add("_pragma", "busy_timeout(10000)")
+	v.Add("_pragma", "journal_mode(WAL)")
+	v.Add("_pragma", "synchronous(NORMAL)")
+	v.Add("_pragma", "foreign_keys(1)")
+	v.Set("_txlock", "immediate")
+	return "file:" + path + "?" + v.Encode()
+}

@@ -1,0 +1,366 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/kafkatest"
+	"github.com/sqloutbox/outbox/partition"
+	"github.com/sqloutbox/outbox/relay"
+	"github.com/sqloutbox/outbox/relay/kafka"
+)
+
+// aggregates is how many aggregate IDs preloaded rows are spread over.
+const aggregates = 256
+
+// observer is a relay.Observer calling optional funcs.
+type observer struct {
+	claimed   func(n int, took time.Duration)
+	published func(m relay.Message)
+}
+
+func (o *observer) Claimed(n int, took time.Duration) {
+	if o.claimed != nil {
+		o.claimed(n, took)
+	}
+}
+
+func (o *observer) Published(m relay.Message, _ time.Duration) {
+	if o.published != nil {
+		o.published(m)
+	}
+}
+func (o *observer) Failed(relay.Message, relay.ErrorClass, error) {}
+func (o *observer) Retried(relay.Message, int, time.Duration)     {}
+func (o *observer) DeadLettered(relay.Message, error)             {}
+func (o *observer) Leases(int)                                    {}
+func (o *observer) Up(bool)                                       {}
+
+var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// preload inserts n rows (pending, or sent history) into env's table with
+// one set-based statement per chunk, spread over `aggregates` aggregate
+// IDs whose relay partitions are computed in Go (partition.Of) and joined
+// in from a helper table.
+func preload(ctx context.Context, db *database, env *outboxEnv, n int, sent bool, prefix string) error {
+	agg := env.table + "_agg"
+	if _, err := db.admin.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+agg+" (i INTEGER PRIMARY KEY, aggregate_id VARCHAR(64) NOT NULL, p INTEGER NOT NULL)"); err != nil {
+		return fmt.Errorf("creating %s: %w", agg, err)
+	}
+	var cnt int
+	if err := db.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+agg).Scan(&cnt); err != nil {
+		return err
+	}
+	if cnt == 0 {
+		var b strings.Builder
+		b.WriteString("INSERT INTO " + agg + " (i, aggregate_id, p) VALUES ")
+		for i := 0; i < aggregates; i++ {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			id := "agg-" + strconv.Itoa(i)
+			fmt.Fprintf(&b, "(%d, '%s', %d)", i, id, partition.Of("order", id, partition.DefaultCount))
+		}
+		if _, err := db.admin.ExecContext(ctx, b.String()); err != nil {
+			return fmt.Errorf("filling %s: %w", agg, err)
+		}
+	}
+	now := nowSQL(db.dialect)
+	status, attempts, sentAt := "0", "0", "NULL"
+	if sent {
+		status, attempts, sentAt = "1", "1", now
+	}
+	cols := "INSERT INTO " + env.table + " (message_id, aggregate_type, aggregate_id, event_type, partition_key, content_type, payload, status, attempts, created_at, updated_at, sent_at) "
+	pl := "'" + string(payload) + "'"
+	const chunk = 250_000
+	for lo := 1; lo <= n; lo += chunk {
+		hi := min(lo+chunk-1, n)
+		var q string
+		switch db.dialect {
+		case driver.Postgres:
+			q = cols + fmt.Sprintf("SELECT '%s' || g, 'order', a.aggregate_id, 'order.paid', a.p, 'application/json', %s::bytea, %s, %s, %s, %s, %s FROM generate_series(%d, %d) g JOIN %s a ON a.i = g %% %d",
+				prefix, pl, status, attempts, now, now, sentAt, lo, hi, agg, aggregates)
+		case driver.MySQL:
+			q = cols + fmt.Sprintf("SELECT CONCAT('%s', seq), 'order', a.aggregate_id, 'order.paid', a.p, 'application/json', %s, %s, %s, %s, %s, %s FROM seq_%d_to_%d JOIN %s a ON a.i = seq %% %d ORDER BY seq",
+				prefix, pl, status, attempts, now, now, sentAt, lo, hi, agg, aggregates)
+		default:
+			q = fmt.Sprintf("WITH RECURSIVE s(g) AS (SELECT %d UNION ALL SELECT g + 1 FROM s WHERE g < %d) ", lo, hi) + cols +
+				fmt.Sprintf("SELECT '%s' || g, 'order', a.aggregate_id, 'order.paid', a.p, 'application/json', CAST(%s AS BLOB), %s, %s, %s, %s, %s FROM s JOIN %s a ON a.i = g %% %d",
+					prefix, pl, status, attempts, now, now, sentAt, agg, aggregates)
+		}
+		if _, err := db.admin.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("preloading %s: %w", env.table, err)
+		}
+	}
+	return analyze(ctx, db, env.table)
+}
+
+func analyze(ctx context.Context, db *database, table string) error {
+	var q string
+	switch db.dialect {
+	case driver.Postgres:
+		q = "ANALYZE " + table
+	case driver.MySQL:
+		q = "ANALYZE TABLE " + table
+	default:
+		q = "ANALYZE"
+	}
+	rows, err := db.admin.QueryContext(ctx, q)
+	if err != nil {
+		return fmt.Errorf("analyze %s: %w", table, err)
+	}
+	return rows.Close()
+}
+
+func pending(ctx context.Context, db *sql.DB, table string) (int, error) {
+	var n int
+	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table+" WHERE status = 0").Scan(&n)
+	return n, err
+}
+
+// topicFor creates the run's topic (8 partitions) on the broker.
+func topicFor(ctx context.Context, brokers []string, name string) (string, error) {
+	topic := "outbox-bench-" + name
+	return topic, kafkatest.CreateTopic(ctx, brokers, topic, 8)
+}
+
+func newPublisher(brokers []string, topic string) (*kafka.Publisher, error) {
+	return kafka.NewPublisher(kafka.Config{Brokers: brokers, Topic: func(relay.Message) string { return topic }})
+}
+
+// DrainResult is part 3 (and part 5's drain).
+type DrainResult struct {
+	Rows         int     `json:"rows"`
+	Seconds      float64 `json:"seconds"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	// PeakRSSMB is VmHWM of the bench process, reset (clear_refs) just
+	// before the drain: the relay, its pools and the publisher. The
+	// broker runs in a child process unless -brokers is given; on SQLite
+	// the database engine is in-process and counted too.
+	PeakRSSMB      float64 `json:"peak_rss_mb"`
+	RSSReset       bool    `json:"rss_reset"`
+	BatchSize      int     `json:"batch_size"`
+	PreloadSeconds float64 `json:"preload_seconds"`
+	// Batches is the number of non-empty claims; ClaimMedianMicros their
+	// median duration; CycleMillis the mean wall time per batch.
+	Batches           int     `json:"batches"`
+	ClaimMedianMicros float64 `json:"claim_median_us"`
+	CycleMillis       float64 `json:"cycle_ms"`
+	BaselinePerSec    float64 `json:"baseline_events_per_sec,omitempty"`
+	SpeedupBaseline   float64 `json:"speedup_vs_baseline,omitempty"`
+}
+
+// runDrain measures part 3: rows pending rows, one relay, events/s until
+// the table has no pending row, and the relay's peak RSS.
+func runDrain(ctx context.Context, db *database, brokers []string, rows, batch int, cpuprofile string) (*DrainResult, error) {
+	env, err := db.newOutbox(ctx, "ob_drain", 1)
+	if err != nil {
+		return nil, err
+	}
+	defer env.close()
+	t0 := time.Now()
+	if err := preload(ctx, db, env, rows, false, "d-"); err != nil {
+		return nil, err
+	}
+	res := &DrainResult{Rows: rows, BatchSize: batch, PreloadSeconds: round2(time.Since(t0).Seconds())}
+	topic, err := topicFor(ctx, brokers, "drain-"+randomHex(3))
+	if err != nil {
+		return nil, err
+	}
+	pub, err := newPublisher(brokers, topic)
+	if err != nil {
+		return nil, err
+	}
+	defer pub.Close()
+	var published atomic.Int64
+	done := make(chan struct{})
+	var once sync.Once
+	var cmu sync.Mutex
+	var claims []time.Duration
+	obs := &observer{
+		claimed: func(n int, took time.Duration) {
+			if n > 0 {
+				cmu.Lock()
+				claims = append(claims, took)
+				cmu.Unlock()
+			}
+		},
+		published: func(relay.Message) {
+			if published.Add(1) >= int64(rows) {
+				once.Do(func() { close(done) })
+			}
+		}}
+	r, err := relay.New(env.relay, relay.Config{Dialect: db.dialect, Table: env.table, Publisher: pub,
+		Wakeup: env.ob.Wakeup(), BatchSize: batch, Observer: obs, Logger: quietLogger})
+	if err != nil {
+		return nil, err
+	}
+	res.RSSReset = resetPeakRSS()
+	if cpuprofile != "" {
+		f, err := os.Create(cpuprofile)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	runErr := make(chan error, 1)
+	start := time.Now()
+	go func() { runErr <- r.Run(rctx) }()
+	defer func() { cancel(); <-runErr }()
+	select {
+	case <-done:
+	case err := <-runErr:
+		runErr <- err
+		return nil, fmt.Errorf("relay stopped: %v", err)
+	case <-time.After(time.Duration(rows/500+60) * time.Second):
+		return nil, fmt.Errorf("drain timed out after %d of %d events", published.Load(), rows)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	// Published counts acknowledgements; the table is empty once the
+	// background mark-sent of the last batch committed.
+	for {
+		n, err := pending(ctx, env.relay, env.table)
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	el := time.Since(start)
+	res.Seconds = round2(el.Seconds())
+	res.EventsPerSec = round2(float64(rows) / el.Seconds())
+	res.PeakRSSMB = peakRSSMB()
+	cmu.Lock()
+	res.Batches = len(claims)
+	res.ClaimMedianMicros = micros(quantile(claims, 0.5))
+	cmu.Unlock()
+	if res.Batches > 0 {
+		res.CycleMillis = round2(el.Seconds() * 1000 / float64(res.Batches))
+	}
+	return res, nil
+}
+
+// resetPeakRSS resets VmHWM (Linux >= 4.0: "5" > /proc/self/clear_refs).
+func resetPeakRSS() bool {
+	return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
+}
+
+// peakRSSMB reads VmHWM from /proc/self/status, in MiB (0 where unavailable).
+func peakRSSMB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return round2(kb / 1024)
+		}
+	}
+	return 0
+}
+
+// BaselineResult is part 5: the seed's relay.
+type BaselineResult struct {
+	Rows         int     `json:"rows"`
+	Sent         int     `json:"sent"`
+	Seconds      float64 `json:"seconds"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	Description  string  `json:"description"`
+}
+
+const baselineDescription = "seed relay: SELECT ... WHERE status = 0 ORDER BY id LIMIT 100; per event one synchronous sarama SendMessage (acks=all) then one UPDATE; sleeps 1 s after a batch of fewer than 100 (a full batch polls again at once, which favours the seed)"
+
+// runBaseline drains a preload of rows with the seed's relay for at most
+// capFor and reports events/s.
+func runBaseline(ctx context.Context, db *database, brokers []string, rows int, capFor time.Duration) (*BaselineResult, error) {
+	env, err := db.newOutbox(ctx, "ob_seed", 1)
+	if err != nil {
+		return nil, err
+	}
+	defer env.close()
+	if err := preload(ctx, db, env, rows, false, "s-"); err != nil {
+		return nil, err
+	}
+	topic, err := topicFor(ctx, brokers, "seed-"+randomHex(3))
+	if err != nil {
+		return nil, err
+	}
+	sc := sarama.NewConfig()
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Producer.Return.Successes = true
+	sc.Producer.Timeout = 3 * time.Second
+	sp, err := sarama.NewSyncProducer(brokers, sc)
+	if err != nil {
+		return nil, err
+	}
+	defer sp.Close()
+	sel := "SELECT id, message_id, aggregate_type, aggregate_id, event_type, payload FROM " + env.table + " WHERE status = 0 ORDER BY id LIMIT 100"
+	upd := "UPDATE " + env.table + " SET status = 1, sent_at = " + nowSQL(db.dialect) + ", updated_at = " + nowSQL(db.dialect) + " WHERE id = " + db.ph(1)
+	type row struct {
+		id               int64
+		mid, at, aid, et string
+		payload          []byte
+	}
+	res := &BaselineResult{Rows: rows, Description: baselineDescription}
+	start := time.Now()
+	deadline := start.Add(capFor)
+	for time.Now().Before(deadline) && res.Sent < rows {
+		rs, err := env.relay.QueryContext(ctx, sel)
+		if err != nil {
+			return nil, err
+		}
+		var batch []row
+		for rs.Next() {
+			var r row
+			if err := rs.Scan(&r.id, &r.mid, &r.at, &r.aid, &r.et, &r.payload); err != nil {
+				rs.Close()
+				return nil, err
+			}
+			batch = append(batch, r)
+		}
+		rs.Close()
+		for _, r := range batch {
+			if time.Now().After(deadline) {
+				break
+			}
+			_, _, err := sp.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(r.aid), Value: sarama.ByteEncoder(r.payload),
+				Headers: []sarama.RecordHeader{{Key: []byte("outbox-message-id"), Value: []byte(r.mid)}, {Key: []byte("outbox-event-type"), Value: []byte(r.et)}}})
+			if err != nil {
+				return nil, fmt.Errorf("seed send: %w", err)
+			}
+			if _, err := env.relay.ExecContext(ctx, upd, r.id); err != nil {
+				return nil, fmt.Errorf("seed update: %w", err)
+			}
+			res.Sent++
+		}
+		if len(batch) < 100 && res.Sent < rows {
+			time.Sleep(time.Second)
+		}
+	}
+	el := time.Since(start)
+	res.Seconds = round2(el.Seconds())
+	res.EventsPerSec = round2(float64(res.Sent) / el.Seconds())
+	return res, nil
+}
