@@ -84,5 +84,5 @@ func ExampleEmit_errors() {
 	ctx := outbox.NewContext(context.Background())
 	err := outbox.Emit(ctx, outbox.Event{AggregateType: "order", AggregateID: "1", Type: "t", Payload: []byte(`{}`)})
 	fmt.Println(err)
-	// Output: outbox: no open transaction in the emit scope
+	// Output: outbox: no open read-write transaction in the emit scope
 }

@@ -218,8 +218,9 @@ func (o *Outbox) notify() {
 	o.mu.Unlock()
 }
 
-// Migrate creates or upgrades o's table on db (see the package docs of
-// Migrate for locking). db may be opened with or without the wrapper.
+// Migrate creates or upgrades o's table on db (see func Migrate for the
+// locking). db may be opened with or without the wrapper. A schema-qualified
+// table's schema must already exist.
 func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 	return o.dialect.Migrate(ctx, db)
 }

@@ -12,9 +12,9 @@ var (
 	// ErrNoTransaction is returned by Emit when the context carries no emit
 	// scope (see NewContext), or the scope has no open transaction: the
 	// transaction was not begun with a context derived from the scope, was
-	// begun on a database opened without the outbox driver, or has already
-	// committed or rolled back.
-	ErrNoTransaction = errors.New("outbox: no open transaction in the emit scope")
+	// begun on a database opened without the outbox driver, is read-only,
+	// or has already committed or rolled back.
+	ErrNoTransaction = errors.New("outbox: no open read-write transaction in the emit scope")
 
 	// ErrConcurrentTransactions is returned by Emit while two or more
 	// transactions begun with the same scope are open at once: the event

@@ -9,7 +9,8 @@
 // (driver.Outbox.Wakeup, or Notify), or the fallback poll (PollInterval,
 // default 1 s), which also finds rows written by other processes and
 // retries that came due. A full batch starts the next cycle at once. An
-// idle relay runs one claim query per PollInterval and nothing else.
+// idle relay runs one claim query per PollInterval (see Cost of an idle
+// relay below).
 //
 // # Claiming
 //

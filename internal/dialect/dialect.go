@@ -31,8 +31,8 @@ const (
 
 // Errors.
 var (
-	ErrUnknownDialect = errors.New("outbox: unknown dialect")
-	ErrInvalidTable   = errors.New("outbox: invalid table name")
+	ErrUnknownDialect = errors.New("unknown dialect")
+	ErrInvalidTable   = errors.New("invalid table name")
 )
 
 // Row-insert columns per event, and the most bind parameters one statement

@@ -206,9 +206,9 @@ func (d *Dialect) Check(ctx context.Context, db *sql.DB) error {
 	}
 	switch {
 	case v == 0:
-		return fmt.Errorf("%w: table %s (run the migration: outbox.Migrate or the printed DDL)", ErrSchemaMissing, d.table)
+		return fmt.Errorf("%w: table %s (migrate it: driver.Migrate, (*driver.Outbox).Migrate, `outbox migrate apply`, or the DDL from driver.DDL)", ErrSchemaMissing, d.table)
 	case v < d.LatestVersion():
-		return fmt.Errorf("%w: table %s at version %d, this build needs %d (run the migration)", ErrSchemaOutdated, d.table, v, d.LatestVersion())
+		return fmt.Errorf("%w: table %s at version %d, this build needs %d (migrate it: driver.Migrate or `outbox migrate apply`)", ErrSchemaOutdated, d.table, v, d.LatestVersion())
 	case v > d.LatestVersion():
 		return fmt.Errorf("%w: table %s at version %d, this build knows up to %d", ErrSchemaTooNew, d.table, v, d.LatestVersion())
 	}
