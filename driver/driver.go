@@ -268,3 +268,13 @@ func SchemaVersion(ctx context.Context, db *sql.DB, cfg Config) (current, latest
 	}
 	return v, o.dialect.LatestVersion(), nil
 }
+
+// LatestSchemaVersion returns the newest schema version this build knows
+// for dialect d, or ErrInvalidConfig (wrapped) for an unknown dialect.
+func LatestSchemaVersion(d Dialect) (int, error) {
+	o, err := New(Config{Dialect: d})
+	if err != nil {
+		return 0, err
+	}
+	return o.dialect.LatestVersion(), nil
+}

@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -334,5 +336,19 @@ func TestEnvironment(t *testing.T) { // not parallel: t.Setenv
 	r = expect(t, cli(t, "stats"), exitUsage)
 	if !strings.Contains(r.stderr, "OUTBOX_TIMEOUT") {
 		t.Errorf("bad env value: %v", r)
+	}
+}
+
+// TestStatusDoesNotCreateSQLiteFile is the regression test for `migrate
+// status` creating an empty database file as a side effect.
+func TestStatusDoesNotCreateSQLiteFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "absent.db")
+	r := expect(t, cli(t, "--dsn", "sqlite:"+path, "migrate", "status"), exitOutdated)
+	if !strings.Contains(r.stdout, "not migrated") {
+		t.Errorf("status of a missing file: %v", r)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("migrate status created %s (stat: %v)", path, err)
 	}
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -122,14 +124,29 @@ func (a *app) migrateApply(cmd *cobra.Command, _ []string) error {
 func (a *app) migrateStatus(cmd *cobra.Command, _ []string) error {
 	ctx, cancel := a.commandContext(cmd)
 	defer cancel()
-	t, db, err := a.open(ctx, false)
+	// A missing SQLite file is "not migrated" (exit 3), and status must not
+	// create it as a side effect: read it only if it exists.
+	t, err := parseDSN(a.dsn)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	cur, latest, err := driver.SchemaVersion(ctx, db, driver.Config{Dialect: t.dialect, Table: a.table})
-	if err != nil {
-		return err
+	cur, latest := 0, 0
+	if _, statErr := os.Stat(t.path); t.dialect == driver.SQLite && errors.Is(statErr, os.ErrNotExist) {
+		if _, err := driver.New(driver.Config{Dialect: t.dialect, Table: a.table}); err != nil {
+			return err
+		}
+		if latest, err = driver.LatestSchemaVersion(t.dialect); err != nil {
+			return err
+		}
+	} else {
+		t, db, err := a.open(ctx, false)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		if cur, latest, err = driver.SchemaVersion(ctx, db, driver.Config{Dialect: t.dialect, Table: a.table}); err != nil {
+			return err
+		}
 	}
 	upToDate := cur == latest
 	if a.json {
