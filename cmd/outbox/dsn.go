@@ -18,6 +18,7 @@ import (
 	_ "modernc.org/sqlite"             // registers driver "sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/conninfo"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
@@ -45,7 +46,7 @@ func parseDSN(dsn string) (*target, error) {
 	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
 		u, err := url.Parse(dsn)
 		if err != nil {
-			return nil, usageErrorf("cannot parse the PostgreSQL URL %s: %v", redactDSN(dsn), redactURLError(err))
+			return nil, usageErrorf("cannot parse the PostgreSQL URL %s: %v", redactDSN(dsn), conninfo.RedactURLError(err))
 		}
 		host := u.Hostname()
 		if host == "" {
@@ -60,7 +61,7 @@ func parseDSN(dsn string) (*target, error) {
 			open: func() (*sql.DB, error) { return sql.Open("pgx", dsn) },
 		}, nil
 	case strings.HasPrefix(dsn, "mysql://") || strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
-		cfg, err := mysqlConfig(dsn)
+		cfg, err := conninfo.MySQL(dsn)
 		if err != nil {
 			return nil, usageErrorf("cannot parse the MySQL DSN %s: %v", redactDSN(dsn), err)
 		}
@@ -85,7 +86,7 @@ func parseDSN(dsn string) (*target, error) {
 		if err != nil {
 			return nil, usageErrorf("cannot parse the SQLite DSN parameters of %q: %v", dsn, err)
 		}
-		full := sqliteDSN(path, user)
+		full := conninfo.SQLite(path, user)
 		return &target{
 			dialect: driver.SQLite, where: path, path: path, raw: dsn,
 			open: func() (*sql.DB, error) { return sql.Open("sqlite", full) },
@@ -93,69 +94,6 @@ func parseDSN(dsn string) (*target, error) {
 	default:
 		return nil, usageErrorf("cannot tell the database from --dsn %s: want postgres://..., mysql://... or user:pass@tcp(host:port)/db, or sqlite:PATH", redactDSN(dsn))
 	}
-}
-
-// mysqlConfig parses a go-sql-driver DSN, or a
-// mysql://user:pass@host:port/db?params URL.
-func mysqlConfig(dsn string) (*mysql.Config, error) {
-	if !strings.HasPrefix(dsn, "mysql://") {
-		return mysql.ParseDSN(dsn)
-	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return nil, redactURLError(err)
-	}
-	host := u.Host
-	if host == "" {
-		host = "127.0.0.1"
-	}
-	if u.Port() == "" {
-		host += ":3306"
-	}
-	plain := fmt.Sprintf("tcp(%s)/%s", host, strings.TrimPrefix(u.Path, "/"))
-	if u.RawQuery != "" {
-		plain += "?" + u.RawQuery
-	}
-	cfg, err := mysql.ParseDSN(plain)
-	if err != nil {
-		return nil, err
-	}
-	if u.User != nil {
-		cfg.User = u.User.Username()
-		cfg.Passwd, _ = u.User.Password()
-	}
-	return cfg, nil
-}
-
-// redactURLError drops the URL, which may hold a password, from a
-// url.Parse error.
-func redactURLError(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
-}
-
-// sqliteDSN is the project's SQLite recipe (internal/testdb.SQLiteDSN):
-// WAL, a 10 s busy timeout, foreign keys on, and BEGIN IMMEDIATE for every
-// transaction. Parameters the user gave are kept: their pragmas run after
-// the recipe's (so they win), other parameters replace the recipe's.
-func sqliteDSN(path string, user url.Values) string {
-	v := url.Values{}
-	v.Add("_pragma", "busy_timeout(10000)")
-	v.Add("_pragma", "journal_mode(WAL)")
-	v.Add("_pragma", "synchronous(NORMAL)")
-	v.Add("_pragma", "foreign_keys(1)")
-	v.Set("_txlock", "immediate")
-	for k, vals := range user {
-		if k == "_pragma" {
-			v[k] = append(v[k], vals...)
-		} else {
-			v[k] = vals
-		}
-	}
-	return "file:" + path + "?" + v.Encode()
 }
 
 // connect opens t and checks the connection within ctx. mustExist refuses

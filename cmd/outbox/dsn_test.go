@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sqloutbox/outbox/internal/conninfo"
+
 	"github.com/sqloutbox/outbox/driver"
 )
 
@@ -79,7 +81,7 @@ func TestParseDSN(t *testing.T) {
 
 func TestSQLiteDSNRecipe(t *testing.T) {
 	t.Parallel()
-	got := sqliteDSN("/x.db", map[string][]string{"_pragma": {"busy_timeout(500)"}, "_txlock": {"deferred"}})
+	got := conninfo.SQLite("/x.db", map[string][]string{"_pragma": {"busy_timeout(500)"}, "_txlock": {"deferred"}})
 	for _, want := range []string{"file:/x.db?", "busy_timeout%2810000%29", "journal_mode%28WAL%29", "busy_timeout%28500%29", "_txlock=deferred"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("sqliteDSN = %q, missing %q", got, want)

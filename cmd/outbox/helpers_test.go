@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqloutbox/outbox/internal/conninfo"
+
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -142,7 +144,7 @@ func (tg dbTarget) plainDB(t *testing.T) *sql.DB {
 	case driver.MySQL:
 		db, err = sql.Open("mysql", tg.dsn)
 	default:
-		db, err = sql.Open("sqlite", sqliteDSN(tg.path, nil))
+		db, err = sql.Open("sqlite", conninfo.SQLite(tg.path, nil))
 		if err == nil {
 			db.SetMaxOpenConns(1)
 		}
@@ -206,7 +208,7 @@ func (tg dbTarget) wrappedDB(t *testing.T, table string) (*sql.DB, *driver.Outbo
 			t.Fatal(err)
 		}
 	default:
-		sc, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(sqliteDSN(tg.path, nil))
+		sc, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(conninfo.SQLite(tg.path, nil))
 		if err != nil {
 			t.Fatal(err)
 		}

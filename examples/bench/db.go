@@ -7,10 +7,11 @@ import (
 	sqldriver "database/sql/driver"
 	"encoding/hex"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/sqloutbox/outbox/internal/conninfo"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
@@ -62,7 +63,7 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 			_ = db.admin.Close()
 		}
 	case strings.HasPrefix(dsn, "mysql://") || strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
-		mc, err := mysqlConfig(dsn)
+		mc, err := conninfo.MySQL(dsn)
 		if err != nil {
 			return nil, fmt.Errorf("parsing -db: %w", err)
 		}
@@ -90,7 +91,7 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 			return nil, err
 		}
 		db.dialect, db.label = driver.SQLite, "sqlite"
-		fdsn := sqliteDSN(filepath.Join(dir, "bench.db"))
+		fdsn := conninfo.SQLite(filepath.Join(dir, "bench.db"), nil)
 		db.raw = func() (sqldriver.Connector, error) { return dsnConnector{&sqlite.Driver{}, fdsn}, nil }
 		c, _ := db.raw()
 		db.admin = sql.OpenDB(c)
@@ -179,42 +180,4 @@ func (db *database) newOutbox(ctx context.Context, name string, appConns int) (*
 		return nil, fmt.Errorf("migrating %s: %w", e.table, err)
 	}
 	return e, nil
-}
-
-// mysqlConfig parses a go-sql-driver DSN, or a mysql://user:pass@host:port/db?params URL.
-func mysqlConfig(dsn string) (*mysql.Config, error) {
-	if strings.HasPrefix(dsn, "mysql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return nil, err
-		}
-		host := u.Host
-		if u.Port() == "" {
-			host += ":3306"
-		}
-		userinfo := ""
-		if u.User != nil {
-			userinfo = u.User.Username()
-			if pw, ok := u.User.Password(); ok {
-				userinfo += ":" + pw
-			}
-			userinfo += "@"
-		}
-		dsn = fmt.Sprintf("%stcp(%s)/%s", userinfo, host, strings.TrimPrefix(u.Path, "/"))
-		if u.RawQuery != "" {
-			dsn += "?" + u.RawQuery
-		}
-	}
-	return mysql.ParseDSN(dsn)
-}
-
-// sqliteDSN is the project's SQLite recipe (WAL, busy_timeout, BEGIN IMMEDIATE).
-func sqliteDSN(path string) string {
-	v := url.Values{}
-	v.Add("_pragma", "busy_timeout(10000)")
-	v.Add("_pragma", "journal_mode(WAL)")
-	v.Add("_pragma", "synchronous(NORMAL)")
-	v.Add("_pragma", "foreign_keys(1)")
-	v.Set("_txlock", "immediate")
-	return "file:" + path + "?" + v.Encode()
 }

@@ -34,6 +34,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/conninfo"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
@@ -83,7 +84,7 @@ func openDB(dsn string) (*driver.Outbox, *sql.DB, *sql.DB, error) {
 		return nil, nil, nil, err
 	}
 	if d == driver.SQLite {
-		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector("file:orders.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(conninfo.SQLite("orders.db", nil))
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -6,10 +6,11 @@ import (
 	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/sqloutbox/outbox/internal/conninfo"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
@@ -53,7 +54,7 @@ func openDatabase(dsn, outboxTable string) (*database, error) {
 		connector = stdlib.GetConnector(*pc)
 		plain = sql.OpenDB(stdlib.GetConnector(*pc))
 	case strings.HasPrefix(dsn, "mysql://") || strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
-		mc, err := mysqlConfig(dsn)
+		mc, err := conninfo.MySQL(dsn)
 		if err != nil {
 			return nil, fmt.Errorf("parsing -db: %w", err)
 		}
@@ -73,7 +74,7 @@ func openDatabase(dsn, outboxTable string) (*database, error) {
 		}
 		cleanup = func() { _ = os.RemoveAll(dir) }
 		d, label = driver.SQLite, "sqlite"
-		dsn = sqliteDSN(filepath.Join(dir, "quickstart.db"))
+		dsn = conninfo.SQLite(filepath.Join(dir, "quickstart.db"), nil)
 	default:
 		return nil, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN (user@tcp(host:port)/db or mysql://...), or empty for embedded SQLite", dsn)
 	}
@@ -120,47 +121,6 @@ func openDatabase(dsn, outboxTable string) (*database, error) {
 			cleanup()
 		},
 	}, nil
-}
-
-// mysqlConfig parses a go-sql-driver DSN, or a mysql://user:pass@host:port/db?params URL.
-func mysqlConfig(dsn string) (*mysql.Config, error) {
-	if strings.HasPrefix(dsn, "mysql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return nil, err
-		}
-		host := u.Host
-		if u.Port() == "" {
-			host += ":3306"
-		}
-		userinfo := ""
-		if u.User != nil {
-			userinfo = u.User.Username()
-			if pw, ok := u.User.Password(); ok {
-				userinfo += ":" + pw
-			}
-			userinfo += "@"
-		}
-		dsn = fmt.Sprintf("%stcp(%s)/%s", userinfo, host, strings.TrimPrefix(u.Path, "/"))
-		if u.RawQuery != "" {
-			dsn += "?" + u.RawQuery
-		}
-	}
-	return mysql.ParseDSN(dsn)
-}
-
-// sqliteDSN is the project's SQLite recipe (internal/testdb.SQLiteDSN):
-// WAL, a 10 s busy timeout, foreign keys on, and BEGIN IMMEDIATE for every
-// transaction, so writers queue for the write lock instead of failing to
-// upgrade a read lock, and row "locking" needs no FOR UPDATE.
-func sqliteDSN(path string) string {
-	v := url.Values{}
-	v.Add("_pragma", "busy_timeout(10000)")
-	v.Add("_pragma", "journal_mode(WAL)")
-	v.Add("_pragma", "synchronous(NORMAL)")
-	v.Add("_pragma", "foreign_keys(1)")
-	v.Set("_txlock", "immediate")
-	return "file:" + path + "?" + v.Encode()
 }
 
 // prepare migrates the outbox table, creates the order table and, on a

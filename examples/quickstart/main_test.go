@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqloutbox/outbox/internal/conninfo"
+
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/internal/kafkatest"
@@ -186,7 +188,7 @@ func TestMySQLConfig(t *testing.T) {
 		{"mysql://app:s3cret@db.example:3307/shop?parseTime=true", "db.example:3307", "app", "s3cret", "shop"},
 		{"mysql://root@localhost/test", "localhost:3306", "root", "", "test"},
 	} {
-		c, err := mysqlConfig(tc.in)
+		c, err := conninfo.MySQL(tc.in)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.in, err)
 		}
@@ -358,7 +360,7 @@ func TestRunMySQL(t *testing.T) {
 	if dsn == "" {
 		dsn = "root@tcp(127.0.0.1:3306)/test"
 	}
-	mc, err := mysqlConfig(dsn)
+	mc, err := conninfo.MySQL(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,13 +17,14 @@ import (
 	sqldriver "database/sql/driver"
 	"encoding/hex"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sqloutbox/outbox/internal/conninfo"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
@@ -288,18 +289,8 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 	return e
 }
 
-// SQLiteDSN returns the DSN the project uses for a SQLite file: WAL, a
-// 10 s busy timeout, foreign keys on, and BEGIN IMMEDIATE for
-// transactions so writers queue instead of failing to upgrade a lock.
-func SQLiteDSN(path string) string {
-	v := url.Values{}
-	v.Add("_pragma", "busy_timeout(10000)")
-	v.Add("_pragma", "journal_mode(WAL)")
-	v.Add("_pragma", "synchronous(NORMAL)")
-	v.Add("_pragma", "foreign_keys(1)")
-	v.Set("_txlock", "immediate")
-	return "file:" + path + "?" + v.Encode()
-}
+// SQLiteDSN returns the project's DSN for a SQLite file (conninfo.SQLite).
+func SQLiteDSN(path string) string { return conninfo.SQLite(path, nil) }
 
 // Eventually polls cond every 5 ms until it holds, failing t when ctx ends
 // first: a condition with a deadline, not a sleep standing in for
