@@ -329,7 +329,7 @@ func runOnServer(t *testing.T, dsn, sqlDriver, sqlDSN string) {
 			return
 		}
 		defer db.Close()
-		for _, tbl := range []string{orderTable, outboxTable, outboxTable + "_migrations"} {
+		for _, tbl := range []string{orderTable, outboxTable, outboxTable + "_migrations", outboxTable + "_lease", outboxTable + "_relay", outboxTable + "_archive"} {
 			if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tbl); err != nil {
 				t.Logf("dropping %s: %v", tbl, err)
 			}
