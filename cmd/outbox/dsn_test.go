@@ -4,9 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sqloutbox/outbox/internal/conninfo"
-
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/conninfo"
 )
 
 func TestRedactDSN(t *testing.T) {

@@ -11,14 +11,13 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/sqloutbox/outbox/internal/conninfo"
-
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/conninfo"
 )
 
 // database is one run's private namespace on the target database: a

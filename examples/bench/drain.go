@@ -131,14 +131,24 @@ func pending(ctx context.Context, db *sql.DB, table string) (int, error) {
 	return n, err
 }
 
-// topicFor creates the run's topic (8 partitions) on the broker.
+// topicFor creates the run's topic "outbox-bench-<name>" (8 partitions).
 func topicFor(ctx context.Context, brokers []string, name string) (string, error) {
 	topic := "outbox-bench-" + name
 	return topic, kafkatest.CreateTopic(ctx, brokers, topic, 8)
 }
 
+// newPublisher returns a publisher routing every message to topic.
 func newPublisher(brokers []string, topic string) (*kafka.Publisher, error) {
 	return kafka.NewPublisher(kafka.Config{Brokers: brokers, Topic: func(relay.Message) string { return topic }})
+}
+
+// publisherFor creates a topic (topicFor) and a publisher to it.
+func publisherFor(ctx context.Context, brokers []string, name string) (*kafka.Publisher, error) {
+	topic, err := topicFor(ctx, brokers, name)
+	if err != nil {
+		return nil, err
+	}
+	return newPublisher(brokers, topic)
 }
 
 // DrainResult is part 3 (and part 5's drain).
@@ -176,11 +186,7 @@ func runDrain(ctx context.Context, db *database, brokers []string, rows, batch i
 		return nil, err
 	}
 	res := &DrainResult{Rows: rows, BatchSize: batch, PreloadSeconds: round2(time.Since(t0).Seconds())}
-	topic, err := topicFor(ctx, brokers, "drain-"+randomHex(3))
-	if err != nil {
-		return nil, err
-	}
-	pub, err := newPublisher(brokers, topic)
+	pub, err := publisherFor(ctx, brokers, "drain-"+randomHex(3))
 	if err != nil {
 		return nil, err
 	}

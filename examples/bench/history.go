@@ -77,11 +77,7 @@ func historyPoint(ctx context.Context, db *database, brokers []string, hist, pen
 	}
 	pt.SeedClaimMedianMicros = micros(quantile(seed, 0.5))
 
-	topic, err := topicFor(ctx, brokers, "hist-"+randomHex(3))
-	if err != nil {
-		return nil, err
-	}
-	pub, err := newPublisher(brokers, topic)
+	pub, err := publisherFor(ctx, brokers, "hist-"+randomHex(3))
 	if err != nil {
 		return nil, err
 	}

@@ -16,10 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sqloutbox/outbox/internal/conninfo"
-
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/internal/conninfo"
 	"github.com/sqloutbox/outbox/internal/kafkatest"
 )
 

@@ -24,8 +24,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sqloutbox/outbox/internal/conninfo"
-
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -33,6 +31,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/conninfo"
 )
 
 // Target is one database and driver combination the suite runs against.
