@@ -332,7 +332,7 @@ func TestKafkaOrderUnderConcurrency(t *testing.T) {
 // TestRelayStopAndRestartLosesNothing stops the relay in the middle of a
 // stream of commits, gracefully or with in-flight work cancelled, starts a
 // new one, and checks the ledger: nothing lost, order kept, duplicates
-// only from the interrupted batch.
+// only from interrupted work (at most two batches).
 func TestRelayStopAndRestartLosesNothing(t *testing.T) {
 	t.Parallel()
 	for _, hard := range []bool{false, true} {
@@ -370,8 +370,8 @@ func TestRelayStopAndRestartLosesNothing(t *testing.T) {
 				}
 				rows := waitLedger(t, ctx, e, kb.cons)
 				rep := checkLedger(rows, kb.cons.Records())
-				if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > batch {
-					t.Fatalf("ledger %+v (duplicates may be at most one batch, %d)", rep, batch)
+				if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > 2*batch {
+					t.Fatalf("ledger %+v (duplicates may be at most two batches: the one being marked sent and the one in flight, %d)", rep, 2*batch)
 				}
 				t.Logf("stopped after %d records; ledger %+v", stoppedAt, rep)
 			})
