@@ -576,16 +576,16 @@ type aggregateKey struct{ typ, id string }
 
 // markJob is an asynchronous mark-sent of one acknowledged batch.
 type markJob struct {
-	ids  map[int64]struct{}
+	ids  []int64 // in claim order
 	done chan error
 }
 
 // startMark marks msgs sent in the background; at most one job runs, and
 // only the relay's loop goroutine touches r.marking.
 func (r *Relay) startMark(ctx context.Context, msgs []Message) {
-	j := &markJob{ids: make(map[int64]struct{}, len(msgs)), done: make(chan error, 1)}
+	j := &markJob{ids: make([]int64, len(msgs)), done: make(chan error, 1)}
 	for i := range msgs {
-		j.ids[msgs[i].ID] = struct{}{}
+		j.ids[i] = msgs[i].ID
 	}
 	r.marking = j
 	go func() { j.done <- r.markSent(ctx, msgs) }()
@@ -602,12 +602,13 @@ func (r *Relay) waitMark() error {
 }
 
 // claim reads the next batch. Rows of a batch still being marked sent are
-// pending in the table but already published: the query asks for that
-// many more rows and they are dropped here.
+// pending in the table but already published: the query leaves them out
+// by id (it used to ask for that many more rows and drop them here, which
+// read and transferred every such row twice).
 func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	var skip map[int64]struct{}
+	var skip []int64
 	if r.marking != nil {
 		skip = r.marking.ids
 	}
@@ -616,7 +617,8 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 		parts = append(parts, p)
 	}
 	sort.Ints(parts)
-	rows, err := r.db.QueryContext(qctx, r.d.Claim(parts), r.cfg.BatchSize+len(skip))
+	q, extra := r.d.ClaimSkipping(parts, skip)
+	rows, err := r.db.QueryContext(qctx, q, append([]any{r.cfg.BatchSize}, extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("claiming from %s: %w", r.cfg.Table, err)
 	}
@@ -629,9 +631,6 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 		if err := rows.Scan(&m.ID, &m.MessageID, &m.AggregateType, &m.AggregateID, &m.EventType,
 			&m.Topic, &m.Partition, &m.ContentType, &m.Payload, &headers, &m.Attempts, &ageMicros); err != nil {
 			return nil, fmt.Errorf("reading claimed row: %w", err)
-		}
-		if _, ok := skip[m.ID]; ok {
-			continue
 		}
 		if m.Payload == nil {
 			m.Payload = []byte{} // some drivers read an empty BLOB as nil
@@ -647,9 +646,6 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claiming from %s: %w", r.cfg.Table, err)
-	}
-	if len(msgs) > r.cfg.BatchSize {
-		msgs = msgs[:r.cfg.BatchSize]
 	}
 	return msgs, nil
 }

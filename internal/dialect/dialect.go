@@ -147,6 +147,15 @@ func (t templateData) Index(suffix string) string {
 	return t.d.quote(t.d.base + "_" + suffix)
 }
 
+// QualifiedIndex is an index name as DROP INDEX wants it: in the table's
+// schema on PostgreSQL and SQLite (MySQL drops indexes through ALTER TABLE).
+func (t templateData) QualifiedIndex(suffix string) string {
+	if t.d.name == Postgres {
+		return t.d.qualify(t.d.base + "_" + suffix)
+	}
+	return t.Index(suffix)
+}
+
 // IndexTable is the table as CREATE INDEX ... ON wants it (unqualified on
 // SQLite, where the index name carries the schema).
 func (t templateData) IndexTable() string {
@@ -329,16 +338,7 @@ func (d *Dialect) DeleteSent(ids []int64, owner string) (string, []any) {
 func (d *Dialect) markSent(name string, ids []int64, owner string) (string, []any) {
 	q := d.Fenced(name, owner != "")
 	if d.name == Postgres {
-		var b strings.Builder
-		b.WriteByte('{')
-		for i, id := range ids {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(strconv.FormatInt(id, 10))
-		}
-		b.WriteByte('}')
-		args := []any{b.String()}
+		args := []any{int64Array(ids)}
 		if owner != "" {
 			args = append(args, owner)
 		}
@@ -408,22 +408,63 @@ func (d *Dialect) Fenced(name string, fenced bool) string {
 }
 
 // Claim returns the claim restricted to the given relay partitions, or
-// unrestricted when partitions is nil.
+// unrestricted when partitions is nil, skipping no rows. Its arguments are
+// the batch size and, on PostgreSQL, the empty array '{}' ($2).
 func (d *Dialect) Claim(partitions []int) string {
+	q, _ := d.ClaimSkipping(partitions, nil)
+	return q
+}
+
+// ClaimSkipping is Claim that also leaves out the rows with the given ids
+// (a batch whose mark-sent is still running: pending in the table, but
+// already published), so the database neither reads nor returns them.
+// It returns the statement and its arguments after the batch size: on
+// PostgreSQL one bigint[] literal ($2, so the statement text stays the
+// same and its prepared form is reused); elsewhere none, the ids being
+// written into the text as integer literals (go-sql-driver/mysql and
+// SQLite prepare every statement anyway).
+func (d *Dialect) ClaimSkipping(partitions []int, skip []int64) (string, []any) {
 	q := d.Query("claim")
-	if partitions == nil {
-		return strings.Replace(q, "{{PARTITIONS}}", "", 1)
-	}
 	var b strings.Builder
-	b.WriteString("AND o.partition_key IN (")
-	for i, p := range partitions {
+	if partitions != nil {
+		b.WriteString("AND o.partition_key IN (")
+		for i, p := range partitions {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Itoa(p))
+		}
+		b.WriteString(")")
+	}
+	if d.name == Postgres {
+		return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1), []any{int64Array(skip)}
+	}
+	if len(skip) > 0 {
+		b.WriteString(" AND o.id NOT IN (")
+		for i, id := range skip {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.FormatInt(id, 10))
+		}
+		b.WriteString(")")
+	}
+	return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1), nil
+}
+
+// int64Array is ids as a PostgreSQL array literal: '{1,2,3}'.
+func int64Array(ids []int64) string {
+	var b strings.Builder
+	b.Grow(2 + 8*len(ids))
+	b.WriteByte('{')
+	for i, id := range ids {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString(strconv.Itoa(p))
+		b.WriteString(strconv.FormatInt(id, 10))
 	}
-	b.WriteString(")")
-	return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1)
+	b.WriteByte('}')
+	return b.String()
 }
 
 // LeaseInit returns the statement creating lease rows for partitions

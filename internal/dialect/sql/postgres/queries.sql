@@ -8,13 +8,15 @@ SELECT current_setting('server_version_num')::int
 -- Pending rows whose retry is due, in id order, except rows behind an
 -- earlier row of the same aggregate that holds it: one waiting for a retry
 -- (next_retry_at in the future) or dead (next_retry_at = never). Each
--- candidate costs one probe of hold_idx bounded by next_retry_at, so the
--- cost does not grow with history or with one aggregate's backlog. The
+-- candidate costs one probe of held_idx, which holds only rows with a
+-- next_retry_at (retrying or dead: few), so the cost does not grow with
+-- history, with the backlog or with one aggregate's backlog. The
 -- redundant "h.status <> 1" lets the planner prove the partial index
--- applies; "h.id + 0" keeps it from walking the primary key instead (a
+-- applies (next_retry_at > now implies IS NOT NULL); "h.id + 0" keeps it from walking the primary key instead (a
 -- walk over all earlier rows, history included, when nothing holds). "statement_timestamp()" is evaluated once per statement (an
 -- InitPlan), so it can bound the index scan; bare clock_timestamp() is
--- volatile and could only filter. $1 = batch size.
+-- volatile and could only filter. $1 = batch size; $2 = ids to leave out
+-- (the batch still being marked sent), a bigint[] literal, often '{}'.
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
        COALESCE(o.headers, ''), o.attempts,
@@ -26,6 +28,7 @@ WHERE o.status = 0
         SELECT 1 FROM {{.Table}} h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
           AND h.status <> 1 AND h.next_retry_at > statement_timestamp() AND h.id + 0 < o.id)
+  AND o.id <> ALL($2::bigint[])
   {{"{{PARTITIONS}}"}}
 ORDER BY o.id
 LIMIT $1

@@ -8,13 +8,14 @@ SELECT sqlite_version()
 -- Pending rows whose retry is due, in id order, except rows behind an
 -- earlier row of the same aggregate that holds it: one waiting for a retry
 -- (next_retry_at in the future) or dead (next_retry_at = never). Each
--- candidate costs one probe of hold_idx bounded by next_retry_at, so the
--- cost does not grow with history or with one aggregate's backlog. The
+-- candidate costs one probe of held_idx, which holds only rows with a
+-- next_retry_at (retrying or dead: few), so the cost does not grow with
+-- history, with the backlog or with one aggregate's backlog. The
 -- database clock is read once (the materialized CTE c): SQLite re-reads
 -- 'now' at each step of a statement, and two reads could disagree about a
 -- retry that comes due between them, letting a later event of the
 -- aggregate out first. The redundant "h.status <> 1" lets the planner prove the partial index
--- applies; "h.id + 0" keeps it from walking the primary key instead (a
+-- applies (next_retry_at > now implies IS NOT NULL); "h.id + 0" keeps it from walking the primary key instead (a
 -- walk over all earlier rows, history included, when nothing holds). ? = batch size.
 WITH c AS MATERIALIZED (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now)
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,

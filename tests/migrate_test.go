@@ -1,0 +1,86 @@
+package tests
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/testdb"
+)
+
+// TestMigrateFromVersion3 upgrades a table left at schema version 3 (the
+// hold index over every unsent row) on the dialects whose version 4
+// replaces it with held_idx, and checks the recorded version and the
+// index set. (Claims against held_idx are covered by every hold test.)
+func TestMigrateFromVersion3(t *testing.T) {
+	t.Parallel()
+	for _, tg := range []testdb.Target{testdb.All[0], testdb.All[3]} {
+		t.Run(tg.Name, func(t *testing.T) {
+			t.Parallel()
+			e := testdb.New(t, tg, driver.Config{})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfg := driver.Config{Dialect: tg.Dialect, Table: e.Table}
+			base, schema := e.Table, ""
+			if e.Schema != "" {
+				base = e.Table[len(e.Schema)+1:]
+				schema = e.Schema + "."
+			}
+			// Back to version 3: hold_idx as version 1 made it, no held_idx.
+			for _, q := range []string{
+				"DROP INDEX " + schema + base + "_held_idx",
+				"CREATE INDEX " + base + "_hold_idx ON " + e.Table + " (aggregate_type, aggregate_id, next_retry_at) WHERE status <> 1",
+				"DELETE FROM " + e.Table + "_migrations WHERE version = 4",
+			} {
+				if tg.Dialect == driver.SQLite && q[:6] == "CREATE" {
+					q = "CREATE INDEX " + base + "_hold_idx ON " + base + " (aggregate_type, aggregate_id, next_retry_at) WHERE status <> 1"
+				}
+				if _, err := e.RelayDB.ExecContext(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			if v, latest, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != 3 || latest != 4 {
+				t.Fatalf("SchemaVersion = %d, %d, %v; want 3, 4", v, latest, err)
+			}
+			if err := driver.Migrate(ctx, e.RelayDB, cfg); err != nil {
+				t.Fatal(err)
+			}
+			if v, _, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != 4 {
+				t.Fatalf("after Migrate: version %d, %v; want 4", v, err)
+			}
+			got := indexNames(t, ctx, e)
+			if got[base+"_hold_idx"] || !got[base+"_held_idx"] {
+				t.Fatalf("indexes after upgrade: %v; want %s_held_idx and no %s_hold_idx", got, base, base)
+			}
+		})
+	}
+}
+
+func indexNames(t *testing.T, ctx context.Context, e *testdb.Env) map[string]bool {
+	t.Helper()
+	var rows *sql.Rows
+	var err error
+	if e.Target.Dialect == driver.Postgres {
+		rows, err = e.RelayDB.QueryContext(ctx, "SELECT indexname FROM pg_indexes WHERE schemaname = $1", e.Schema)
+	} else {
+		rows, err = e.RelayDB.QueryContext(ctx, "SELECT name FROM sqlite_master WHERE type = 'index'")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[string]bool{}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		got[n] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
