@@ -46,7 +46,8 @@
 //     clock, to the broker's acknowledgement (relay.Message.Age plus the
 //     time since the claim). Buckets 0.5 ms doubling to 65.5 s.
 //   - outbox_batch_size (histogram, messages): messages per non-empty
-//     claim, that is per Publish batch. Buckets 1 to 1000 (1-2-5 series).
+//     claim, that is per Publish batch. Buckets 1 to 5000 (1-2-5 series;
+//     relay.Config.MaxBatchSize defaults to 2,000).
 //   - outbox_claim_duration_seconds (histogram, seconds): duration of a
 //     non-empty claim query. Buckets 0.1 ms doubling to 6.6 s.
 //   - outbox_partitions_owned (gauge, partitions): relay partitions this

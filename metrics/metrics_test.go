@@ -177,8 +177,8 @@ outbox_retries_total{table="orders_outbox"} 1
 	if bounds[0] != 0.0005 || bounds[len(bounds)-1] < 60 {
 		t.Errorf("commit-to-publish buckets %v, want 0.0005 .. >= 60", bounds)
 	}
-	if bounds := bucketBounds(t, reg, metrics.MetricBatchSize); bounds[0] != 1 || bounds[len(bounds)-1] != 1000 {
-		t.Errorf("batch size buckets %v, want 1 .. 1000", bounds)
+	if bounds := bucketBounds(t, reg, metrics.MetricBatchSize); bounds[0] != 1 || bounds[len(bounds)-1] != 5000 {
+		t.Errorf("batch size buckets %v, want 1 .. 5000", bounds)
 	}
 
 	// Stopping: down, and no partitions owned.

@@ -48,7 +48,7 @@ var (
 	// delivery (milliseconds) to a minute of retries and polls.
 	commitToPublishBuckets = prometheus.ExponentialBuckets(0.0005, 2, 18)
 	// Messages: 1 to 1000 in a 1-2-5 series.
-	batchSizeBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}
+	batchSizeBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000}
 	// Seconds: 0.1 ms doubling to 6.6 s (17 buckets).
 	claimDurationBuckets = prometheus.ExponentialBuckets(0.0001, 2, 17)
 )

@@ -4,7 +4,13 @@
 // # The loop
 //
 // A Relay runs one cycle at a time: claim up to BatchSize rows, hand them
-// to the Publisher as one batch, record the outcomes, repeat. It waits
+// to the Publisher as one batch, record the outcomes, repeat. Under a
+// backlog the batch grows: a full claim doubles the next one, up to
+// MaxBatchSize and MaxBatchBytes, and a short one returns to BatchSize.
+// Each claim walks the pending index from its start, and on PostgreSQL
+// that includes the entries of rows marked sent since the last VACUUM, so
+// fewer, larger claims drain a backlog faster (BENCHMARKS.md: 44k to 67k
+// events/s over 1,000,000 rows). It waits
 // between cycles until whichever comes first: the post-commit wake-up
 // (driver.Outbox.Wakeup, or Notify), or the fallback poll (PollInterval,
 // default 1 s), which also finds rows written by other processes and
@@ -51,7 +57,8 @@
 // a crash could leave behind. A relay killed between the broker's
 // acknowledgement and mark-sent re-sends what it had not marked: at most
 // two batches, because marking one batch sent overlaps publishing the
-// next. Duplicates carry the same message ID.
+// next, so at most 2 x MaxBatchSize messages. Duplicates carry the same
+// message ID.
 //
 // # Stopping
 //

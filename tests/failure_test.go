@@ -496,7 +496,7 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 		t.Fatal(err)
 	}
 	rep := checkLedger(rows, kb.cons.Records())
-	if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > cuts*2*50 {
+	if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > cuts*2*relay.DefaultMaxBatchFactor*50 { // two batches of up to MaxBatchSize per cut
 		t.Fatalf("ledger %+v after %d cuts", rep, cuts)
 	}
 	t.Logf("%d cuts; ledger %+v", cuts, rep)

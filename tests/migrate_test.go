@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
 	"github.com/sqloutbox/outbox/internal/testdb"
 )
 
@@ -83,4 +85,46 @@ func indexNames(t *testing.T, ctx context.Context, e *testdb.Env) map[string]boo
 		t.Fatal(err)
 	}
 	return got
+}
+
+// TestMarkSentAsyncCommitStaysInItsTransaction: on PostgreSQL mark-sent
+// commits with synchronous_commit off, set for its own transaction only;
+// the relay's pooled connection must come back with the server's setting
+// (lease writes and dead-letter marks keep waiting for the flush).
+func TestMarkSentAsyncCommitStaysInItsTransaction(t *testing.T) {
+	t.Parallel()
+	e := testdb.New(t, testdb.All[0], driver.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := inTx(ctx, e.DB, func(ctx context.Context, tx *sql.Tx) error { return outbox.Emit(ctx, ev("a", 1)) }); err != nil {
+		t.Fatal(err)
+	}
+	d, err := dialect.New(dialect.Postgres, e.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := e.RelayDB.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var id int64
+	if err := conn.QueryRowContext(ctx, "SELECT id FROM "+e.Table).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	q, args := d.MarkSent([]int64{id}, "")
+	res, err := conn.ExecContext(ctx, q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		t.Fatalf("mark-sent updated %d rows, want 1", n)
+	}
+	var setting string
+	if err := conn.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil {
+		t.Fatal(err)
+	}
+	if setting != "on" {
+		t.Fatalf("after mark-sent the connection has synchronous_commit = %s, want on", setting)
+	}
 }

@@ -282,6 +282,7 @@ func TestUsageErrors(t *testing.T) {
 		{"--dsn", tg.dsn, "relay"}, // no brokers
 		{"--dsn", tg.dsn, "relay", "--brokers", "127.0.0.1:9", "--lease-ttl", "1ms"},
 		{"--dsn", tg.dsn, "relay", "--brokers", "127.0.0.1:9", "--batch-size", "0"},
+		{"--dsn", tg.dsn, "relay", "--brokers", "127.0.0.1:9", "--batch-size", "100", "--max-batch-size", "50"},
 		{"--dsn", tg.dsn, "relay", "--brokers", "127.0.0.1:9", "--partitions", "x"},
 	} {
 		r := cli(t, args...)

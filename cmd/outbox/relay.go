@@ -34,6 +34,7 @@ type relayFlags struct {
 	leaseTTL     time.Duration
 	poll         time.Duration
 	batchSize    int
+	maxBatchSize int
 	instanceID   string
 	httpAddr     string
 	retention    time.Duration
@@ -83,6 +84,8 @@ the brokers are unusable at start.`,
 	envFlag(fs, "poll", "OUTBOX_POLL")
 	fs.IntVar(&f.batchSize, "batch-size", relay.DefaultBatchSize, "most messages claimed and published per cycle")
 	envFlag(fs, "batch-size", "OUTBOX_BATCH_SIZE")
+	fs.IntVar(&f.maxBatchSize, "max-batch-size", 0, "most messages per cycle under a backlog (default 4 x --batch-size)")
+	envFlag(fs, "max-batch-size", "OUTBOX_MAX_BATCH_SIZE")
 	fs.StringVar(&f.instanceID, "instance-id", "", "this instance's name in the lease table (default host-pid-random)")
 	envFlag(fs, "instance-id", "OUTBOX_INSTANCE_ID")
 	fs.StringVar(&f.httpAddr, "http", ":9464", "listen address of /metrics, /healthz and /readyz; empty disables")
@@ -128,6 +131,8 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	switch {
 	case f.batchSize < 1:
 		return usageErrorf("--batch-size must be at least 1, got %d", f.batchSize)
+	case f.maxBatchSize != 0 && f.maxBatchSize < f.batchSize:
+		return usageErrorf("--max-batch-size must be at least --batch-size (%d), got %d", f.batchSize, f.maxBatchSize)
 	case f.partitions < 1:
 		return usageErrorf("--partitions must be at least 1, got %d", f.partitions)
 	case f.poll <= 0 || f.leaseTTL <= 0 || f.drainTimeout <= 0:
@@ -149,6 +154,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 		Publisher:    nopPublisher{},
 		PollInterval: f.poll,
 		BatchSize:    f.batchSize,
+		MaxBatchSize: f.maxBatchSize,
 		Partitions:   f.partitions,
 		LeaseTTL:     f.leaseTTL,
 		InstanceID:   f.instanceID,

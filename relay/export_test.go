@@ -1,0 +1,4 @@
+package relay
+
+// NextBatch exposes nextBatch to the external tests.
+var NextBatch = nextBatch
