@@ -6,6 +6,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,10 +15,10 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
-// TestMain lets the test binary serve as the bench's broker child
-// (startChildBroker re-executes os.Args[0]).
+// TestMain lets the test binary serve as the bench's broker or relay child
+// (startChildBroker and startChildRelay re-execute os.Args[0]).
 func TestMain(m *testing.M) {
-	maybeRunBroker()
+	maybeRunChild()
 	os.Exit(m.Run())
 }
 
@@ -75,7 +77,7 @@ func checkResult(t *testing.T, name string, raw []byte) {
 	if err := json.Unmarshal(raw, &m); err != nil {
 		t.Fatalf("output is not one JSON object: %v\n%s", err, raw)
 	}
-	for _, k := range []string{"database", "broker", "cpus", "commit", "latency", "drain", "history", "baseline", "targets", "total_seconds"} {
+	for _, k := range []string{"database", "broker", "cpus", "commit", "latency", "latency_standalone", "latency_seed", "drain", "history", "baseline", "targets", "total_seconds"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("JSON lacks %q", k)
 		}
@@ -119,16 +121,53 @@ func checkResult(t *testing.T, name string, raw []byte) {
 			}
 		}
 	}
-	if l := r.Latency; l == nil || len(l.Points) != 3 {
-		t.Errorf("latency: %+v", r.Latency)
-	} else {
-		for _, p := range l.Points {
-			if p.Events <= 0 || p.AchievedPerSec <= 0 || p.AckP50Ms <= 0 || p.RecvP50Ms <= 0 || p.AckP99Ms < p.AckP50Ms || p.RecvP999Ms < p.RecvP99Ms {
-				t.Errorf("latency point %+v", p)
+	checkLatency(t, "latency", r.Latency, latencyRates, true)
+	checkLatency(t, "latency_standalone", r.LatencyStandalone, latencyRates, true)
+	checkLatency(t, "latency_seed", r.LatencySeed, seedRates, false)
+	if r.LatencySeed != nil && r.LatencySeed.Skipped == "" {
+		t.Errorf("latency_seed does not say why 5000/s was not offered")
+	}
+	if len(r.Targets) != 8 {
+		t.Errorf("%d targets: %+v", len(r.Targets), r.Targets)
+	}
+	standalone := 0
+	for _, tg := range r.Targets {
+		if !strings.HasPrefix(tg.Name, "standalone ") {
+			if tg.Met == nil || tg.Informational {
+				t.Errorf("target %+v: want met set, not informational", tg)
 			}
+			continue
+		}
+		standalone++
+		// A target on PostgreSQL (NOTIFY); informational on MariaDB and
+		// SQLite (adaptive poll).
+		if pg := name == "postgres"; tg.Got <= 0 || (tg.Met != nil) != pg || tg.Informational == pg {
+			t.Errorf("target %+v on %s", tg, name)
 		}
 	}
-	if len(r.Targets) != 6 {
-		t.Errorf("targets: %+v", r.Targets)
+	if standalone != 2 {
+		t.Errorf("%d standalone targets, want 2: %+v", standalone, r.Targets)
+	}
+}
+
+// checkLatency checks one latency result of a smoke run: one point per
+// rate with every event measured, sane quantiles, and (withSeed) ratios
+// against the seed's points at its rates.
+func checkLatency(t *testing.T, field string, l *LatencyResult, rates []int, withSeed bool) {
+	t.Helper()
+	if l == nil || len(l.Points) != len(rates) || l.Relay == "" || l.Writers <= 0 || l.Seconds <= 0 {
+		t.Errorf("%s: %+v", field, l)
+		return
+	}
+	for i, p := range l.Points {
+		if p.OfferedPerSec != rates[i] || p.Events != int(float64(rates[i])*l.Seconds) || p.AchievedPerSec <= 0 || p.CommitP50Ms <= 0 ||
+			p.AckP50Ms <= 0 || p.AckP99Ms < p.AckP50Ms || p.AckP999Ms < p.AckP99Ms ||
+			p.RecvP50Ms <= 0 || p.RecvP99Ms < p.RecvP50Ms || p.RecvP999Ms < p.RecvP99Ms {
+			t.Errorf("%s point %+v", field, p)
+		}
+		seeded := withSeed && slices.Contains(seedRates, p.OfferedPerSec)
+		if got := p.SeedRatioAckP50 > 0 && p.SeedRatioAckP99 > 0 && p.SeedRatioRecvP50 > 0 && p.SeedRatioRecvP99 > 0; got != seeded {
+			t.Errorf("%s point at %d/s: seed ratios %v, want %v: %+v", field, p.OfferedPerSec, got, seeded, p)
+		}
 	}
 }

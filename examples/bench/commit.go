@@ -54,12 +54,28 @@ func nowSQL(d driver.Dialect) string {
 	return "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
 }
 
+// handwrittenInsert is the seed's hand-written outbox INSERT of one event
+// into table (arguments: see handwrittenEvent).
+func handwrittenInsert(db *database, table string) string {
+	now := nowSQL(db.dialect)
+	return "INSERT INTO " + table + " (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers, created_at, updated_at) VALUES (" +
+		db.ph(1) + ", " + db.ph(2) + ", " + db.ph(3) + ", " + db.ph(4) + ", NULL, " + db.ph(5) + ", " + db.ph(6) + ", " + db.ph(7) + ", NULL, " + now + ", " + now + ")"
+}
+
+// handwrittenEvent runs ins (handwrittenInsert) in tx: one order.paid
+// event of order aggregateID with message ID messageID.
+func handwrittenEvent(ctx context.Context, tx *sql.Tx, ins, messageID, aggregateID string) error {
+	_, err := tx.ExecContext(ctx, ins, messageID, "order", aggregateID, "order.paid", partition.Of("order", aggregateID, partition.DefaultCount), "application/json", payload)
+	return err
+}
+
 // runCommit measures part 1: the same business transaction (one INSERT
 // into an orders table) with no event, with the seed's hand-written outbox
 // INSERT, with Emit of 1 and of 10 events. The variants are interleaved
 // round by round so drift (autovacuum, checkpoints, cache) hits them
-// alike; medians over all rounds.
-func runCommit(ctx context.Context, db *database, iters int) (*CommitResult, error) {
+// alike; medians over all rounds. With cpuprofile set, the rounds
+// (warm-up included, set-up excluded) are CPU-profiled into that file.
+func runCommit(ctx context.Context, db *database, iters int, cpuprofile string) (*CommitResult, error) {
 	env, err := db.newOutbox(ctx, "ob_commit", 1)
 	if err != nil {
 		return nil, err
@@ -71,9 +87,7 @@ func runCommit(ctx context.Context, db *database, iters int) (*CommitResult, err
 		return nil, fmt.Errorf("creating %s: %w", orders, err)
 	}
 	insOrder := "INSERT INTO " + orders + " (id, status, amount_cents) VALUES (" + db.ph(1) + ", 'paid', " + db.ph(2) + ")"
-	now := nowSQL(db.dialect)
-	insOutbox := "INSERT INTO " + env.table + " (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers, created_at, updated_at) VALUES (" +
-		db.ph(1) + ", " + db.ph(2) + ", " + db.ph(3) + ", " + db.ph(4) + ", NULL, " + db.ph(5) + ", " + db.ph(6) + ", " + db.ph(7) + ", NULL, " + now + ", " + now + ")"
+	insOutbox := handwrittenInsert(db, env.table)
 
 	type variant struct {
 		name string
@@ -97,8 +111,7 @@ func runCommit(ctx context.Context, db *database, iters int) (*CommitResult, err
 			if err != nil {
 				return err
 			}
-			_, err = tx.ExecContext(ctx, insOutbox, mid, "order", id, "order.paid", partition.Of("order", id, partition.DefaultCount), "application/json", payload)
-			return err
+			return handwrittenEvent(ctx, tx, insOutbox, mid, id)
 		}},
 		{"emit1", env.app, emitN(1)},
 		{"emit10", env.app, emitN(10)},
@@ -132,6 +145,13 @@ func runCommit(ctx context.Context, db *database, iters int) (*CommitResult, err
 	times := make([][]time.Duration, len(variants))
 	trips := make([]int64, len(variants))
 	warm := max(iters/10, 5)
+	if cpuprofile != "" {
+		stop, err := startCPUProfile(cpuprofile)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+	}
 	for i := -warm; i < iters; i++ {
 		for v, vr := range variants {
 			id := fmt.Sprintf("o-%s-%d", vr.name, i+warm)

@@ -33,6 +33,10 @@ type database struct {
 	raw   func() (sqldriver.Connector, error)
 	cnt   *counter
 	close func()
+	// dsn is the -db value and file the SQLite file: what a relay in a
+	// child process connects with (childConnector). Never printed.
+	dsn  string
+	file string
 }
 
 func randomHex(n int) string {
@@ -42,7 +46,7 @@ func randomHex(n int) string {
 }
 
 func openDatabase(ctx context.Context, dsn string) (*database, error) {
-	db := &database{cnt: &counter{}}
+	db := &database{cnt: &counter{}, dsn: dsn}
 	switch {
 	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
 		pc, err := pgx.ParseConfig(dsn)
@@ -90,8 +94,8 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 			return nil, err
 		}
 		db.dialect, db.label = driver.SQLite, "sqlite"
-		fdsn := conninfo.SQLite(filepath.Join(dir, "bench.db"), nil)
-		db.raw = func() (sqldriver.Connector, error) { return dsnConnector{&sqlite.Driver{}, fdsn}, nil }
+		db.file = filepath.Join(dir, "bench.db")
+		db.raw = func() (sqldriver.Connector, error) { return sqliteConnector(db.file), nil }
 		c, _ := db.raw()
 		db.admin = sql.OpenDB(c)
 		db.admin.SetMaxOpenConns(1)
@@ -103,6 +107,35 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 		return nil, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN (user@tcp(host:port)/db or mysql://...), or empty for embedded SQLite", dsn)
 	}
 	return db, nil
+}
+
+func sqliteConnector(file string) sqldriver.Connector {
+	return dsnConnector{&sqlite.Driver{}, conninfo.SQLite(file, nil)}
+}
+
+// childConnector returns, in a child process of the bench, a connector of
+// the real driver for the run's namespace: dsn is the -db value, schema
+// the run's MySQL database, file the SQLite file.
+func childConnector(dsn, schema, file string) (driver.Dialect, sqldriver.Connector, error) {
+	switch {
+	case file != "":
+		return driver.SQLite, sqliteConnector(file), nil
+	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
+		pc, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			return "", nil, err
+		}
+		return driver.Postgres, stdlib.GetConnector(*pc), nil
+	default:
+		mc, err := conninfo.MySQL(dsn)
+		if err != nil {
+			return "", nil, err
+		}
+		mc = mc.Clone()
+		mc.DBName = schema
+		c, err := mysql.NewConnector(mc)
+		return driver.MySQL, c, err
+	}
 }
 
 // table qualifies name with the run's schema.

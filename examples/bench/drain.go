@@ -14,8 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
-
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
@@ -216,15 +214,11 @@ func runDrain(ctx context.Context, db *database, brokers []string, rows, batch i
 	}
 	res.RSSReset = resetPeakRSS()
 	if cpuprofile != "" {
-		f, err := os.Create(cpuprofile)
+		stop, err := startCPUProfile(cpuprofile)
 		if err != nil {
 			return nil, err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return nil, err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	runErr := make(chan error, 1)
@@ -242,7 +236,9 @@ func runDrain(ctx context.Context, db *database, brokers []string, rows, batch i
 		return nil, ctx.Err()
 	}
 	// Published counts acknowledgements; the table is empty once the
-	// background mark-sent of the last batch committed.
+	// background mark-sent of the last batch committed. No signal reports
+	// that, so the table is polled, up to a deadline.
+	marked := time.Now().Add(60 * time.Second)
 	for {
 		n, err := pending(ctx, env.relay, env.table)
 		if err != nil {
@@ -250,6 +246,9 @@ func runDrain(ctx context.Context, db *database, brokers []string, rows, batch i
 		}
 		if n == 0 {
 			break
+		}
+		if time.Now().After(marked) {
+			return nil, fmt.Errorf("%d rows still pending 60 s after the last acknowledgement", n)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -287,86 +286,19 @@ func peakRSSMB() float64 {
 	return 0
 }
 
-// BaselineResult is part 5: the seed's relay.
-type BaselineResult struct {
-	Rows         int     `json:"rows"`
-	Sent         int     `json:"sent"`
-	Seconds      float64 `json:"seconds"`
-	EventsPerSec float64 `json:"events_per_sec"`
-	Description  string  `json:"description"`
-}
-
-const baselineDescription = "seed relay: SELECT ... WHERE status = 0 ORDER BY id LIMIT 100; per event one synchronous sarama SendMessage (acks=all) then one UPDATE; sleeps 1 s after a batch of fewer than 100 (a full batch polls again at once, which favours the seed)"
-
-// runBaseline drains a preload of rows with the seed's relay for at most
-// capFor and reports events/s.
-func runBaseline(ctx context.Context, db *database, brokers []string, rows int, capFor time.Duration) (*BaselineResult, error) {
-	env, err := db.newOutbox(ctx, "ob_seed", 1)
+// startCPUProfile starts a CPU profile into path; stop ends it and closes
+// the file.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
 	if err != nil {
 		return nil, err
 	}
-	defer env.close()
-	if err := preload(ctx, db, env, rows, false, "s-"); err != nil {
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
 		return nil, err
 	}
-	topic, err := topicFor(ctx, brokers, "seed-"+randomHex(3))
-	if err != nil {
-		return nil, err
-	}
-	sc := sarama.NewConfig()
-	sc.Producer.RequiredAcks = sarama.WaitForAll
-	sc.Producer.Return.Successes = true
-	sc.Producer.Timeout = 3 * time.Second
-	sp, err := sarama.NewSyncProducer(brokers, sc)
-	if err != nil {
-		return nil, err
-	}
-	defer sp.Close()
-	sel := "SELECT id, message_id, aggregate_type, aggregate_id, event_type, payload FROM " + env.table + " WHERE status = 0 ORDER BY id LIMIT 100"
-	upd := "UPDATE " + env.table + " SET status = 1, sent_at = " + nowSQL(db.dialect) + ", updated_at = " + nowSQL(db.dialect) + " WHERE id = " + db.ph(1)
-	type row struct {
-		id               int64
-		mid, at, aid, et string
-		payload          []byte
-	}
-	res := &BaselineResult{Rows: rows, Description: baselineDescription}
-	start := time.Now()
-	deadline := start.Add(capFor)
-	for time.Now().Before(deadline) && res.Sent < rows {
-		rs, err := env.relay.QueryContext(ctx, sel)
-		if err != nil {
-			return nil, err
-		}
-		var batch []row
-		for rs.Next() {
-			var r row
-			if err := rs.Scan(&r.id, &r.mid, &r.at, &r.aid, &r.et, &r.payload); err != nil {
-				rs.Close()
-				return nil, err
-			}
-			batch = append(batch, r)
-		}
-		rs.Close()
-		for _, r := range batch {
-			if time.Now().After(deadline) {
-				break
-			}
-			_, _, err := sp.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(r.aid), Value: sarama.ByteEncoder(r.payload),
-				Headers: []sarama.RecordHeader{{Key: []byte("outbox-message-id"), Value: []byte(r.mid)}, {Key: []byte("outbox-event-type"), Value: []byte(r.et)}}})
-			if err != nil {
-				return nil, fmt.Errorf("seed send: %w", err)
-			}
-			if _, err := env.relay.ExecContext(ctx, upd, r.id); err != nil {
-				return nil, fmt.Errorf("seed update: %w", err)
-			}
-			res.Sent++
-		}
-		if len(batch) < 100 && res.Sent < rows {
-			time.Sleep(time.Second)
-		}
-	}
-	el := time.Since(start)
-	res.Seconds = round2(el.Seconds())
-	res.EventsPerSec = round2(float64(res.Sent) / el.Seconds())
-	return res, nil
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -16,7 +17,8 @@ type LatencyPoint struct {
 	OfferedPerSec  int     `json:"offered_per_sec"`
 	AchievedPerSec float64 `json:"achieved_per_sec"`
 	Events         int     `json:"events"`
-	// Ack: Commit returned -> the broker acknowledged (relay.Observer.Published).
+	// Ack: Commit returned -> the broker acknowledged (relay.Observer.Published;
+	// for the seed relay: its synchronous SendMessage returned).
 	AckP50Ms  float64 `json:"ack_p50_ms"`
 	AckP99Ms  float64 `json:"ack_p99_ms"`
 	AckP999Ms float64 `json:"ack_p999_ms"`
@@ -26,32 +28,304 @@ type LatencyPoint struct {
 	RecvP999Ms float64 `json:"recv_p999_ms"`
 	// CommitP50Ms is the writers' commit time at this load.
 	CommitP50Ms float64 `json:"commit_p50_ms"`
+	// SeedRatio*: the seed relay's latency at the same offered load divided
+	// by this one's (how many times lower this is); absent where the seed
+	// was not run at this load, and on the seed's own points.
+	SeedRatioAckP50  float64 `json:"seed_ratio_ack_p50,omitempty"`
+	SeedRatioAckP99  float64 `json:"seed_ratio_ack_p99,omitempty"`
+	SeedRatioRecvP50 float64 `json:"seed_ratio_recv_p50,omitempty"`
+	SeedRatioRecvP99 float64 `json:"seed_ratio_recv_p99,omitempty"`
 }
 
-// LatencyResult is part 2 (in-process relay).
+// LatencyResult is part 2 for one kind of relay: in-process (latency),
+// standalone (latency_standalone) or the seed's (latency_seed).
 type LatencyResult struct {
+	// Relay says which relay delivered and how it was woken.
+	Relay   string         `json:"relay"`
 	Writers int            `json:"writers"`
 	Seconds float64        `json:"seconds_per_load"`
 	Points  []LatencyPoint `json:"points"`
+	// Skipped names offered loads not run, and why.
+	Skipped string `json:"skipped,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return round2(float64(d) / float64(time.Millisecond)) }
 
-// runLatency offers each rate for dur (open loop: event k is due at
-// start + k/rate, taken by one of `writers` goroutines, each in its own
-// transaction inserting an order and emitting one event).
+// latencyRates are part 2's offered loads; seedRates the seed relay's.
+var (
+	latencyRates = []int{100, 1000, 5000}
+	seedRates    = []int{100, 1000}
+)
+
+// ackLog records when the broker acknowledged each message ID (the first
+// acknowledgement of an ID counts). One goroutine waits on it at a time.
+type ackLog struct {
+	mu   sync.Mutex
+	at   map[string]time.Time
+	err  error         // set by fail: no more acknowledgements will come
+	wake chan struct{} // capacity 1: something changed
+	dead chan struct{} // closed by fail
+	once sync.Once
+}
+
+func newAckLog() *ackLog {
+	return &ackLog{at: map[string]time.Time{}, wake: make(chan struct{}, 1), dead: make(chan struct{})}
+}
+
+func (a *ackLog) signal() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (a *ackLog) add(id string, t time.Time) {
+	a.mu.Lock()
+	if _, ok := a.at[id]; !ok {
+		a.at[id] = t
+	}
+	a.mu.Unlock()
+	a.signal()
+}
+
+// fail records that no more acknowledgements will come, and why.
+func (a *ackLog) fail(err error) {
+	a.once.Do(func() {
+		a.mu.Lock()
+		a.err = err
+		a.mu.Unlock()
+		close(a.dead)
+	})
+	a.signal()
+}
+
+func (a *ackLog) failure() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.err
+}
+
+func (a *ackLog) get(id string) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t, ok := a.at[id]
+	return t, ok
+}
+
+// wait blocks until every one of ids was acknowledged, ctx ends or fail
+// was called.
+func (a *ackLog) wait(ctx context.Context, ids []string) error {
+	missing := ids
+	for {
+		a.mu.Lock()
+		var rest []string
+		for _, id := range missing {
+			if _, ok := a.at[id]; !ok {
+				rest = append(rest, id)
+			}
+		}
+		err := a.err
+		a.mu.Unlock()
+		missing = rest
+		if len(missing) == 0 {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%d of %d acknowledgements missing: %w", len(missing), len(ids), err)
+		}
+		select {
+		case <-a.wake:
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d acknowledgements missing: %w", len(missing), len(ids), ctx.Err())
+		}
+	}
+}
+
+// load is an open-loop load: event k of a rate is due at start + k/rate,
+// taken by one of writers goroutines, each committing one transaction
+// with one event per event (write).
+type load struct {
+	writers int
+	dur     time.Duration
+	prefix  string // message IDs are prefix-rate-k
+	// write runs and commits one business transaction with event id.
+	write func(ctx context.Context, id string, k int) error
+	acks  *ackLog
+	cons  *kafkatest.Consumer
+	// settle bounds the wait, after the last commit, for every record to
+	// be acknowledged and consumed.
+	settle time.Duration
+}
+
+// offer runs one rate and measures it.
+func (l *load) offer(ctx context.Context, rate int) (LatencyPoint, error) {
+	n := max(int(float64(rate)*l.dur.Seconds()), 1)
+	commits := make([]time.Time, n)
+	commitTook := make([]time.Duration, n)
+	ids := make([]string, n)
+	index := make(map[string]int, n)
+	for k := range ids {
+		ids[k] = fmt.Sprintf("%s-%d-%d", l.prefix, rate, k)
+		index[ids[k]] = k
+	}
+	jobs := make(chan int, n)
+	errc := make(chan error, l.writers)
+	var wg sync.WaitGroup
+	for w := 0; w < l.writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range jobs {
+				t := time.Now()
+				if err := l.write(ctx, ids[k], k); err != nil {
+					select {
+					case errc <- err:
+					default:
+					}
+					continue
+				}
+				commits[k] = time.Now()
+				commitTook[k] = commits[k].Sub(t)
+			}
+		}()
+	}
+	start := time.Now()
+	pace := time.NewTimer(0)
+	<-pace.C
+offering:
+	for k := 0; k < n; k++ {
+		due := start.Add(time.Duration(float64(k) / float64(rate) * float64(time.Second)))
+		if d := time.Until(due); d > 0 {
+			// Pacing the open-loop load, not waiting for a condition.
+			pace.Reset(d)
+			select {
+			case <-pace.C:
+			case <-ctx.Done():
+				break offering
+			}
+		}
+		jobs <- k
+	}
+	close(jobs)
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return LatencyPoint{}, err
+	}
+	select {
+	case err := <-errc:
+		return LatencyPoint{}, fmt.Errorf("writer at %d/s: %w", rate, err)
+	default:
+	}
+	last := start
+	for _, c := range commits {
+		if c.After(last) {
+			last = c
+		}
+	}
+
+	wctx, wcancel := context.WithTimeout(ctx, l.settle)
+	defer wcancel()
+	go func() {
+		select {
+		case <-l.acks.dead: // e.g. the relay child exited: stop waiting at once
+			wcancel()
+		case <-wctx.Done():
+		}
+	}()
+	recv := make([]time.Time, n)
+	got, scanned := 0, 0
+	_, err := l.cons.Wait(wctx, func(recs []kafkatest.Record) bool {
+		for _, rc := range recs[scanned:] {
+			if k, ok := index[rc.Headers["outbox-message-id"]]; ok && recv[k].IsZero() {
+				recv[k] = rc.Received
+				got++
+			}
+		}
+		scanned = len(recs)
+		return got == n
+	})
+	if err == nil {
+		err = l.acks.wait(wctx, ids)
+	}
+	if err != nil {
+		if ferr := l.acks.failure(); ferr != nil {
+			err = ferr
+		}
+		return LatencyPoint{}, fmt.Errorf("at %d/s, %d of %d records consumed: %w", rate, got, n, err)
+	}
+	ack := make([]time.Duration, n)
+	rcv := make([]time.Duration, n)
+	for k, id := range ids {
+		a, _ := l.acks.get(id)
+		ack[k] = a.Sub(commits[k])
+		rcv[k] = recv[k].Sub(commits[k])
+	}
+	return LatencyPoint{
+		OfferedPerSec: rate, Events: n,
+		AchievedPerSec: round2(float64(n) / last.Sub(start).Seconds()),
+		AckP50Ms:       ms(quantile(ack, 0.5)), AckP99Ms: ms(quantile(ack, 0.99)), AckP999Ms: ms(quantile(ack, 0.999)),
+		RecvP50Ms: ms(quantile(rcv, 0.5)), RecvP99Ms: ms(quantile(rcv, 0.99)), RecvP999Ms: ms(quantile(rcv, 0.999)),
+		CommitP50Ms: ms(quantile(commitTook, 0.5)),
+	}, nil
+}
+
+// run offers every rate in turn.
+func (l *load) run(ctx context.Context, res *LatencyResult, rates []int) error {
+	for _, rate := range rates {
+		p, err := l.offer(ctx, rate)
+		if err != nil {
+			return err
+		}
+		res.Points = append(res.Points, p)
+	}
+	return nil
+}
+
+// latencyOrders creates the orders table orders_<name> and returns its
+// INSERT (id, amount).
+func latencyOrders(ctx context.Context, db *database, env *outboxEnv, name string) (string, error) {
+	orders := db.table("orders_" + name)
+	if _, err := env.plainApp.ExecContext(ctx, "CREATE TABLE "+orders+
+		" (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL, amount_cents BIGINT NOT NULL)"); err != nil {
+		return "", err
+	}
+	return "INSERT INTO " + orders + " (id, status, amount_cents) VALUES (" + db.ph(1) + ", 'paid', " + db.ph(2) + ")", nil
+}
+
+// emitWriter returns a load's write: in a transaction on env.app (through
+// the outbox wrapper), one order INSERT and Emit of one event.
+func emitWriter(env *outboxEnv, insOrder string) func(ctx context.Context, id string, k int) error {
+	return func(ctx context.Context, id string, k int) error {
+		tctx := outbox.NewContext(ctx)
+		tx, err := env.app.BeginTx(tctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err = tx.ExecContext(tctx, insOrder, id, int64(k)); err == nil {
+			if err = outbox.Emit(tctx, outbox.Event{ID: id, AggregateType: "order", AggregateID: id, Type: "order.paid", Payload: payload}); err == nil {
+				return tx.Commit()
+			}
+		}
+		_ = tx.Rollback()
+		return err
+	}
+}
+
+// settleFor bounds the wait for the last records of a load of dur.
+func settleFor(dur time.Duration) time.Duration { return 60*time.Second + 2*dur }
+
+// runLatency measures part 2 with the in-process relay, woken by the
+// driver's post-commit signal (driver.Outbox.Wakeup).
 func runLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers int) (*LatencyResult, error) {
 	env, err := db.newOutbox(ctx, "ob_latency", writers)
 	if err != nil {
 		return nil, err
 	}
 	defer env.close()
-	orders := db.table("orders_latency")
-	if _, err := env.plainApp.ExecContext(ctx, "CREATE TABLE "+orders+
-		" (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL, amount_cents BIGINT NOT NULL)"); err != nil {
+	insOrder, err := latencyOrders(ctx, db, env, "latency")
+	if err != nil {
 		return nil, err
 	}
-	insOrder := "INSERT INTO " + orders + " (id, status, amount_cents) VALUES (" + db.ph(1) + ", 'paid', " + db.ph(2) + ")"
 	topic, err := topicFor(ctx, brokers, "lat-"+randomHex(3))
 	if err != nil {
 		return nil, err
@@ -66,14 +340,8 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 		return nil, err
 	}
 	defer pub.Close()
-	var mu sync.Mutex
-	acks := map[string]time.Time{}
-	obs := &observer{published: func(m relay.Message) {
-		now := time.Now()
-		mu.Lock()
-		acks[m.MessageID] = now
-		mu.Unlock()
-	}}
+	acks := newAckLog()
+	obs := &observer{published: func(m relay.Message) { acks.add(m.MessageID, time.Now()) }}
 	r, err := relay.New(env.relay, relay.Config{Dialect: db.dialect, Table: env.table, Publisher: pub,
 		Wakeup: env.ob.Wakeup(), Observer: obs, Logger: quietLogger})
 	if err != nil {
@@ -81,102 +349,102 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	runErr := make(chan error, 1)
-	go func() { runErr <- r.Run(rctx) }()
+	go func() {
+		err := r.Run(rctx)
+		if err == nil {
+			err = fmt.Errorf("the relay stopped")
+		}
+		acks.fail(fmt.Errorf("in-process relay: %w", err))
+		runErr <- err
+	}()
 	defer func() { cancel(); <-runErr }()
 
-	res := &LatencyResult{Writers: writers, Seconds: dur.Seconds()}
-	consumed := 0
-	for _, rate := range rates {
-		n := int(float64(rate) * dur.Seconds())
-		commits := make([]time.Time, n)
-		commitTook := make([]time.Duration, n)
-		ids := make([]string, n)
-		for k := range ids {
-			ids[k] = fmt.Sprintf("lat-%d-%d", rate, k)
-		}
-		jobs := make(chan int, n)
-		errc := make(chan error, writers)
-		var wg sync.WaitGroup
-		for w := 0; w < writers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for k := range jobs {
-					t := time.Now()
-					tctx := outbox.NewContext(ctx)
-					tx, err := env.app.BeginTx(tctx, nil)
-					if err == nil {
-						if _, err = tx.ExecContext(tctx, insOrder, ids[k], int64(k)); err == nil {
-							if err = outbox.Emit(tctx, outbox.Event{ID: ids[k], AggregateType: "order", AggregateID: ids[k], Type: "order.paid", Payload: payload}); err == nil {
-								err = tx.Commit()
-							}
-						}
-						if err != nil {
-							_ = tx.Rollback()
-						}
-					}
-					if err != nil {
-						select {
-						case errc <- err:
-						default:
-						}
-						continue
-					}
-					commits[k] = time.Now()
-					commitTook[k] = commits[k].Sub(t)
-				}
-			}()
-		}
-		start := time.Now()
-		for k := 0; k < n; k++ {
-			due := start.Add(time.Duration(float64(k) / float64(rate) * float64(time.Second)))
-			if d := time.Until(due); d > 0 {
-				time.Sleep(d)
-			}
-			jobs <- k
-		}
-		close(jobs)
-		wg.Wait()
-		select {
-		case err := <-errc:
-			return nil, fmt.Errorf("latency writer at %d/s: %w", rate, err)
-		default:
-		}
-		last := start
-		for _, c := range commits {
-			if c.After(last) {
-				last = c
-			}
-		}
-		wctx, wcancel := context.WithTimeout(ctx, 60*time.Second)
-		recs, err := cons.WaitForCount(wctx, consumed+n)
-		wcancel()
-		if err != nil {
-			return nil, fmt.Errorf("latency at %d/s: %w", rate, err)
-		}
-		consumed = len(recs)
-		recv := map[string]time.Time{}
-		for _, rc := range recs {
-			recv[rc.Headers["outbox-message-id"]] = rc.Received
-		}
-		var ack, rcv []time.Duration
-		mu.Lock()
-		for k, id := range ids {
-			if a, ok := acks[id]; ok {
-				ack = append(ack, a.Sub(commits[k]))
-			}
-			if c, ok := recv[id]; ok {
-				rcv = append(rcv, c.Sub(commits[k]))
-			}
-		}
-		mu.Unlock()
-		res.Points = append(res.Points, LatencyPoint{
-			OfferedPerSec: rate, Events: n,
-			AchievedPerSec: round2(float64(n) / last.Sub(start).Seconds()),
-			AckP50Ms:       ms(quantile(ack, 0.5)), AckP99Ms: ms(quantile(ack, 0.99)), AckP999Ms: ms(quantile(ack, 0.999)),
-			RecvP50Ms: ms(quantile(rcv, 0.5)), RecvP99Ms: ms(quantile(rcv, 0.99)), RecvP999Ms: ms(quantile(rcv, 0.999)),
-			CommitP50Ms: ms(quantile(commitTook, 0.5)),
-		})
+	res := &LatencyResult{Relay: "in-process relay.Relay, woken by driver.Outbox.Wakeup() after each commit",
+		Writers: writers, Seconds: dur.Seconds()}
+	l := &load{writers: writers, dur: dur, prefix: "lat", write: emitWriter(env, insOrder), acks: acks, cons: cons, settle: settleFor(dur)}
+	return res, l.run(ctx, res, rates)
+}
+
+// runSeedLatency measures part 2 with the seed's relay (part 5) under the
+// same open-loop load; the writers write the seed's way: one hand-written
+// outbox INSERT in the transaction, on a pool without the outbox wrapper.
+func runSeedLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers int, skipped string) (*LatencyResult, error) {
+	env, err := db.newOutbox(ctx, "ob_seedlat", writers)
+	if err != nil {
+		return nil, err
 	}
-	return res, nil
+	defer env.close()
+	insOrder, err := latencyOrders(ctx, db, env, "seedlat")
+	if err != nil {
+		return nil, err
+	}
+	insOutbox := handwrittenInsert(db, env.table)
+	topic, err := topicFor(ctx, brokers, "seedlat-"+randomHex(3))
+	if err != nil {
+		return nil, err
+	}
+	cons, err := kafkatest.NewConsumer(brokers, []string{topic})
+	if err != nil {
+		return nil, err
+	}
+	defer cons.Close()
+	// On SQLite the seed relay shares the writers' one connection, as the
+	// in-process relay shares the application's pool.
+	rdb := env.relay
+	if db.dialect == driver.SQLite {
+		rdb = env.plainApp
+	}
+	s, err := newSeedRelay(rdb, db.dialect, db.ph, env.table, brokers, topic)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	acks := newAckLog()
+	s.sent = acks.add
+	rctx, cancel := context.WithCancel(ctx)
+	runErr := make(chan error, 1)
+	go func() {
+		_, err := s.run(rctx, func(int) bool { return false })
+		if err == nil {
+			err = fmt.Errorf("the relay stopped")
+		}
+		acks.fail(fmt.Errorf("seed relay: %w", err))
+		runErr <- err
+	}()
+	defer func() { cancel(); <-runErr }()
+
+	write := func(ctx context.Context, id string, k int) error {
+		tx, err := env.plainApp.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err = tx.ExecContext(ctx, insOrder, id, int64(k)); err == nil {
+			if err = handwrittenEvent(ctx, tx, insOutbox, id, id); err == nil {
+				return tx.Commit()
+			}
+		}
+		_ = tx.Rollback()
+		return err
+	}
+	res := &LatencyResult{Relay: "seed relay in the bench process (part 5: poll, 1 s sleep after a batch of fewer than 100, per event one synchronous send then one UPDATE); writers: hand-written outbox INSERT without the outbox wrapper",
+		Writers: writers, Seconds: dur.Seconds(), Skipped: skipped}
+	l := &load{writers: writers, dur: dur, prefix: "seed", write: write, acks: acks, cons: cons, settle: settleFor(dur)}
+	return res, l.run(ctx, res, rates)
+}
+
+// seedRatios fills each point's SeedRatio* from the seed's point at the
+// same offered load.
+func seedRatios(r, seed *LatencyResult) {
+	if r == nil || seed == nil {
+		return
+	}
+	for i := range r.Points {
+		p := &r.Points[i]
+		for _, s := range seed.Points {
+			if s.OfferedPerSec == p.OfferedPerSec {
+				p.SeedRatioAckP50, p.SeedRatioAckP99 = ratio(s.AckP50Ms, p.AckP50Ms), ratio(s.AckP99Ms, p.AckP99Ms)
+				p.SeedRatioRecvP50, p.SeedRatioRecvP99 = ratio(s.RecvP50Ms, p.RecvP50Ms), ratio(s.RecvP99Ms, p.RecvP99Ms)
+			}
+		}
+	}
 }
