@@ -35,6 +35,61 @@ type LatencyPoint struct {
 	SeedRatioAckP99  float64 `json:"seed_ratio_ack_p99,omitempty"`
 	SeedRatioRecvP50 float64 `json:"seed_ratio_recv_p50,omitempty"`
 	SeedRatioRecvP99 float64 `json:"seed_ratio_recv_p99,omitempty"`
+	// Claim* and Publish* (in-process relay only) split the relay's side
+	// of the latency: the claim query (relay.Observer.Claimed) and the
+	// Publish call to the broker (until every record of the batch was
+	// acknowledged), per cycle, at this load; PublishBatchAvg is the mean
+	// messages per Publish.
+	ClaimP50Ms      float64 `json:"claim_p50_ms,omitempty"`
+	ClaimP99Ms      float64 `json:"claim_p99_ms,omitempty"`
+	PublishP50Ms    float64 `json:"publish_p50_ms,omitempty"`
+	PublishP99Ms    float64 `json:"publish_p99_ms,omitempty"`
+	PublishBatchAvg float64 `json:"publish_batch_avg,omitempty"`
+}
+
+// phaseLog records the in-process relay's claim and Publish durations.
+type phaseLog struct {
+	mu      sync.Mutex
+	claims  []time.Duration
+	pubs    []time.Duration
+	pubMsgs int
+}
+
+func (p *phaseLog) claimed(_ int, took time.Duration) {
+	p.mu.Lock()
+	p.claims = append(p.claims, took)
+	p.mu.Unlock()
+}
+
+// fill moves what was recorded since the last call into pt.
+func (p *phaseLog) fill(pt *LatencyPoint) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.claims) > 0 {
+		pt.ClaimP50Ms, pt.ClaimP99Ms = ms(quantile(p.claims, 0.5)), ms(quantile(p.claims, 0.99))
+	}
+	if len(p.pubs) > 0 {
+		pt.PublishP50Ms, pt.PublishP99Ms = ms(quantile(p.pubs, 0.5)), ms(quantile(p.pubs, 0.99))
+		pt.PublishBatchAvg = round2(float64(p.pubMsgs) / float64(len(p.pubs)))
+	}
+	p.claims, p.pubs, p.pubMsgs = nil, nil, 0
+}
+
+// timedPublisher times each Publish into a phaseLog.
+type timedPublisher struct {
+	relay.Publisher
+	log *phaseLog
+}
+
+func (t timedPublisher) Publish(ctx context.Context, msgs []relay.Message) error {
+	began := time.Now()
+	err := t.Publisher.Publish(ctx, msgs)
+	took := time.Since(began)
+	t.log.mu.Lock()
+	t.log.pubs = append(t.log.pubs, took)
+	t.log.pubMsgs += len(msgs)
+	t.log.mu.Unlock()
+	return err
 }
 
 // LatencyResult is part 2 for one kind of relay: in-process (latency),
@@ -155,6 +210,8 @@ type load struct {
 	// settle bounds the wait, after the last commit, for every record to
 	// be acknowledged and consumed.
 	settle time.Duration
+	// phases, if set, splits the relay's side per point (in-process).
+	phases *phaseLog
 }
 
 // offer runs one rate and measures it.
@@ -272,9 +329,15 @@ offering:
 // run offers every rate in turn.
 func (l *load) run(ctx context.Context, res *LatencyResult, rates []int) error {
 	for _, rate := range rates {
+		if l.phases != nil {
+			l.phases.fill(&LatencyPoint{}) // drop what came before this load
+		}
 		p, err := l.offer(ctx, rate)
 		if err != nil {
 			return err
+		}
+		if l.phases != nil {
+			l.phases.fill(&p)
 		}
 		res.Points = append(res.Points, p)
 	}
@@ -341,8 +404,9 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 	}
 	defer pub.Close()
 	acks := newAckLog()
-	obs := &observer{published: func(m relay.Message) { acks.add(m.MessageID, time.Now()) }}
-	r, err := relay.New(env.relay, relay.Config{Dialect: db.dialect, Table: env.table, Publisher: pub,
+	phases := &phaseLog{}
+	obs := &observer{published: func(m relay.Message) { acks.add(m.MessageID, time.Now()) }, claimed: phases.claimed}
+	r, err := relay.New(env.relay, relay.Config{Dialect: db.dialect, Table: env.table, Publisher: timedPublisher{pub, phases},
 		Wakeup: env.ob.Wakeup(), Observer: obs, Logger: quietLogger})
 	if err != nil {
 		return nil, err
@@ -361,7 +425,7 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 
 	res := &LatencyResult{Relay: "in-process relay.Relay, woken by driver.Outbox.Wakeup() after each commit",
 		Writers: writers, Seconds: dur.Seconds()}
-	l := &load{writers: writers, dur: dur, prefix: "lat", write: emitWriter(env, insOrder), acks: acks, cons: cons, settle: settleFor(dur)}
+	l := &load{writers: writers, dur: dur, prefix: "lat", write: emitWriter(env, insOrder), acks: acks, cons: cons, settle: settleFor(dur), phases: phases}
 	return res, l.run(ctx, res, rates)
 }
 

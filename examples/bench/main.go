@@ -333,6 +333,12 @@ func printTables(out io.Writer, r *Result) {
 				fmt.Fprintf(out, "  %s: %s\n", k.name, k.l.Skipped)
 			}
 		}
+		if l := r.Latency; l != nil {
+			for _, p := range l.Points {
+				fmt.Fprintf(out, "  in-process %d/s: claim p50 %.2f p99 %.2f ms, Publish p50 %.2f p99 %.2f ms (%.1f messages per Publish)\n",
+					p.OfferedPerSec, p.ClaimP50Ms, p.ClaimP99Ms, p.PublishP50Ms, p.PublishP99Ms, p.PublishBatchAvg)
+			}
+		}
 		fmt.Fprintln(out)
 	}
 	if d := r.Drain; d != nil {
