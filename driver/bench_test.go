@@ -1,0 +1,221 @@
+package driver_test
+
+import (
+	"context"
+	"database/sql"
+	sqldriver "database/sql/driver"
+	"runtime/pprof"
+	"strconv"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lib/pq"
+
+	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/partition"
+)
+
+// benchCommitPayload is every event's body: the small order document
+// examples/bench uses (about 90 bytes of JSON).
+var benchCommitPayload = []byte(`{"order_id":"o-000000","status":"paid","amount_cents":12345,"currency":"EUR","items":3}`)
+
+// BenchmarkCommit measures one business transaction (BeginTx, one INSERT
+// into an orders table, Commit) per op, on one goroutine, per target and
+// variant:
+//
+//   - none: no event, on a pool without the outbox wrapper;
+//   - none_wrapped: no event, on the wrapped pool with an emit scope in
+//     the context (what the wrapper costs a transaction that emits nothing);
+//   - handwritten: the seed's way, one hand-written INSERT into the outbox
+//     table (UUIDv7 and partition.Of computed as the driver does), on the
+//     unwrapped pool;
+//   - emit1, emit10: outbox.Emit of 1 or 10 events through the wrapped
+//     driver, written by its commit hook;
+//   - emit1_nonotify (PostgreSQL only): emit1 with driver.Config.DisableNotify,
+//     on the same table.
+//
+// The unwrapped pool uses the same driver as the wrapped one (lib/pq for
+// pq, pgx for pgx). Each variant has its own private schema (database,
+// SQLite file) with its own orders and outbox tables, and runs every
+// transaction on one connection: on SQLite, a connection that begins a
+// transaction after another connection wrote to the file reloads its
+// page cache (15-40 µs on the 2-core test machine), so interleaving
+// variants across the two pools would charge that to whichever variant
+// follows a switch. The target ratios are emit1/handwritten and
+// emit10/handwritten.
+//
+// CPU profile samples of the timed goroutine carry the labels target and
+// variant, so one -cpuprofile over several variants splits with
+// go tool pprof -tagfocus variant=emit1.
+//
+//	go test -run XXX -bench 'Commit/sqlite' -count 6 ./driver/
+func BenchmarkCommit(b *testing.B) {
+	for _, tg := range testdb.All {
+		b.Run(tg.Name, func(b *testing.B) {
+			variants := []string{"none", "none_wrapped", "handwritten", "emit1", "emit10"}
+			if tg.Dialect == driver.Postgres {
+				variants = append(variants, "emit1_nonotify")
+			}
+			for _, v := range variants {
+				b.Run(v, func(b *testing.B) { benchCommit(b, tg, v) })
+			}
+		})
+	}
+}
+
+func benchCommit(b *testing.B, tg testdb.Target, variant string) {
+	e := testdb.New(b, tg, driver.Config{})
+	ctx := context.Background()
+	plain := benchPlainDB(b, e)
+
+	orders := e.Q("bench_orders")
+	if _, err := plain.ExecContext(ctx, "CREATE TABLE "+orders+
+		" (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL, amount_cents BIGINT NOT NULL)"); err != nil {
+		b.Fatalf("creating %s: %v", orders, err)
+	}
+	insOrder := "INSERT INTO " + orders + " (id, status, amount_cents) VALUES (" + e.Placeholder(1) + ", 'paid', " + e.Placeholder(2) + ")"
+	now := benchNowSQL(tg.Dialect)
+	insOutbox := "INSERT INTO " + e.Table + " (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers, created_at, updated_at) VALUES (" +
+		e.Placeholder(1) + ", " + e.Placeholder(2) + ", " + e.Placeholder(3) + ", " + e.Placeholder(4) + ", NULL, " +
+		e.Placeholder(5) + ", " + e.Placeholder(6) + ", " + e.Placeholder(7) + ", NULL, " + now + ", " + now + ")"
+
+	// One connection per pool, like the unwrapped one: database/sql takes
+	// the oldest idle connection, so a pool left with two (the migration
+	// may open more) would alternate between them.
+	e.DB.SetMaxOpenConns(1)
+	db := e.DB
+	events := 0
+	switch variant {
+	case "none", "handwritten":
+		db = plain
+	case "emit1":
+		events = 1
+	case "emit10":
+		events = 10
+	case "emit1_nonotify":
+		events = 1
+		ob, err := driver.New(driver.Config{Dialect: tg.Dialect, Table: e.Table, DisableNotify: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		db = sql.OpenDB(ob.WrapConnector(benchConnector(b, e)))
+		b.Cleanup(func() { db.Close() })
+		db.SetMaxOpenConns(1)
+	}
+
+	pprof.SetGoroutineLabels(pprof.WithLabels(ctx, pprof.Labels("target", tg.Name, "variant", variant)))
+	defer pprof.SetGoroutineLabels(ctx)
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		i++
+		id := "o-" + strconv.Itoa(i)
+		tctx := outbox.NewContext(ctx) // one unit of work per transaction
+		tx, err := db.BeginTx(tctx, nil)
+		if err != nil {
+			b.Fatalf("begin: %v", err)
+		}
+		if _, err := tx.ExecContext(tctx, insOrder, id, int64(i)); err != nil {
+			b.Fatalf("insert order: %v", err)
+		}
+		if variant == "handwritten" {
+			mid, err := outbox.NewMessageID()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := tx.ExecContext(tctx, insOutbox, mid, "order", id, "order.paid",
+				int64(partition.Of("order", id, partition.DefaultCount)), "application/json", benchCommitPayload); err != nil {
+				b.Fatalf("hand-written outbox insert: %v", err)
+			}
+		}
+		for range events {
+			if err := outbox.Emit(tctx, outbox.Event{AggregateType: "order", AggregateID: id, Type: "order.paid", Payload: benchCommitPayload}); err != nil {
+				b.Fatalf("emit: %v", err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatalf("commit: %v", err)
+		}
+	}
+	b.StopTimer()
+	// Every variant wrote the outbox rows it should have: i*events
+	// (handwritten: i).
+	want := i * events
+	if variant == "handwritten" {
+		want = i
+	}
+	var n int
+	if err := plain.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+e.Table).Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	if n != want {
+		b.Fatalf("%s: %d outbox rows after %d transactions, want %d", variant, n, i, want)
+	}
+}
+
+// benchNowSQL is the dialect's timestamp expression the driver's own
+// INSERT uses for created_at and updated_at.
+func benchNowSQL(d driver.Dialect) string {
+	switch d {
+	case driver.Postgres:
+		return "clock_timestamp()"
+	case driver.MySQL:
+		return "UTC_TIMESTAMP(6)"
+	}
+	return "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+}
+
+// benchConnector returns a connector of the target's real driver for e's
+// private database, built as testdb builds the one it wraps (nil on SQLite,
+// whose driver has no connector: use sql.Open).
+func benchConnector(b *testing.B, e *testdb.Env) sqldriver.Connector {
+	b.Helper()
+	switch e.Target.Name {
+	case "pq":
+		c, err := pq.NewConnector(e.DSN)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return c
+	case "pgx":
+		pc, err := pgx.ParseConfig(e.DSN)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return stdlib.GetConnector(*pc)
+	case "mysql":
+		mc, err := mysql.ParseDSN(e.DSN)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := mysql.NewConnector(mc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return c
+	}
+	return nil
+}
+
+// benchPlainDB opens a pool without the outbox wrapper on e's private
+// database, through the same driver as e.DB (e.RelayDB is pgx even for the
+// pq target, and on SQLite it is e.DB itself).
+func benchPlainDB(b *testing.B, e *testdb.Env) *sql.DB {
+	b.Helper()
+	var db *sql.DB
+	if c := benchConnector(b, e); c != nil {
+		db = sql.OpenDB(c)
+	} else {
+		var err error
+		if db, err = sql.Open("sqlite", e.DSN); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Cleanup(func() { db.Close() })
+	db.SetMaxOpenConns(1)
+	return db
+}
