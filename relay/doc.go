@@ -28,11 +28,20 @@
 // not handed out (the seed article's query, "status=0 AND due ORDER BY id",
 // would send it first), and other aggregates flow on. It reads by status,
 // never "id greater than the last seen", so a transaction that got a lower
-// id but committed late is still published.
+// id but committed late is still published. The hold check probes an index
+// over the rows that can hold (those with a next_retry_at: retrying or
+// dead), which is empty in normal operation, so a claim's cost does not
+// grow with the backlog. Rows of the batch still being marked sent are
+// left out by id in the claim itself.
 //
 // # Outcomes
 //
-//   - Acknowledged: marked sent (status 1) with one statement per batch.
+//   - Acknowledged: marked sent (status 1) with one statement per batch,
+//     in the background while the next batch is claimed and published. On
+//     PostgreSQL that statement commits with synchronous_commit off (for
+//     its own transaction only): a server crash can lose the last marks
+//     (about 3 x wal_writer_delay), whose messages are then sent again,
+//     and the relay's loop never waits for a WAL flush.
 //   - A per-message failure (PublishErrors): the aggregate's first failed
 //     message counts an attempt and gets next_retry_at = database now +
 //     backoff (RetryInitial x 2^(attempt-1), jittered, capped at RetryMax;
