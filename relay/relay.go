@@ -657,7 +657,7 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 		return nil, fmt.Errorf("claiming from %s: %w", r.cfg.Table, err)
 	}
 	defer rows.Close()
-	msgs := make([]Message, 0, r.batch)
+	var msgs []Message // not preallocated to r.batch: a quiet claim returns one or two rows
 	bytes := 0
 	for rows.Next() {
 		var m Message
