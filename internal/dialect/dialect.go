@@ -147,6 +147,10 @@ func (t templateData) Index(suffix string) string {
 	return t.d.quote(t.d.base + "_" + suffix)
 }
 
+// IndexName is an index name without schema, as SQLite's INDEXED BY and
+// MySQL's FORCE INDEX want it.
+func (t templateData) IndexName(suffix string) string { return t.d.quote(t.d.base + "_" + suffix) }
+
 // QualifiedIndex is an index name as DROP INDEX wants it: in the table's
 // schema on PostgreSQL and SQLite (MySQL drops indexes through ALTER TABLE).
 func (t templateData) QualifiedIndex(suffix string) string {

@@ -16,13 +16,18 @@ SELECT sqlite_version()
 -- retry that comes due between them, letting a later event of the
 -- aggregate out first. The redundant "h.status <> 1" lets the planner prove the partial index
 -- applies (next_retry_at > now implies IS NOT NULL); "h.id + 0" keeps it from walking the primary key instead (a
--- walk over all earlier rows, history included, when nothing holds). ? = batch size.
+-- walk over all earlier rows, history included, when nothing holds).
+-- INDEXED BY pins the outer scan to the partial index of pending rows:
+-- with statistics gathered while most rows were pending (ANALYZE, PRAGMA
+-- optimize), SQLite otherwise scans the table in rowid order, through all
+-- sent history, on every claim (90 ms per claim at 1,000,000 rows).
+-- ? = batch size.
 WITH c AS MATERIALIZED (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now)
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
        COALESCE(o.headers, ''), o.attempts,
        (c.now - o.created_at) * 1000
-FROM c, {{.Table}} o
+FROM c, {{.Table}} o INDEXED BY {{.IndexName "pending_idx"}}
 WHERE o.status = 0
   AND (o.next_retry_at IS NULL OR o.next_retry_at <= c.now)
   AND NOT EXISTS (
