@@ -121,7 +121,10 @@
 // the Kafka client and the bytes reaching the broker can still deliver
 // that batch late; because each instance keeps one batch in flight and a
 // batch is contiguous in each aggregate's pending sequence, such a late
-// batch adds only duplicates with the same message IDs, never a first
+// batch can only repeat or continue each aggregate's sequence in id order:
+// its records are duplicates of what the new owner already sent, or first
+// deliveries the new owner had not reached yet (those carry the older
+// epoch), at most one batch (MaxBatchSize) of them, and never a first
 // delivery out of order. (Kafka transactions would fence at the broker
 // too, at the cost of several round trips per batch; the database fence
 // and the trust window are measured sufficient in TestScaleOut.)
