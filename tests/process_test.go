@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -86,28 +85,9 @@ func relayChild() int {
 // child is a relay running as its own OS process.
 type child struct {
 	cmd  *exec.Cmd
-	out  lockedBuffer
+	out  testdb.SyncBuffer
 	done chan struct{}
 	err  error
-}
-
-// lockedBuffer is the child's output: written by exec's copying
-// goroutines while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // startChild starts a relay process on e's table, publishing to brokers;

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/kafkatest"
+	"github.com/sqloutbox/outbox/internal/testdb"
 )
 
 // freeAddr returns a local address nothing listens on at the moment.
@@ -73,7 +74,7 @@ func TestRelayCommand(t *testing.T) {
 		if tg.dialect == driver.Postgres {
 			poll = "1h" // delivery rests on LISTEN/NOTIFY (and the adaptive poll's first short waits)
 		}
-		var stdout, stderr syncBuffer
+		var stdout, stderr testdb.SyncBuffer
 		exited := make(chan int, 1)
 		go func() {
 			exited <- run(runCtx, []string{"--dsn", tg.dsn, "--table", table, "relay",

@@ -374,31 +374,70 @@ func emitWriter(env *outboxEnv, insOrder string) func(ctx context.Context, id st
 	}
 }
 
+// latencyRig is what every part-2 run sets up for itself: an outbox table
+// (and pools) of its own, an orders table, a topic and a consumer on it.
+type latencyRig struct {
+	env      *outboxEnv
+	insOrder string // INSERT into the orders table: (id, amount)
+	topic    string
+	cons     *kafkatest.Consumer
+}
+
+// newLatencyRig sets up ob_<name>, orders_<name> and a topic named
+// topicPrefix-<random>; close undoes it.
+func newLatencyRig(ctx context.Context, db *database, brokers []string, name, topicPrefix string, writers int) (*latencyRig, error) {
+	env, err := db.newOutbox(ctx, "ob_"+name, writers)
+	if err != nil {
+		return nil, err
+	}
+	rig := &latencyRig{env: env}
+	if rig.insOrder, err = latencyOrders(ctx, db, env, name); err == nil {
+		if rig.topic, err = topicFor(ctx, brokers, topicPrefix+"-"+randomHex(3)); err == nil {
+			rig.cons, err = kafkatest.NewConsumer(brokers, []string{rig.topic})
+		}
+	}
+	if err != nil {
+		env.close()
+		return nil, err
+	}
+	return rig, nil
+}
+
+func (r *latencyRig) close() {
+	r.cons.Close()
+	r.env.close()
+}
+
+// runInBackground runs run until the returned stop is called; if run
+// returns before that, acks fails with what stopped, so waiters give up
+// at once.
+func runInBackground(ctx context.Context, acks *ackLog, what string, run func(context.Context) error) (stop func()) {
+	rctx, cancel := context.WithCancel(ctx)
+	runErr := make(chan error, 1)
+	go func() {
+		err := run(rctx)
+		if err == nil {
+			err = fmt.Errorf("the relay stopped")
+		}
+		acks.fail(fmt.Errorf("%s: %w", what, err))
+		runErr <- err
+	}()
+	return func() { cancel(); <-runErr }
+}
+
 // settleFor bounds the wait for the last records of a load of dur.
 func settleFor(dur time.Duration) time.Duration { return 60*time.Second + 2*dur }
 
 // runLatency measures part 2 with the in-process relay, woken by the
 // driver's post-commit signal (driver.Outbox.Wakeup).
 func runLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers int) (*LatencyResult, error) {
-	env, err := db.newOutbox(ctx, "ob_latency", writers)
+	rig, err := newLatencyRig(ctx, db, brokers, "latency", "lat", writers)
 	if err != nil {
 		return nil, err
 	}
-	defer env.close()
-	insOrder, err := latencyOrders(ctx, db, env, "latency")
-	if err != nil {
-		return nil, err
-	}
-	topic, err := topicFor(ctx, brokers, "lat-"+randomHex(3))
-	if err != nil {
-		return nil, err
-	}
-	cons, err := kafkatest.NewConsumer(brokers, []string{topic})
-	if err != nil {
-		return nil, err
-	}
-	defer cons.Close()
-	pub, err := newPublisher(brokers, topic)
+	defer rig.close()
+	env := rig.env
+	pub, err := newPublisher(brokers, rig.topic)
 	if err != nil {
 		return nil, err
 	}
@@ -411,21 +450,11 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	runErr := make(chan error, 1)
-	go func() {
-		err := r.Run(rctx)
-		if err == nil {
-			err = fmt.Errorf("the relay stopped")
-		}
-		acks.fail(fmt.Errorf("in-process relay: %w", err))
-		runErr <- err
-	}()
-	defer func() { cancel(); <-runErr }()
+	defer runInBackground(ctx, acks, "in-process relay", r.Run)()
 
 	res := &LatencyResult{Relay: "in-process relay.Relay, woken by driver.Outbox.Wakeup() after each commit",
 		Writers: writers, Seconds: dur.Seconds()}
-	l := &load{writers: writers, dur: dur, prefix: "lat", write: emitWriter(env, insOrder), acks: acks, cons: cons, settle: settleFor(dur), phases: phases}
+	l := &load{writers: writers, dur: dur, prefix: "lat", write: emitWriter(env, rig.insOrder), acks: acks, cons: rig.cons, settle: settleFor(dur), phases: phases}
 	return res, l.run(ctx, res, rates)
 }
 
@@ -433,49 +462,30 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 // same open-loop load; the writers write the seed's way: one hand-written
 // outbox INSERT in the transaction, on a pool without the outbox wrapper.
 func runSeedLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers int, skipped string) (*LatencyResult, error) {
-	env, err := db.newOutbox(ctx, "ob_seedlat", writers)
+	rig, err := newLatencyRig(ctx, db, brokers, "seedlat", "seedlat", writers)
 	if err != nil {
 		return nil, err
 	}
-	defer env.close()
-	insOrder, err := latencyOrders(ctx, db, env, "seedlat")
-	if err != nil {
-		return nil, err
-	}
+	defer rig.close()
+	env, insOrder := rig.env, rig.insOrder
 	insOutbox := handwrittenInsert(db, env.table)
-	topic, err := topicFor(ctx, brokers, "seedlat-"+randomHex(3))
-	if err != nil {
-		return nil, err
-	}
-	cons, err := kafkatest.NewConsumer(brokers, []string{topic})
-	if err != nil {
-		return nil, err
-	}
-	defer cons.Close()
 	// On SQLite the seed relay shares the writers' one connection, as the
 	// in-process relay shares the application's pool.
 	rdb := env.relay
 	if db.dialect == driver.SQLite {
 		rdb = env.plainApp
 	}
-	s, err := newSeedRelay(rdb, db.dialect, db.ph, env.table, brokers, topic)
+	s, err := newSeedRelay(rdb, db.dialect, db.ph, env.table, brokers, rig.topic)
 	if err != nil {
 		return nil, err
 	}
 	defer s.Close()
 	acks := newAckLog()
 	s.sent = acks.add
-	rctx, cancel := context.WithCancel(ctx)
-	runErr := make(chan error, 1)
-	go func() {
-		_, err := s.run(rctx, func(int) bool { return false })
-		if err == nil {
-			err = fmt.Errorf("the relay stopped")
-		}
-		acks.fail(fmt.Errorf("seed relay: %w", err))
-		runErr <- err
-	}()
-	defer func() { cancel(); <-runErr }()
+	defer runInBackground(ctx, acks, "seed relay", func(ctx context.Context) error {
+		_, err := s.run(ctx, func(int) bool { return false })
+		return err
+	})()
 
 	write := func(ctx context.Context, id string, k int) error {
 		tx, err := env.plainApp.BeginTx(ctx, nil)
@@ -492,7 +502,7 @@ func runSeedLatency(ctx context.Context, db *database, brokers []string, rates [
 	}
 	res := &LatencyResult{Relay: "seed relay in the bench process (part 5: poll, 1 s sleep after a batch of fewer than 100, per event one synchronous send then one UPDATE); writers: hand-written outbox INSERT without the outbox wrapper",
 		Writers: writers, Seconds: dur.Seconds(), Skipped: skipped}
-	l := &load{writers: writers, dur: dur, prefix: "seed", write: write, acks: acks, cons: cons, settle: settleFor(dur)}
+	l := &load{writers: writers, dur: dur, prefix: "seed", write: write, acks: acks, cons: rig.cons, settle: settleFor(dur)}
 	return res, l.run(ctx, res, rates)
 }
 

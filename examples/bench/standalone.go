@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -329,26 +328,14 @@ func (c *childRelay) Close() {
 // runStandalone measures part 2 with a standalone relay in a child process
 // (startChildRelay), the writers in this one.
 func runStandalone(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers int) (*LatencyResult, error) {
-	env, err := db.newOutbox(ctx, "ob_standalone", writers)
+	rig, err := newLatencyRig(ctx, db, brokers, "standalone", "alone", writers)
 	if err != nil {
 		return nil, err
 	}
-	defer env.close()
-	insOrder, err := latencyOrders(ctx, db, env, "standalone")
-	if err != nil {
-		return nil, err
-	}
-	topic, err := topicFor(ctx, brokers, "alone-"+randomHex(3))
-	if err != nil {
-		return nil, err
-	}
-	cons, err := kafkatest.NewConsumer(brokers, []string{topic})
-	if err != nil {
-		return nil, err
-	}
-	defer cons.Close()
+	defer rig.close()
+	env := rig.env
 	acks := newAckLog()
-	child, err := startChildRelay(ctx, relayChildConfig{DB: db.dsn, Schema: db.schema, File: db.file, Table: env.table, Brokers: brokers, Topic: topic}, acks)
+	child, err := startChildRelay(ctx, relayChildConfig{DB: db.dsn, Schema: db.schema, File: db.file, Table: env.table, Brokers: brokers, Topic: rig.topic}, acks)
 	if err != nil {
 		return nil, fmt.Errorf("standalone relay: %w", err)
 	}
@@ -359,6 +346,6 @@ func runStandalone(ctx context.Context, db *database, brokers []string, rates []
 	}
 	res := &LatencyResult{Relay: "standalone relay.Relay in a child process (own pool, relay/kafka publisher), woken by " + how,
 		Writers: writers, Seconds: dur.Seconds()}
-	l := &load{writers: writers, dur: dur, prefix: "alone", write: emitWriter(env, insOrder), acks: acks, cons: cons, settle: settleFor(dur)}
+	l := &load{writers: writers, dur: dur, prefix: "alone", write: emitWriter(env, rig.insOrder), acks: acks, cons: rig.cons, settle: settleFor(dur)}
 	return res, l.run(ctx, res, rates)
 }

@@ -445,12 +445,7 @@ func (d *Dialect) ClaimSkipping(partitions []int, skip []int64) (string, []any) 
 	}
 	if len(skip) > 0 {
 		b.WriteString(" AND o.id NOT IN (")
-		for i, id := range skip {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(strconv.FormatInt(id, 10))
-		}
+		writeIDs(&b, skip)
 		b.WriteString(")")
 	}
 	return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1), nil
@@ -461,14 +456,19 @@ func int64Array(ids []int64) string {
 	var b strings.Builder
 	b.Grow(2 + 8*len(ids))
 	b.WriteByte('{')
+	writeIDs(&b, ids)
+	b.WriteByte('}')
+	return b.String()
+}
+
+// writeIDs writes ids as comma-separated decimal integers.
+func writeIDs(b *strings.Builder, ids []int64) {
 	for i, id := range ids {
 		if i > 0 {
 			b.WriteByte(',')
 		}
 		b.WriteString(strconv.FormatInt(id, 10))
 	}
-	b.WriteByte('}')
-	return b.String()
 }
 
 // LeaseInit returns the statement creating lease rows for partitions
