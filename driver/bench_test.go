@@ -6,12 +6,14 @@ import (
 	sqldriver "database/sql/driver"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/lib/pq"
+	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
@@ -36,7 +38,10 @@ var benchCommitPayload = []byte(`{"order_id":"o-000000","status":"paid","amount_
 //   - emit1, emit10: outbox.Emit of 1 or 10 events through the wrapped
 //     driver, written by its commit hook;
 //   - emit1_nonotify (PostgreSQL only): emit1 with driver.Config.DisableNotify,
-//     on the same table.
+//     on the same table;
+//   - emit1_nocache, emit10_nocache: emit1 and emit10 with
+//     driver.Config.DisableStatementCache (the INSERT sent, and on
+//     go-sql-driver/mysql prepared and closed, on every commit).
 //
 // The unwrapped pool uses the same driver as the wrapped one (lib/pq for
 // pq, pgx for pgx). Each variant has its own private schema (database,
@@ -56,7 +61,7 @@ var benchCommitPayload = []byte(`{"order_id":"o-000000","status":"paid","amount_
 func BenchmarkCommit(b *testing.B) {
 	for _, tg := range testdb.All {
 		b.Run(tg.Name, func(b *testing.B) {
-			variants := []string{"none", "none_wrapped", "handwritten", "emit1", "emit10"}
+			variants := []string{"none", "none_wrapped", "handwritten", "emit1", "emit10", "emit1_nocache", "emit10_nocache"}
 			if tg.Dialect == driver.Postgres {
 				variants = append(variants, "emit1_nonotify")
 			}
@@ -96,15 +101,15 @@ func benchCommit(b *testing.B, tg testdb.Target, variant string) {
 		events = 1
 	case "emit10":
 		events = 10
-	case "emit1_nonotify":
+	case "emit1_nonotify", "emit1_nocache", "emit10_nocache":
 		events = 1
-		ob, err := driver.New(driver.Config{Dialect: tg.Dialect, Table: e.Table, DisableNotify: true})
-		if err != nil {
-			b.Fatal(err)
+		if variant == "emit10_nocache" {
+			events = 10
 		}
-		db = sql.OpenDB(ob.WrapConnector(benchConnector(b, e)))
-		b.Cleanup(func() { db.Close() })
-		db.SetMaxOpenConns(1)
+		cfg := driver.Config{Dialect: tg.Dialect, Table: e.Table,
+			DisableNotify:         variant == "emit1_nonotify",
+			DisableStatementCache: strings.HasSuffix(variant, "_nocache")}
+		db = benchWrappedDB(b, e, cfg)
 	}
 
 	pprof.SetGoroutineLabels(pprof.WithLabels(ctx, pprof.Labels("target", tg.Name, "variant", variant)))
@@ -199,6 +204,29 @@ func benchConnector(b *testing.B, e *testdb.Env) sqldriver.Connector {
 		return c
 	}
 	return nil
+}
+
+// benchWrappedDB opens a second wrapped pool, configured by cfg, on e's
+// private database (one connection).
+func benchWrappedDB(b *testing.B, e *testdb.Env, cfg driver.Config) *sql.DB {
+	b.Helper()
+	ob, err := driver.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var db *sql.DB
+	if c := benchConnector(b, e); c != nil {
+		db = sql.OpenDB(ob.WrapConnector(c))
+	} else {
+		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(e.DSN)
+		if err != nil {
+			b.Fatal(err)
+		}
+		db = sql.OpenDB(c)
+	}
+	b.Cleanup(func() { db.Close() })
+	db.SetMaxOpenConns(1)
+	return db
 }
 
 // benchPlainDB opens a pool without the outbox wrapper on e's private

@@ -28,6 +28,18 @@ type txKey struct{}
 type txState struct {
 	batch *emit.Batch
 	conn  sqldriver.ConnBeginTx // the wrapped driver's own connection
+	cache *cachingConn          // its statement cache; nil when off
+}
+
+// ConnectorConnect opens a connection and, unless the statement cache is
+// off, wraps it in a cachingConn (sqlmw calls this for every connection
+// database/sql opens through a wrapped driver or connector).
+func (i *interceptor) ConnectorConnect(ctx context.Context, c sqldriver.Connector) (sqldriver.Conn, error) {
+	conn, err := c.Connect(ctx)
+	if err != nil || i.o.cfg.DisableStatementCache {
+		return conn, err
+	}
+	return &cachingConn{parent: conn}, nil
 }
 
 // ConnBeginTx begins the transaction and, when ctx carries an emit scope
@@ -43,6 +55,9 @@ func (i *interceptor) ConnBeginTx(ctx context.Context, conn sqldriver.ConnBeginT
 		return ctx, tx, nil
 	}
 	st := &txState{batch: sc.Begin(i.o.cfg.Limits), conn: conn}
+	if ct, ok := tx.(*cachingTx); ok {
+		st.cache = ct.conn
+	}
 	return context.WithValue(ctx, txKey{}, st), tx, nil
 }
 
@@ -61,7 +76,7 @@ func (i *interceptor) TxCommit(ctx context.Context, tx sqldriver.Tx) error {
 	if len(events) == 0 {
 		return tx.Commit()
 	}
-	if err := i.o.write(ctx, st.conn, events); err != nil {
+	if err := i.o.write(ctx, st, events); err != nil {
 		if rbErr := tx.Rollback(); rbErr != nil {
 			err = errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
 		}
@@ -85,7 +100,8 @@ func (i *interceptor) TxRollback(ctx context.Context, tx sqldriver.Tx) error {
 }
 
 // insertCache keeps rendered multi-row INSERTs for small row counts,
-// keyed by rows*2 (+1 with NOTIFY).
+// keyed by rows*2 (+1 with NOTIFY); a connection's statement cache uses
+// the same keys.
 type insertCache struct {
 	mu sync.RWMutex
 	m  map[int]string
@@ -94,8 +110,10 @@ type insertCache struct {
 const cachedInsertRows = 256
 
 // insertSQL returns the multi-row INSERT for rows events, with the
-// PostgreSQL NOTIFY folded in when notify is set.
-func (o *Outbox) insertSQL(rows int, notify bool) string {
+// PostgreSQL NOTIFY folded in when notify is set, and its cache key (-1
+// above cachedInsertRows rows: neither the text nor a prepared statement is
+// kept).
+func (o *Outbox) insertSQL(rows int, notify bool) (string, int) {
 	render := func() string {
 		if notify {
 			return o.dialect.InsertNotify(rows)
@@ -103,7 +121,7 @@ func (o *Outbox) insertSQL(rows int, notify bool) string {
 		return o.dialect.Insert(rows)
 	}
 	if rows > cachedInsertRows {
-		return render()
+		return render(), -1
 	}
 	key := rows * 2
 	if notify {
@@ -113,7 +131,7 @@ func (o *Outbox) insertSQL(rows int, notify bool) string {
 	q, ok := o.inserts.m[key]
 	o.inserts.mu.RUnlock()
 	if ok {
-		return q
+		return q, key
 	}
 	q = render()
 	o.inserts.mu.Lock()
@@ -122,13 +140,13 @@ func (o *Outbox) insertSQL(rows int, notify bool) string {
 	}
 	o.inserts.m[key] = q
 	o.inserts.mu.Unlock()
-	return q
+	return q, key
 }
 
 // write INSERTs events with as few multi-row statements as the dialect's
 // parameter limit and dialect.MaxStatementBytes allow (one for a typical
-// transaction).
-func (o *Outbox) write(ctx context.Context, conn sqldriver.ConnBeginTx, events []emit.Event) error {
+// transaction), through the connection's statement cache when it has one.
+func (o *Outbox) write(ctx context.Context, st *txState, events []emit.Event) error {
 	maxRows := o.dialect.MaxInsertRows()
 	headers := make([]any, len(events))
 	for k := range events {
@@ -174,8 +192,14 @@ func (o *Outbox) write(ctx context.Context, conn sqldriver.ConnBeginTx, events [
 		}
 		// One NOTIFY per transaction, folded into its last INSERT.
 		notify := end == len(events) && o.cfg.Dialect == Postgres && !o.cfg.DisableNotify
-		q := o.insertSQL(end-start, notify)
-		if err := execOnConn(ctx, conn, q, args); err != nil {
+		q, key := o.insertSQL(end-start, notify)
+		var err error
+		if st.cache != nil && key >= 0 {
+			err = st.cache.exec(ctx, key, q, args)
+		} else {
+			err = execOnConn(ctx, st.conn, q, args)
+		}
+		if err != nil {
 			return fmt.Errorf("inserting %d events into %s: %w", end-start, o.cfg.Table, err)
 		}
 		start = end
@@ -211,15 +235,5 @@ func execOnConn(ctx context.Context, conn any, query string, args []sqldriver.Na
 			err = cerr
 		}
 	}()
-	if se, ok := stmt.(sqldriver.StmtExecContext); ok {
-		_, err = se.ExecContext(ctx, args)
-		return err
-	}
-	vals := make([]sqldriver.Value, len(args))
-	for k := range args {
-		vals[k] = args[k].Value
-	}
-	//lint:ignore SA1019 fallback for drivers that lack StmtExecContext
-	_, err = stmt.Exec(vals)
-	return err
+	return stmtExec(ctx, stmt, args)
 }

@@ -79,6 +79,20 @@ type Config struct {
 	// when every relay runs in the writing process, or if very high commit
 	// rates contend on PostgreSQL's notification queue lock.
 	DisableNotify bool
+	// DisableStatementCache turns off the per-connection cache of prepared
+	// event INSERTs (StatementCacheSize statements per connection, closed
+	// with it). With the cache, a commit that emits events executes one
+	// statement prepared once per connection instead of sending and parsing
+	// the INSERT each time: one round trip instead of two or three on
+	// go-sql-driver/mysql (prepare, execute, close) and lib/pq (parse, then
+	// bind and execute), and no SQL parse on SQLite. Turn it off behind a
+	// pooler that does not keep prepared statements across transactions
+	// (PgBouncer in transaction mode before 1.21, or without
+	// max_prepared_statements), or if the application runs DISCARD ALL or
+	// DEALLOCATE ALL on pooled connections: the commit after such a
+	// statement fails with ErrWriteEvents (rolled back, nothing committed)
+	// and the next one prepares again.
+	DisableStatementCache bool
 }
 
 func (c Config) withDefaults() Config {
