@@ -31,15 +31,16 @@ type txState struct {
 	cache *cachingConn          // its statement cache; nil when off
 }
 
-// ConnectorConnect opens a connection and, unless the statement cache is
-// off, wraps it in a cachingConn (sqlmw calls this for every connection
-// database/sql opens through a wrapped driver or connector).
+// ConnectorConnect opens a connection and, where the statement cache
+// applies (Outbox.cacheable), wraps it in a cachingConn (sqlmw calls this
+// for every connection database/sql opens through a wrapped driver or
+// connector).
 func (i *interceptor) ConnectorConnect(ctx context.Context, c sqldriver.Connector) (sqldriver.Conn, error) {
 	conn, err := c.Connect(ctx)
-	if err != nil || i.o.cfg.DisableStatementCache {
+	if err != nil || !i.o.cacheable(conn) {
 		return conn, err
 	}
-	return &cachingConn{parent: conn}, nil
+	return &cachingConn{parent: conn, finalize: i.o.cfg.Dialect == SQLite}, nil
 }
 
 // ConnBeginTx begins the transaction and, when ctx carries an emit scope

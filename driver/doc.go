@@ -49,21 +49,40 @@
 // Each connection the wrapper opens keeps the hook's INSERTs prepared,
 // keyed by shape (row count, and on PostgreSQL NOTIFY or not), at most
 // StatementCacheSize of them, least recently used out; INSERTs of more than
-// 256 rows are not kept. Measured with BenchmarkCommit (BENCHMARKS.md), a
-// commit emitting 10 events saves the SQL parse on SQLite (about 45 % of
-// the commit) and a round trip on go-sql-driver/mysql (prepare, execute,
-// close become execute) and on lib/pq (parse, then bind and execute,
-// become bind and execute); pgx caches statements itself, so there it
-// changes little. The cache is a connection wrapper the interceptor
-// installs when sqlmw opens a connection (ConnectorConnect): it closes the
-// statements before the connection, as database/sql closes its own, and
-// forwards every optional interface database/sql looks for, answering as
-// database/sql would where the driver lacks one. A statement whose
-// execution fails is closed and prepared again by the next commit.
-// Config.DisableStatementCache turns it off (PgBouncer transaction mode
-// without prepared-statement support; DISCARD ALL on pooled connections).
-// Connections opened by calling Wrap(drv).Open directly, outside
-// database/sql's connector path, are not cached.
+// 256 rows are not kept. Measured with BenchmarkCommit (BENCHMARKS.md), it
+// saves the SQL parse of the multi-row INSERT on SQLite and a round trip on
+// go-sql-driver/mysql (prepare, execute, close become execute) and on lib/pq
+// (parse, then bind and execute, become bind and execute).
+//
+// It is a connection wrapper the interceptor installs when sqlmw opens a
+// connection (ConnectorConnect), and it forwards every optional interface
+// database/sql looks for, answering as database/sql would where the driver
+// lacks one. On SQLite it finalizes the statements before closing the
+// connection. On the servers it leaves them to the session's end instead:
+// lib/pq waits for the server's answer to a statement Close without a
+// deadline, so closing them first made closing a connection to a silent
+// server hang (TestStatementCacheCloseDoesNotWaitOnServer). A statement
+// whose execution fails is dropped and prepared again by the next commit.
+//
+// It does not apply:
+//
+//   - to pgx's stdlib connections: pgx caches statements itself in its
+//     default mode (BenchmarkCommit: emit10 the same with and without
+//     ours), and a user who set another QueryExecMode (simple protocol for
+//     PgBouncer) chose not to prepare;
+//   - on MySQL/MariaDB to an unqualified Config.Table: a prepared statement
+//     there keeps the database that was current when it was prepared, so
+//     after USE on a pooled connection the cached INSERT would write events
+//     into the previous database while the transaction's own statements
+//     follow USE (TestStatementCacheFollowsCurrentSchema). Qualify the
+//     table ("app.outbox_message") to get the cache. PostgreSQL re-resolves
+//     a prepared statement's names when search_path changes;
+//   - with Config.DisableStatementCache: PgBouncer in transaction mode
+//     without prepared-statement support, or DISCARD ALL / DEALLOCATE ALL
+//     on pooled connections (after which the next commit on that
+//     connection fails with ErrWriteEvents, as it does with pgx's cache);
+//   - to connections opened by calling Wrap(drv).Open directly, outside
+//     database/sql's connector path.
 //
 // # Known gaps of sqlmw, worked around here
 //

@@ -80,14 +80,19 @@ type Config struct {
 	// rates contend on PostgreSQL's notification queue lock.
 	DisableNotify bool
 	// DisableStatementCache turns off the per-connection cache of prepared
-	// event INSERTs (StatementCacheSize statements per connection, closed
-	// with it). With the cache, a commit that emits events executes one
-	// statement prepared once per connection instead of sending and parsing
-	// the INSERT each time: one round trip instead of two or three on
-	// go-sql-driver/mysql (prepare, execute, close) and lib/pq (parse, then
-	// bind and execute), and no SQL parse on SQLite. Turn it off behind a
-	// pooler that does not keep prepared statements across transactions
-	// (PgBouncer in transaction mode before 1.21, or without
+	// event INSERTs (StatementCacheSize statements per connection). With
+	// the cache, a commit that emits events executes one statement
+	// prepared once per connection instead of sending and parsing the
+	// INSERT each time: one round trip instead of two on
+	// go-sql-driver/mysql (prepare and execute; the close is not answered)
+	// and on lib/pq (parse, then bind and execute), and no SQL parse on
+	// SQLite. The cache never applies to pgx's stdlib connections (pgx
+	// caches statements itself, in the mode its config sets) nor, on
+	// MySQL/MariaDB, to an unqualified Table (see the package doc: a
+	// prepared statement there keeps the database current when it was
+	// prepared; write "db.outbox_message" to get the cache). Turn it off
+	// behind a pooler that does not keep prepared statements across
+	// transactions (PgBouncer in transaction mode before 1.21, or without
 	// max_prepared_statements), or if the application runs DISCARD ALL or
 	// DEALLOCATE ALL on pooled connections: the commit after such a
 	// statement fails with ErrWriteEvents (rolled back, nothing committed)

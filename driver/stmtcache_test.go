@@ -10,11 +10,17 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lib/pq"
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/faultproxy"
 	"github.com/sqloutbox/outbox/internal/testdb"
 )
 
@@ -345,7 +351,8 @@ func TestCachingConnWithoutOptionalInterfaces(t *testing.T) {
 // prepares per session (Com_stmt_prepare: 3 without the cache, as
 // go-sql-driver/mysql prepares, executes and closes); PostgreSQL lists the
 // session's prepared statements (lib/pq had none: it used the unnamed
-// statement). SQLite has no such view; the stmtDriver tests cover it.
+// statement; pgx's are its own cache's, which ours leaves alone). SQLite
+// has no such view; the stmtDriver tests cover it.
 func TestStatementCachePreparesOncePerConnection(t *testing.T) {
 	t.Parallel()
 	for _, tg := range testdb.All {
@@ -463,6 +470,182 @@ func TestStatementCacheRecoversFromDeallocateAll(t *testing.T) {
 			}
 			if bizRows != 2 || events != 2 {
 				t.Errorf("business rows %d, events %d; want 2 each (commits 1 and 3)", bizRows, events)
+			}
+		})
+	}
+}
+
+// TestStatementCacheCloseDoesNotWaitOnServer: closing a pool whose server
+// went silent (no reset) returns at once, as without the cache. A first
+// version closed the cached statements before the connection, and lib/pq's
+// statement Close waits for the server's reply without a deadline: Close
+// hung until TCP gave up.
+func TestStatementCacheCloseDoesNotWaitOnServer(t *testing.T) {
+	t.Parallel()
+	for _, tg := range testdb.All {
+		if tg.Name != "pq" && tg.Name != "mysql" {
+			continue // pgx is not cached by us; SQLite has no network
+		}
+		t.Run(tg.Name, func(t *testing.T) {
+			t.Parallel()
+			e := testdb.New(t, tg, driver.Config{})
+			server := "127.0.0.1:5432"
+			if tg.Dialect == driver.MySQL {
+				server = "127.0.0.1:3306"
+			}
+			if !strings.Contains(e.DSN, server) {
+				t.Fatalf("test DSN does not name %s; the proxy needs the address", server)
+			}
+			p, err := faultproxy.Start(server)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			dsn := strings.Replace(e.DSN, server, p.Addr(), 1)
+			var conn sqldriver.Connector
+			if tg.Name == "pq" {
+				conn, err = pq.NewConnector(dsn)
+			} else {
+				var mc *mysql.Config
+				if mc, err = mysql.ParseDSN(dsn); err == nil {
+					conn, err = mysql.NewConnector(mc)
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			db := sql.OpenDB(e.Outbox.WrapConnector(conn))
+			db.SetMaxOpenConns(1)
+			ctx := context.Background()
+			for n := 1; n <= 3; n++ { // three cached statements
+				sctx := outbox.NewContext(ctx)
+				tx, err := db.BeginTx(sctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range n {
+					if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: fmt.Sprint(i), Type: "t", Payload: []byte("{}")}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p.Stall(true)
+			done := make(chan error, 1)
+			go func() { done <- db.Close() }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				p.Close() // unblock it
+				<-done
+				t.Fatal("db.Close blocked on a silent server for 10 s")
+			}
+		})
+	}
+}
+
+// TestStatementCacheFollowsCurrentSchema: with an unqualified table, the
+// events go where the session's current schema says, as the
+// transaction's own statements do: after USE on MySQL/MariaDB (whose
+// prepared statements keep the database they were prepared in, so the
+// cache is off there for unqualified tables) and after SET search_path on
+// PostgreSQL (which re-resolves prepared statements).
+func TestStatementCacheFollowsCurrentSchema(t *testing.T) {
+	t.Parallel()
+	for _, tg := range testdb.All {
+		if tg.Dialect == driver.SQLite {
+			continue // no schemas to switch between on one connection
+		}
+		t.Run(tg.Name, func(t *testing.T) {
+			t.Parallel()
+			// e provides two private schemas (its own and one more) and a
+			// pool with an unqualified table bound to them.
+			e := testdb.New(t, tg, driver.Config{})
+			other := testdb.New(t, tg, driver.Config{})
+			ob, err := driver.New(driver.Config{Dialect: tg.Dialect})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			use := func(schema string) string {
+				if tg.Dialect == driver.MySQL {
+					return "USE " + schema
+				}
+				return "SET search_path TO " + schema
+			}
+			for _, env := range []*testdb.Env{e, other} {
+				c, err := env.RelayDB.Conn(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := c.ExecContext(ctx, use(env.Schema)); err != nil {
+					t.Fatal(err)
+				}
+				for _, stmt := range strings.Split(ob.DDL(), ";\n") {
+					if strings.TrimSpace(stmt) == "" {
+						continue
+					}
+					if _, err := c.ExecContext(ctx, stmt); err != nil {
+						t.Fatalf("%s: %v", stmt, err)
+					}
+				}
+				c.Close()
+			}
+			var conn sqldriver.Connector
+			switch tg.Name {
+			case "pq":
+				conn, err = pq.NewConnector(e.DSN)
+			case "pgx":
+				var pc *pgx.ConnConfig
+				if pc, err = pgx.ParseConfig(e.DSN); err == nil {
+					conn = stdlib.GetConnector(*pc)
+				}
+			case "mysql":
+				var mc *mysql.Config
+				if mc, err = mysql.ParseDSN(e.DSN); err == nil {
+					conn, err = mysql.NewConnector(mc)
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			db := sql.OpenDB(ob.WrapConnector(conn))
+			defer db.Close()
+			pinned, err := db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pinned.Close()
+			for _, env := range []*testdb.Env{e, other, e} {
+				if _, err := pinned.ExecContext(ctx, use(env.Schema)); err != nil {
+					t.Fatal(err)
+				}
+				sctx := outbox.NewContext(ctx)
+				tx, err := pinned.BeginTx(sctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: env.Schema, Type: "t", Payload: []byte("{}")}); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, c := range []struct {
+				env  *testdb.Env
+				want int
+			}{{e, 2}, {other, 1}} {
+				var n int
+				q := "SELECT COUNT(*) FROM " + c.env.Schema + "." + driver.DefaultTable + " WHERE aggregate_id = '" + c.env.Schema + "'"
+				if err := e.RelayDB.QueryRowContext(ctx, q).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n != c.want {
+					t.Errorf("%s: %d events written while it was the current schema, want %d", c.env.Schema, n, c.want)
+				}
 			}
 		})
 	}

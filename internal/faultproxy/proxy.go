@@ -6,7 +6,6 @@ package faultproxy
 
 import (
 	"bytes"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -34,6 +33,7 @@ type Proxy struct {
 	action  Action
 	conns   map[net.Conn]struct{}
 	refuse  bool
+	stalled atomic.Bool
 	// Tripped counts connections cut by a pattern.
 	Tripped atomic.Int64
 	// Refused counts connections closed at once while refusing.
@@ -71,6 +71,11 @@ func (p *Proxy) Refuse(on bool) {
 		p.CutAll()
 	}
 }
+
+// Stall makes the proxy drop every byte in both directions while on,
+// keeping connections open: a peer that went silent without a reset
+// (failover, a NAT or firewall dropping the flow).
+func (p *Proxy) Stall(on bool) { p.stalled.Store(on) }
 
 // CutAll closes every open connection (new ones are still accepted).
 func (p *Proxy) CutAll() {
@@ -127,7 +132,18 @@ func (p *Proxy) accept() {
 		}
 		var once sync.Once
 		go func() { // server -> client
-			_, _ = io.Copy(client, server)
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := server.Read(buf)
+				if n > 0 && !p.stalled.Load() {
+					if _, werr := client.Write(buf[:n]); werr != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
 			once.Do(cut)
 		}()
 		go func() { // client -> server, watching for the pattern
@@ -157,9 +173,11 @@ func (p *Proxy) accept() {
 						once.Do(cut)
 						return
 					}
-					if _, werr := server.Write(chunk); werr != nil {
-						once.Do(cut)
-						return
+					if !p.stalled.Load() { // while stalled, dropped
+						if _, werr := server.Write(chunk); werr != nil {
+							once.Do(cut)
+							return
+						}
 					}
 				}
 				if err != nil {
