@@ -103,7 +103,7 @@ func checkResult(t *testing.T, name string, raw []byte) {
 	if wantTrips["handwritten"] <= wantTrips["none"] || wantTrips["emit1"] <= wantTrips["none"] || wantTrips["emit10"] != wantTrips["emit1"] {
 		t.Errorf("round trips: %v", wantTrips)
 	}
-	if r.Commit.RatioEmit1 <= 0 || r.Commit.RatioEmit10 <= 0 {
+	if r.Commit.RatioEmit1 <= 0 || r.Commit.RatioEmit10 <= 0 || r.Commit.Emit10VsMultirow <= 0 || r.Commit.MultirowVsHandwritten <= 0 {
 		t.Errorf("commit ratios: %+v", r.Commit)
 	}
 	if d := r.Drain; d == nil || d.Rows != 2000 || d.EventsPerSec <= 0 || d.Seconds <= 0 || d.PeakRSSMB <= 0 || d.SpeedupBaseline <= 0 {

@@ -300,7 +300,9 @@ func printTables(out io.Writer, r *Result) {
 		}
 		fmt.Fprintf(w, "emit1/handwritten (c/b)\t%.2fx\t\t%.2fx\t\n", c.RatioEmit1, c.RoundTripsRatio1)
 		fmt.Fprintf(w, "emit10/handwritten (d/b)\t%.2fx\t\t%.2fx\t\n", c.RatioEmit10, c.RoundTripsRatio10)
-		fmt.Fprintf(w, "emit10/handwritten10\t%.2fx\t\t\t\n\n", c.Emit10VsHandwritten10)
+		fmt.Fprintf(w, "emit10/handwritten10\t%.2fx\t\t\t\n", c.Emit10VsHandwritten10)
+		fmt.Fprintf(w, "emit10/handwritten10_multirow\t%.2fx\t\t\t\n", c.Emit10VsMultirow)
+		fmt.Fprintf(w, "handwritten10_multirow/handwritten\t%.2fx\t\t\t\n\n", c.MultirowVsHandwritten)
 	}
 	kinds := []struct {
 		name string
