@@ -99,8 +99,9 @@ var (
 
 // exec runs query (the INSERT with cache key key) with args on c, through
 // the connection's prepared statement for key, preparing it on first use.
-// A statement whose Exec fails is closed and dropped, so the next commit
-// prepares it again (after DEALLOCATE ALL or DISCARD ALL, for instance).
+// A statement whose Exec fails (or panics) is dropped, closed on SQLite
+// only (see cachingConn), so the next commit prepares it again (after
+// DEALLOCATE ALL or DISCARD ALL, for instance).
 func (c *cachingConn) exec(ctx context.Context, key int, query string, args []sqldriver.NamedValue) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
