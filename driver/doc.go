@@ -30,10 +30,11 @@
 //     driver connection: one statement for a typical transaction, more
 //     only past the dialect's bind-parameter limit (65,535 on PostgreSQL
 //     and MySQL, 32,766 on SQLite) or 4 MiB of payload per statement. The
-//     statement comes from the connection's statement cache (below); with
-//     the cache off it is sent as text, and go-sql-driver/mysql without
-//     interpolateParams answers that Exec with driver.ErrSkip, so the hook
-//     then prepares, executes and closes;
+//     statement comes from the connection's statement cache (below); where
+//     the cache is off or does not apply, it goes through the driver's
+//     ExecContext, and go-sql-driver/mysql without interpolateParams
+//     answers that with driver.ErrSkip, so the hook then prepares,
+//     executes and closes;
 //  4. on an INSERT error, rolls back and returns ErrWriteEvents: business
 //     changes never commit without their events;
 //  5. COMMITs; only once COMMIT returned success does it signal Wakeup
@@ -51,8 +52,9 @@
 // StatementCacheSize of them, least recently used out; INSERTs of more than
 // 256 rows are not kept. Measured with BenchmarkCommit (BENCHMARKS.md), it
 // saves the SQL parse of the multi-row INSERT on SQLite and a round trip on
-// go-sql-driver/mysql (prepare, execute, close become execute) and on lib/pq
-// (parse, then bind and execute, become bind and execute).
+// go-sql-driver/mysql without interpolateParams (prepare, execute, close
+// become execute) and on lib/pq without binary_parameters (parse, then bind
+// and execute, become bind and execute).
 //
 // It is a connection wrapper the interceptor installs when sqlmw opens a
 // connection (ConnectorConnect), and it forwards every optional interface
@@ -63,13 +65,20 @@
 // deadline, so closing them first made closing a connection to a silent
 // server hang (TestStatementCacheCloseDoesNotWaitOnServer). A statement
 // whose execution fails is dropped and prepared again by the next commit.
+// A statement evicted from a full cache is closed on every driver (the
+// connection has just prepared its successor, so it is alive; left open,
+// evictions would pile up toward MySQL's max_prepared_stmt_count): one
+// more round trip on lib/pq and pgx, none answered on MySQL.
 //
 // It does not apply:
 //
-//   - to pgx's stdlib connections: pgx caches statements itself in its
-//     default mode (BenchmarkCommit: emit10 the same with and without
-//     ours), and a user who set another QueryExecMode (simple protocol for
-//     PgBouncer) chose not to prepare;
+//   - to pgx's *stdlib.Conn, recognised by its type when it reaches the
+//     wrapper directly: pgx caches statements itself in its default mode
+//     (BenchmarkCommit: emit10 the same with and without ours), and a user
+//     who set another QueryExecMode (simple protocol for PgBouncer) chose
+//     not to prepare. Behind another wrapper (otelsql, a counting
+//     connector) pgx cannot be recognised and the cache applies: set
+//     DisableStatementCache if you chose pgx's simple protocol;
 //   - on MySQL/MariaDB to an unqualified Config.Table: a prepared statement
 //     there keeps the database that was current when it was prepared, so
 //     after USE on a pooled connection the cached INSERT would write events
@@ -77,10 +86,11 @@
 //     follow USE (TestStatementCacheFollowsCurrentSchema). Qualify the
 //     table ("app.outbox_message") to get the cache. PostgreSQL re-resolves
 //     a prepared statement's names when search_path changes;
-//   - with Config.DisableStatementCache: PgBouncer in transaction mode
-//     without prepared-statement support, or DISCARD ALL / DEALLOCATE ALL
-//     on pooled connections (after which the next commit on that
-//     connection fails with ErrWriteEvents, as it does with pgx's cache);
+//   - when Config.DisableStatementCache is set, which it should be behind
+//     PgBouncer in transaction mode without prepared-statement support, or
+//     when the application runs DISCARD ALL / DEALLOCATE ALL on pooled
+//     connections (after which the next commit on that connection fails
+//     with ErrWriteEvents, as it does with pgx's cache);
 //   - to connections opened by calling Wrap(drv).Open directly, outside
 //     database/sql's connector path.
 //

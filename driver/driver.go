@@ -84,10 +84,12 @@ type Config struct {
 	// the cache, a commit that emits events executes one statement
 	// prepared once per connection instead of sending and parsing the
 	// INSERT each time: one round trip instead of two on
-	// go-sql-driver/mysql (prepare and execute; the close is not answered)
-	// and on lib/pq (parse, then bind and execute), and no SQL parse on
-	// SQLite. The cache never applies to pgx's stdlib connections (pgx
-	// caches statements itself, in the mode its config sets) nor, on
+	// go-sql-driver/mysql without interpolateParams (prepare and execute;
+	// the close is not answered) and on lib/pq without binary_parameters
+	// (parse, then bind and execute), and no SQL parse on SQLite. The cache
+	// does not apply to pgx's *stdlib.Conn when it reaches the wrapper
+	// directly (pgx caches statements itself, in the mode its config sets;
+	// behind another wrapper it cannot be recognised) nor, on
 	// MySQL/MariaDB, to an unqualified Table (see the package doc: a
 	// prepared statement there keeps the database current when it was
 	// prepared; write "db.outbox_message" to get the cache). Turn it off

@@ -173,7 +173,7 @@ func runCommit(ctx context.Context, db *database, iters int, cpuprofile string) 
 	if db.dialect == driver.Postgres {
 		// Diagnostic: the same Emit(1) without the NOTIFY folded into the
 		// INSERT (driver.Config.DisableNotify), on the same table.
-		ob2, err := driver.New(driver.Config{Dialect: db.dialect, Table: env.table, DisableNotify: true})
+		ob2, err := driver.New(driver.Config{Dialect: db.dialect, Table: env.table, DisableNotify: true, DisableStatementCache: true})
 		if err != nil {
 			return nil, err
 		}
