@@ -17,6 +17,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/handwritten"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/partition"
 )
@@ -91,28 +92,7 @@ func benchCommit(b *testing.B, tg testdb.Target, variant string) {
 		b.Fatalf("creating %s: %v", orders, err)
 	}
 	insOrder := "INSERT INTO " + orders + " (id, status, amount_cents) VALUES (" + e.Placeholder(1) + ", 'paid', " + e.Placeholder(2) + ")"
-	now := benchNowSQL(tg.Dialect)
-	insOutbox := "INSERT INTO " + e.Table + " (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers, created_at, updated_at) VALUES (" +
-		e.Placeholder(1) + ", " + e.Placeholder(2) + ", " + e.Placeholder(3) + ", " + e.Placeholder(4) + ", NULL, " +
-		e.Placeholder(5) + ", " + e.Placeholder(6) + ", " + e.Placeholder(7) + ", NULL, " + now + ", " + now + ")"
-
-	// The ten-row INSERT: the row of insOutbox, ten times, placeholders
-	// numbered on.
-	var multi strings.Builder
-	multi.WriteString(insOutbox[:strings.Index(insOutbox, "VALUES")+len("VALUES ")])
-	ph := 0
-	for r := range 10 {
-		if r > 0 {
-			multi.WriteString(", ")
-		}
-		for k, part := range strings.Split("(?, ?, ?, ?, NULL, ?, ?, ?, NULL, "+now+", "+now+")", "?") {
-			if k > 0 {
-				ph++
-				multi.WriteString(e.Placeholder(ph))
-			}
-			multi.WriteString(part)
-		}
-	}
+	insOutbox := handwritten.Insert(tg.Dialect, e.Table, 1)
 	var insMulti *sql.Stmt
 
 	// One connection per pool, like the unwrapped one: database/sql takes
@@ -127,8 +107,8 @@ func benchCommit(b *testing.B, tg testdb.Target, variant string) {
 	case "handwritten10_prepared":
 		db = plain
 		var err error
-		if insMulti, err = plain.PrepareContext(ctx, multi.String()); err != nil {
-			b.Fatalf("preparing %s: %v", multi.String(), err)
+		if insMulti, err = plain.PrepareContext(ctx, handwritten.Insert(tg.Dialect, e.Table, 10)); err != nil {
+			b.Fatalf("preparing the ten-row INSERT: %v", err)
 		}
 		defer insMulti.Close()
 	case "emit1":
@@ -212,18 +192,6 @@ func benchCommit(b *testing.B, tg testdb.Target, variant string) {
 	if n != want {
 		b.Fatalf("%s: %d outbox rows after %d transactions, want %d", variant, n, i, want)
 	}
-}
-
-// benchNowSQL is the dialect's timestamp expression the driver's own
-// INSERT uses for created_at and updated_at.
-func benchNowSQL(d driver.Dialect) string {
-	switch d {
-	case driver.Postgres:
-		return "clock_timestamp()"
-	case driver.MySQL:
-		return "UTC_TIMESTAMP(6)"
-	}
-	return "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
 }
 
 // benchConnector returns a connector of the target's real driver for e's

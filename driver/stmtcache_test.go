@@ -173,26 +173,37 @@ func stmtDB(t *testing.T, cfg driver.Config, minimal bool) (*sql.DB, *stmtRecord
 	return db, rec
 }
 
-// emitTx runs one transaction on db: a business INSERT and n events.
-func emitTx(ctx context.Context, db interface {
+// beginner is *sql.DB or *sql.Conn.
+type beginner interface {
 	BeginTx(context.Context, *sql.TxOptions) (*sql.Tx, error)
-}, n int) error {
+}
+
+// commitEvents runs one transaction on b in a new emit scope: bizInsert
+// (unless empty), then n events of aggregate, then Commit.
+func commitEvents(ctx context.Context, b beginner, bizInsert, aggregate string, n int) error {
 	sctx := outbox.NewContext(ctx)
-	tx, err := db.BeginTx(sctx, nil)
+	tx, err := b.BeginTx(sctx, nil)
 	if err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(sctx, "INSERT INTO biz VALUES (1)"); err != nil {
-		_ = tx.Rollback()
-		return err
+	if bizInsert != "" {
+		if _, err := tx.ExecContext(sctx, bizInsert); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
 	}
-	for i := range n {
-		if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: fmt.Sprint(i), Type: "t", Payload: []byte("{}")}); err != nil {
+	for range n {
+		if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: aggregate, Type: "t", Payload: []byte("{}")}); err != nil {
 			_ = tx.Rollback()
 			return err
 		}
 	}
 	return tx.Commit()
+}
+
+// emitTx runs one transaction on db: a business INSERT and n events.
+func emitTx(ctx context.Context, db beginner, n int) error {
+	return commitEvents(ctx, db, "INSERT INTO biz VALUES (1)", "1", n)
 }
 
 func mustEmitTx(t *testing.T, db *sql.DB, n int) {
@@ -385,17 +396,7 @@ func TestStatementCachePreparesOncePerConnection(t *testing.T) {
 			}
 			before := prepares()
 			for range 3 {
-				sctx := outbox.NewContext(ctx)
-				tx, err := conn.BeginTx(sctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i := range 2 {
-					if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: fmt.Sprint(i), Type: "t", Payload: []byte("{}")}); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if err := tx.Commit(); err != nil {
+				if err := commitEvents(ctx, conn, "", "1", 2); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -436,20 +437,7 @@ func TestStatementCacheRecoversFromDeallocateAll(t *testing.T) {
 			}
 			defer conn.Close()
 			commit := func(id int) error {
-				sctx := outbox.NewContext(ctx)
-				tx, err := conn.BeginTx(sctx, nil)
-				if err != nil {
-					return err
-				}
-				if _, err := tx.ExecContext(sctx, "INSERT INTO "+biz+" VALUES ("+fmt.Sprint(id)+")"); err != nil {
-					_ = tx.Rollback()
-					return err
-				}
-				if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: fmt.Sprint(id), Type: "t", Payload: []byte("{}")}); err != nil {
-					_ = tx.Rollback()
-					return err
-				}
-				return tx.Commit()
+				return commitEvents(ctx, conn, "INSERT INTO "+biz+" VALUES ("+fmt.Sprint(id)+")", fmt.Sprint(id), 1)
 			}
 			if err := commit(1); err != nil {
 				t.Fatal(err)
@@ -518,17 +506,7 @@ func TestStatementCacheCloseDoesNotWaitOnServer(t *testing.T) {
 			db.SetMaxOpenConns(1)
 			ctx := context.Background()
 			for n := 1; n <= 3; n++ { // three cached statements
-				sctx := outbox.NewContext(ctx)
-				tx, err := db.BeginTx(sctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i := range n {
-					if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: fmt.Sprint(i), Type: "t", Payload: []byte("{}")}); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if err := tx.Commit(); err != nil {
+				if err := commitEvents(ctx, db, "", "1", n); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -622,15 +600,7 @@ func TestStatementCacheFollowsCurrentSchema(t *testing.T) {
 				if _, err := pinned.ExecContext(ctx, use(env.Schema)); err != nil {
 					t.Fatal(err)
 				}
-				sctx := outbox.NewContext(ctx)
-				tx, err := pinned.BeginTx(sctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: env.Schema, Type: "t", Payload: []byte("{}")}); err != nil {
-					t.Fatal(err)
-				}
-				if err := tx.Commit(); err != nil {
+				if err := commitEvents(ctx, pinned, "", env.Schema, 1); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/handwritten"
 	"github.com/sqloutbox/outbox/partition"
 )
 
@@ -52,38 +53,10 @@ type CommitResult struct {
 	NotifyInInsertOnPG    bool    `json:"postgres_notify_in_insert"`
 }
 
-func nowSQL(d driver.Dialect) string {
-	switch d {
-	case driver.Postgres:
-		return "clock_timestamp()"
-	case driver.MySQL:
-		return "UTC_TIMESTAMP(6)"
-	}
-	return "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
-}
-
 // handwrittenInsert is the seed's hand-written outbox INSERT of one event
 // into table (arguments: see handwrittenEvent).
 func handwrittenInsert(db *database, table string) string {
-	now := nowSQL(db.dialect)
-	return "INSERT INTO " + table + " (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers, created_at, updated_at) VALUES (" +
-		db.ph(1) + ", " + db.ph(2) + ", " + db.ph(3) + ", " + db.ph(4) + ", NULL, " + db.ph(5) + ", " + db.ph(6) + ", " + db.ph(7) + ", NULL, " + now + ", " + now + ")"
-}
-
-// handwrittenMultirow is one hand-written INSERT of ten events into table
-// (arguments: handwrittenEvent's seven, ten times).
-func handwrittenMultirow(db *database, table string) string {
-	now := nowSQL(db.dialect)
-	q := "INSERT INTO " + table + " (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers, created_at, updated_at) VALUES "
-	n := 0
-	for r := 0; r < 10; r++ {
-		if r > 0 {
-			q += ", "
-		}
-		q += "(" + db.ph(n+1) + ", " + db.ph(n+2) + ", " + db.ph(n+3) + ", " + db.ph(n+4) + ", NULL, " + db.ph(n+5) + ", " + db.ph(n+6) + ", " + db.ph(n+7) + ", NULL, " + now + ", " + now + ")"
-		n += 7
-	}
-	return q
+	return handwritten.Insert(db.dialect, table, 1)
 }
 
 // handwrittenEvent runs ins (handwrittenInsert) in tx: one order.paid
@@ -153,7 +126,7 @@ func runCommit(ctx context.Context, db *database, iters int, cpuprofile string) 
 	// The best hand-written way for 10 events: one ten-row INSERT,
 	// prepared once on the plain pool (not a target ratio; separates what
 	// the library adds from what the rows cost).
-	multi, err := env.plainApp.PrepareContext(ctx, handwrittenMultirow(db, env.table))
+	multi, err := env.plainApp.PrepareContext(ctx, handwritten.Insert(db.dialect, env.table, 10))
 	if err != nil {
 		return nil, fmt.Errorf("preparing the ten-row INSERT: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/handwritten"
 	"github.com/sqloutbox/outbox/internal/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
@@ -76,7 +77,7 @@ func preload(ctx context.Context, db *database, env *outboxEnv, n int, sent bool
 			return fmt.Errorf("filling %s: %w", agg, err)
 		}
 	}
-	now := nowSQL(db.dialect)
+	now := handwritten.Now(db.dialect)
 	status, attempts, sentAt := "0", "0", "NULL"
 	if sent {
 		status, attempts, sentAt = "1", "1", now
