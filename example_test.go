@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -83,6 +84,6 @@ func Example() {
 func ExampleEmit_errors() {
 	ctx := outbox.NewContext(context.Background())
 	err := outbox.Emit(ctx, outbox.Event{AggregateType: "order", AggregateID: "1", Type: "t", Payload: []byte(`{}`)})
-	fmt.Println(err)
-	// Output: outbox: no open read-write transaction in the emit scope
+	fmt.Println(errors.Is(err, outbox.ErrNoTransaction))
+	// Output: true
 }

@@ -19,10 +19,11 @@
 //
 // # The commit hook
 //
-// The wrapper is built on github.com/ngrok/sqlmw. BeginTx with a context
-// carrying an emit scope (outbox.NewContext) binds a buffer to the scope;
-// outbox.Emit validates and appends to it. At Commit, with database/sql
-// holding the connection's lock for the whole call, the hook:
+// The wrapper is this package's own (see "Why not sqlmw" below). BeginTx
+// with a context carrying an emit scope (outbox.NewContext) binds a buffer
+// to the scope and to the connection; outbox.Emit validates and appends to
+// it. At Commit, with database/sql holding the connection's lock for the
+// whole call, the hook:
 //
 //  1. takes the buffered events (later Emits get ErrNoTransaction);
 //  2. if there are none, just COMMITs: no extra statement, no signal;
@@ -43,7 +44,56 @@
 //     decide: the relay publishes exactly what is in the table.
 //
 // Rollback, explicit or by database/sql when the BeginTx context ends,
-// discards the buffer. Read-only transactions are not bound.
+// discards the buffer. Read-only transactions are not bound. At the first
+// commit that writes events, the hook checks the server version once per
+// Outbox and refuses one older than supported (ErrUnsupportedServer), as
+// Migrate and the relay do. A unique violation of the INSERT is a reused
+// Event.ID: it is returned as a *DuplicateIDError (matching
+// outbox.ErrDuplicateID and ErrWriteEvents) naming the ID, found in the
+// driver's message or, where that names only the column (SQLite), by
+// asking the table after the rollback.
+//
+// # Savepoints and transaction control
+//
+// ORMs nest transactions with savepoints (GORM's nested Transaction, bun's
+// nested RunInTx, sqlx by hand), sent as ordinary statements. The
+// connection wrapper classifies every statement run inside a bound
+// transaction, on the Exec and Query paths and prepared, with a small lexer
+// that knows each dialect's quotes and comments (classify.go), and keeps
+// the transaction's savepoint stack on the connection (the statement's ctx
+// need not carry the scope):
+//
+//   - SAVEPOINT x records the buffer's position; ROLLBACK [WORK|TRANSACTION]
+//     TO [SAVEPOINT] x drops the events emitted since x and every savepoint
+//     set after x, and keeps x open; RELEASE [SAVEPOINT] x keeps the events
+//     and closes x and what came after it. A reused name shadows the older
+//     savepoint on PostgreSQL and SQLite and replaces it on MySQL/MariaDB,
+//     as the servers do. Names fold as the server folds them: PostgreSQL
+//     lower-cases unquoted names and keeps quoted ones; MySQL and SQLite
+//     compare case-insensitively. A command is applied only once the
+//     database executed it successfully; sent as a query it is executed
+//     (it returns no rows) so that its outcome is known.
+//   - Transaction control sent as a statement (COMMIT, END, ROLLBACK,
+//     BEGIN, START TRANSACTION, ABORT, PREPARE TRANSACTION, XA, SET
+//     autocommit, and on MySQL/MariaDB the statements that commit
+//     implicitly: DDL other than CREATE/DROP TEMPORARY TABLE, LOCK and
+//     UNLOCK TABLES, GRANT, ANALYZE TABLE, ...) would lose the buffer or
+//     write it outside the transaction: it is refused with
+//     ErrTransactionControl, not sent, and the transaction stays usable.
+//   - What the wrapper cannot classify with certainty is refused with
+//     ErrUncertainStatement, never guessed in the direction of a ghost:
+//     several statements in one string of which one is not plain, a MySQL
+//     CALL (a stored procedure may COMMIT or roll back to the caller's
+//     savepoint; Config.AllowProcedureCalls lets it run), MySQL's /*! */
+//     executable comments, an unterminated quote or comment, a string whose
+//     extent depends on backslash settings (NO_BACKSLASH_ESCAPES,
+//     standard_conforming_strings), and ROLLBACK TO or RELEASE of a
+//     savepoint the wrapper never saw set.
+//
+// Statements outside bound transactions are not classified. A statement
+// prepared outside one is classified once, at Prepare, since database/sql
+// may run it inside one on the same connection; plain statements are the
+// driver's own.
 //
 // # The statement cache
 //
@@ -56,10 +106,7 @@
 // become execute) and on lib/pq without binary_parameters (parse, then bind
 // and execute, become bind and execute).
 //
-// It is a connection wrapper the interceptor installs when sqlmw opens a
-// connection (ConnectorConnect), and it forwards every optional interface
-// database/sql looks for, answering as database/sql would where the driver
-// lacks one. On SQLite it finalizes the statements before closing the
+// It lives in the connection wrapper. On SQLite it finalizes the statements before closing the
 // connection. On the servers it leaves them to the session's end instead:
 // lib/pq waits for the server's answer to a statement Close without a
 // deadline, so closing them first made closing a connection to a silent
@@ -91,22 +138,28 @@
 //     when the application runs DISCARD ALL / DEALLOCATE ALL on pooled
 //     connections (after which the next commit on that connection fails
 //     with ErrWriteEvents, as it does with pgx's cache);
-//   - to connections opened by calling Wrap(drv).Open directly, outside
-//     database/sql's connector path.
 //
-// # Known gaps of sqlmw, worked around here
+// # What reaches the application
 //
-//   - sqlmw cannot wrap a driver.Connector: WrapConnector presents the
-//     connector to sqlmw as a driver whose OpenConnector returns it.
-//   - (*sql.Conn).Raw hands out sqlmw's connection type, not the
-//     underlying driver's (no *stdlib.Conn for pgx-specific calls such as
-//     CopyFrom). Use a second, unwrapped *sql.DB for such work.
-//   - sqlmw has no hook for a connection's Close: the statement cache
-//     wraps each connection itself (see above).
-//   - sqlmw's fallbacks assume interfaces a driver may lack (a driver
-//     without ExecerContext or Execer made it panic on any Exec); the cache's
-//     connection wrapper has every interface, so sqlmw's fallbacks are no
-//     longer reached, and the hook still recovers a panic into an error.
+// Only connections and bound transactions are wrapped. Statements, rows
+// and results are the driver's own, so driver-specific interfaces still
+// reach the application (go-sql-driver/mysql's mysql.Result with
+// AllRowsAffected and AllLastInsertIds, its multi-result rows). Inside
+// (*sql.Conn).Raw the connection is the wrapper's: Unwrap returns the
+// driver's (pgx's *stdlib.Conn for CopyFrom). The wrapper forwards every
+// optional interface database/sql looks for on a connection, answering as
+// database/sql would where the driver lacks one.
+//
+// # Why not sqlmw
+//
+// The design began on github.com/ngrok/sqlmw. It wraps every result in
+// its own type (only LastInsertId and RowsAffected survive), hands its
+// unexported connection type to Raw with no way to unwrap it, cannot wrap
+// a driver.Connector, has no hook for a connection's Close, and its
+// fallbacks panicked on drivers without ExecerContext; it has had no
+// release since 2022, and no interceptor method could change any of that.
+// Transparency is what this package promises, so the wrapper is ours: four
+// small types (wrap.go) and the statement classifier (classify.go).
 //
 // # Schema
 //

@@ -7,8 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-
-	"github.com/ngrok/sqlmw"
+	"sync/atomic"
 
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/internal/dialect"
@@ -100,6 +99,15 @@ type Config struct {
 	// statement fails with ErrWriteEvents (rolled back, nothing committed)
 	// and the next one prepares again.
 	DisableStatementCache bool
+	// AllowProcedureCalls lets a MySQL/MariaDB CALL run inside a
+	// transaction bound to an emit scope. A MySQL stored procedure may run
+	// COMMIT, ROLLBACK or ROLLBACK TO SAVEPOINT of the caller's savepoint,
+	// which the wrapper cannot see, so by default CALL there returns
+	// ErrUncertainStatement. Set it if your procedures run no transaction
+	// control or savepoint statements. (PostgreSQL procedures cannot end a
+	// transaction begun by the client nor touch its savepoints, and SQLite
+	// has none: CALL is never refused there.)
+	AllowProcedureCalls bool
 }
 
 func (c Config) withDefaults() Config {
@@ -119,8 +127,9 @@ func (c Config) withDefaults() Config {
 type Outbox struct {
 	cfg     Config
 	dialect *dialect.Dialect
-	intr    *interceptor
 	inserts insertCache
+
+	serverChecked atomic.Bool // checkServer passed once
 
 	mu   sync.Mutex
 	subs []chan struct{}
@@ -141,9 +150,7 @@ func New(cfg Config) (*Outbox, error) {
 	if err := cfg.Limits.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	o := &Outbox{cfg: cfg, dialect: d}
-	o.intr = &interceptor{o: o}
-	return o, nil
+	return &Outbox{cfg: cfg, dialect: d}, nil
 }
 
 var registerMu sync.Mutex
@@ -187,30 +194,21 @@ func (o *Outbox) Register(name string, drv sqldriver.Driver) (err error) {
 }
 
 // Wrap returns drv wrapped by o, for callers that register it themselves
-// or open it through sql.OpenDB(connector) with its DriverContext.
+// or open it through sql.OpenDB(connector) with its DriverContext. The
+// wrapped driver always implements driver.DriverContext: with a driver
+// that has OpenConnector its connector is wrapped, otherwise connections
+// are opened with drv.Open(name), as database/sql does.
 func (o *Outbox) Wrap(drv sqldriver.Driver) sqldriver.Driver {
-	return sqlmw.Driver(drv, o.intr)
+	return &wrappedDriver{parent: drv, o: o}
 }
 
 // WrapConnector returns c wrapped by o, for sql.OpenDB: for example
 // sql.OpenDB(ob.WrapConnector(stdlib.GetConnector(pgxConfig))) or
-// sql.OpenDB(ob.WrapConnector(mysqlConnector)).
-//
-// sqlmw (no release since 2022) cannot wrap a connector itself; this
-// presents c to sqlmw as a driver whose OpenConnector returns c.
+// sql.OpenDB(ob.WrapConnector(mysqlConnector)). The wrapped connector's
+// Close closes c if c is an io.Closer.
 func (o *Outbox) WrapConnector(c sqldriver.Connector) sqldriver.Connector {
-	wd := sqlmw.Driver(connectorDriver{c}, o.intr).(sqldriver.DriverContext)
-	wc, _ := wd.OpenConnector("") // connectorDriver.OpenConnector never fails
-	return wc
+	return &wrappedConnector{parent: c, o: o}
 }
-
-type connectorDriver struct{ c sqldriver.Connector }
-
-func (d connectorDriver) Open(string) (sqldriver.Conn, error) {
-	return d.c.Connect(context.Background())
-}
-
-func (d connectorDriver) OpenConnector(string) (sqldriver.Connector, error) { return d.c, nil }
 
 // Config returns o's configuration with defaults filled in.
 func (o *Outbox) Config() Config { return o.cfg }

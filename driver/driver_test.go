@@ -273,3 +273,82 @@ type dsnConnector struct {
 
 func (c dsnConnector) Connect(context.Context) (sqldriver.Conn, error) { return c.d.Open(c.dsn) }
 func (c dsnConnector) Driver() sqldriver.Driver                        { return c.d }
+
+// oldSQLiteDriver is modernc's SQLite reporting an unsupported version
+// (3.30.1) to the version query.
+type oldSQLiteDriver struct{}
+
+func (oldSQLiteDriver) Open(name string) (sqldriver.Conn, error) {
+	c, err := (&sqlite.Driver{}).Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return oldConn{c.(fullConn)}, nil
+}
+
+type oldConn struct{ fullConn }
+
+func oldVersion(q string) string {
+	if strings.Contains(q, "sqlite_version()") {
+		return "SELECT '3.30.1'"
+	}
+	return q
+}
+
+func (c oldConn) QueryContext(ctx context.Context, q string, a []sqldriver.NamedValue) (sqldriver.Rows, error) {
+	return c.fullConn.QueryContext(ctx, oldVersion(q), a)
+}
+
+func (c oldConn) PrepareContext(ctx context.Context, q string) (sqldriver.Stmt, error) {
+	return c.fullConn.PrepareContext(ctx, oldVersion(q))
+}
+
+// TestUnsupportedServerRefused: Migrate refuses a server older than the
+// supported minimum before creating anything, and the commit hook refuses
+// to write events there (the relay would never publish them).
+func TestUnsupportedServerRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testdb.SQLiteDSN(filepath.Join(t.TempDir(), "old.db"))
+	ob, err := driver.New(driver.Config{Dialect: driver.SQLite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ob.Wrap(oldSQLiteDriver{}).(sqldriver.DriverContext).OpenConnector(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(c)
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	if err := ob.Migrate(ctx, db); !errors.Is(err, driver.ErrUnsupportedServer) {
+		t.Fatalf("Migrate on SQLite 3.30.1 = %v, want ErrUnsupportedServer", err)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM sqlite_master").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("Migrate created %d objects (%v) before refusing", n, err)
+	}
+	// A table migrated by a supported build, written through the old one.
+	plain, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if err := ob.Migrate(ctx, plain); err != nil {
+		t.Fatal(err)
+	}
+	sctx := outbox.NewContext(ctx)
+	tx, err := db.BeginTx(sctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: "1", Type: "t", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); !errors.Is(err, driver.ErrUnsupportedServer) || !errors.Is(err, driver.ErrWriteEvents) {
+		t.Fatalf("commit on SQLite 3.30.1 = %v, want ErrWriteEvents and ErrUnsupportedServer", err)
+	}
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+driver.DefaultTable).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d events written (%v), want none", n, err)
+	}
+}

@@ -63,8 +63,9 @@ func (l Limits) Validate() error {
 // Scope ties Emit calls to the transaction begun with the same context.
 // Create one per unit of work with NewContext; it is safe for concurrent use.
 type Scope struct {
-	mu   sync.Mutex
-	open []*Batch
+	mu    sync.Mutex
+	open  []*Batch
+	begun int // batches ever bound, for ErrNoTransaction's message
 }
 
 type scopeKey struct{}
@@ -101,8 +102,43 @@ func (s *Scope) Begin(limits Limits) *Batch {
 	b := &Batch{scope: s, limits: limits.WithDefaults()}
 	s.mu.Lock()
 	s.open = append(s.open, b)
+	s.begun++
 	s.mu.Unlock()
 	return b
+}
+
+// Mark is a position in a batch's events, taken at a savepoint: RollbackTo
+// returns the batch to it.
+type Mark struct {
+	events, bytes int
+}
+
+// Mark returns the batch's current position (the number of events and
+// their bytes buffered so far).
+func (b *Batch) Mark() Mark {
+	b.scope.mu.Lock()
+	defer b.scope.mu.Unlock()
+	return Mark{events: len(b.events), bytes: b.bytes}
+}
+
+// RollbackTo drops the events buffered since m was taken and frees their
+// IDs and bytes, as ROLLBACK TO SAVEPOINT drops the rows written since the
+// savepoint. A mark past the buffered events (taken before an earlier
+// RollbackTo to an older mark) drops nothing.
+func (b *Batch) RollbackTo(m Mark) {
+	b.scope.mu.Lock()
+	defer b.scope.mu.Unlock()
+	if m.events >= len(b.events) {
+		return
+	}
+	for i := m.events; i < len(b.events); i++ {
+		if b.ids != nil {
+			delete(b.ids, b.events[i].ID)
+		}
+		b.events[i] = Event{} // let the payloads go
+	}
+	b.events = b.events[:m.events]
+	b.bytes = m.bytes
 }
 
 func (s *Scope) unbind(b *Batch) {
@@ -150,6 +186,9 @@ func Emit(ctx context.Context, ev Event) error {
 	if err != nil {
 		return err
 	}
+	if b == nil {
+		return s.noTransaction()
+	}
 	// Validate outside the lock: a 1 MiB JSON check takes milliseconds and
 	// must not queue other goroutines emitting into the same scope.
 	supplied := ev.ID != ""
@@ -164,18 +203,37 @@ func Emit(ctx context.Context, ev Event) error {
 		if len(s.open) > 1 {
 			return fmt.Errorf("%w (%d open)", ErrConcurrentTransactions, len(s.open))
 		}
-		return ErrNoTransaction
+		return s.noTransactionLocked()
 	}
 	return b.add(ev, size, supplied)
 }
 
-// current returns the scope's single open batch.
+// noTransaction returns ErrNoTransaction with the likely cause and fix.
+func (s *Scope) noTransaction() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.noTransactionLocked()
+}
+
+func (s *Scope) noTransactionLocked() error {
+	if s.begun == 0 {
+		return fmt.Errorf("%w: no transaction has been begun with this scope on an outbox-wrapped database. Likely causes: "+
+			"(1) the transaction was begun without the scope's context: write db.BeginTx(ctx, nil) with the ctx from outbox.NewContext "+
+			"(or one derived from it), not db.Begin() or db.BeginTx(context.Background(), nil); "+
+			"(2) the *sql.DB was not opened through the outbox driver: open it with sql.Open(name, dsn) using the name given to driver.Register, "+
+			"or sql.OpenDB(ob.WrapConnector(connector)). Read-only transactions are never bound", ErrNoTransaction)
+	}
+	return fmt.Errorf("%w: the scope's last transaction has already committed or rolled back "+
+		"(call Emit before tx.Commit, and begin the next transaction with the scope's context)", ErrNoTransaction)
+}
+
+// current returns the scope's single open batch, or nil if none is open.
 func (s *Scope) current() (*Batch, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch len(s.open) {
 	case 0:
-		return nil, ErrNoTransaction
+		return nil, nil
 	case 1:
 		return s.open[0], nil
 	default:

@@ -81,6 +81,8 @@ func appliedVersions(ctx context.Context, q execQueryer, table string) (map[int]
 // lock, with transactional DDL; MySQL/MariaDB: GET_LOCK on one connection,
 // every statement idempotent since DDL commits implicitly; SQLite: BEGIN
 // IMMEDIATE). Running it twice, or from several processes at once, is safe.
+// A server older than SupportedVersion allows is refused with
+// ErrUnsupportedServer before anything is changed.
 func (d *Dialect) Migrate(ctx context.Context, db *sql.DB) (err error) {
 	defer func() {
 		if err != nil {
@@ -92,6 +94,15 @@ func (d *Dialect) Migrate(ctx context.Context, db *sql.DB) (err error) {
 		return err
 	}
 	defer conn.Close()
+	// Refuse an unsupported server before changing anything: the relay
+	// would refuse to run on it (Check), and events would pile up.
+	var ver string
+	if err := conn.QueryRowContext(ctx, d.Query("version")).Scan(&ver); err != nil {
+		return fmt.Errorf("reading server version: %w", err)
+	}
+	if err := SupportedVersion(d.name, ver); err != nil {
+		return err
+	}
 	var q execQueryer = conn
 	var finish func(ok bool) error
 	switch d.name {

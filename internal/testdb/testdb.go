@@ -36,7 +36,7 @@ import (
 
 // Target is one database and driver combination the suite runs against.
 type Target struct {
-	// Name is pq, pgx, mysql or sqlite.
+	// Name is pq, pgx, mysql or sqlite (or pgx-simple, see PgxSimple).
 	Name    string
 	Dialect driver.Dialect
 }
@@ -48,6 +48,11 @@ var All = []Target{
 	{"mysql", driver.MySQL},
 	{"sqlite", driver.SQLite},
 }
+
+// PgxSimple is pgx with QueryExecModeSimpleProtocol (what PgBouncer users
+// choose: every statement is sent as text, nothing is prepared). It is not
+// in All; suites that care about how statements reach the server add it.
+var PgxSimple = Target{"pgx-simple", driver.Postgres}
 
 // Env is one test's private database objects on one target.
 type Env struct {
@@ -210,6 +215,9 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 			pc, err := pgx.ParseConfig(dsn)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if target == PgxSimple {
+				pc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 			}
 			connector = stdlib.GetConnector(*pc)
 		}
