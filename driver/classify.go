@@ -45,7 +45,32 @@ type stmtClass struct {
 // a semicolon, or any other punctuation.
 type token struct {
 	typ  tokType
-	text string // word as written, identifier unquoted, punctuation
+	text string // as written; for quoted tokens the text between the quotes
+	esc  byte   // for quoted tokens: the quote doubled inside, or 0
+	bs   bool   // for quoted tokens: backslash escapes apply
+}
+
+// unquoted returns a quoted token's value: doubled quotes (and, where they
+// apply, backslash escapes) undone.
+func (t token) unquoted() string {
+	if t.esc == 0 && !(t.bs && strings.IndexByte(t.text, '\\') >= 0) {
+		return t.text
+	}
+	var b strings.Builder
+	for i := 0; i < len(t.text); i++ {
+		c := t.text[i]
+		switch {
+		case t.bs && c == '\\' && i+1 < len(t.text):
+			i++
+			b.WriteByte(t.text[i])
+		case c == t.esc && i+1 < len(t.text) && t.text[i+1] == t.esc:
+			i++
+			b.WriteByte(c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 type tokType uint8
@@ -159,30 +184,32 @@ func (l *lexer) skipBlockComment() {
 	l.open = true
 }
 
-// quoted reads a token quoted by q, undoing doubled quotes (and backslash
-// escapes when backslash is set).
+// quoted reads a token quoted by q, where a doubled quote (and a
+// backslash, when backslash is set) escapes; the value is undone lazily
+// (token.unquoted), so lexing allocates nothing.
 func (l *lexer) quoted(q byte, typ tokType, backslash bool) token {
 	l.pos++ // opening quote
-	var b strings.Builder
+	start := l.pos
+	t := token{typ: typ, bs: backslash}
 	for l.pos < len(l.src) {
 		c := l.src[l.pos]
 		switch {
 		case backslash && c == '\\' && l.pos+1 < len(l.src):
-			b.WriteByte(l.src[l.pos+1])
 			l.pos += 2
 		case c == q && l.pos+1 < len(l.src) && l.src[l.pos+1] == q:
-			b.WriteByte(q)
+			t.esc = q
 			l.pos += 2
 		case c == q:
+			t.text = l.src[start:l.pos]
 			l.pos++
-			return token{typ: typ, text: b.String()}
+			return t
 		default:
-			b.WriteByte(c)
 			l.pos++
 		}
 	}
 	l.open = true
-	return token{typ: typ, text: b.String()}
+	t.text = l.src[start:]
+	return t
 }
 
 func (l *lexer) bracketed() token {
@@ -224,29 +251,56 @@ func (l *lexer) dollarQuoted() (token, bool) {
 	return token{typ: tokString, text: body[:close]}, true
 }
 
-// statements lexes src into its statements (split at top-level
-// semicolons, empty ones dropped).
-func (l *lexer) statements() [][]token {
-	var out [][]token
-	var cur []token
+// stmtHead is one statement's first tokens (enough for every command
+// classify recognises) and its token count.
+type stmtHead struct {
+	toks       [headTokens]token
+	n          int
+	start, end int // the statement's extent in the text (from the end of the previous one)
+}
+
+const headTokens = 7
+
+func (h *stmtHead) add(t token) {
+	if h.n < headTokens {
+		h.toks[h.n] = t
+	}
+	h.n++
+}
+
+// statements lexes src into the heads of its statements (split at
+// top-level semicolons, empty ones dropped). Most texts are one statement:
+// the first head lives in first, so that case allocates nothing.
+func (l *lexer) statements(first *stmtHead) (more []stmtHead) {
+	cur, count := first, 0
+	var next stmtHead
 	for {
+		at := l.pos
 		t, ok := l.next()
 		if !ok {
 			break
 		}
 		if t.typ == tokSemicolon {
-			if len(cur) > 0 {
-				out = append(out, cur)
+			if cur.n > 0 {
+				if count > 0 {
+					more = append(more, *cur)
+				}
+				count++
+				cur = &next
+				next = stmtHead{}
 			}
-			cur = nil
 			continue
 		}
-		cur = append(cur, t)
+		if cur.n == 0 {
+			cur.start = at
+		}
+		cur.add(t)
+		cur.end = l.pos
 	}
-	if len(cur) > 0 {
-		out = append(out, cur)
+	if cur.n > 0 && count > 0 {
+		more = append(more, *cur)
 	}
-	return out
+	return more
 }
 
 // classify tells what query does to the transaction it runs in on dialect
@@ -269,19 +323,24 @@ func classify(d Dialect, query string) stmtClass {
 
 func classifyLexed(d Dialect, query string, backslash bool) (stmtClass, bool) {
 	l := &lexer{d: d, src: query, backslash: backslash}
-	stmts := l.statements()
+	var first stmtHead
+	more := l.statements(&first)
 	switch {
 	case l.open:
 		return stmtClass{kind: kindUncertain, reason: "unterminated quote or comment"}, true
 	case l.execCmt:
 		return stmtClass{kind: kindUncertain, reason: "MySQL executable comment (/*! ... */)"}, false
-	case len(stmts) == 0:
+	case first.n == 0:
 		return stmtClass{}, false
-	case len(stmts) == 1:
-		return classifyOne(d, stmts[0]), false
+	case len(more) == 0:
+		return classifyOne(d, query, &first), false
 	}
-	for _, s := range stmts {
-		if c := classifyOne(d, s); c.kind != kindPlain {
+	for i := -1; i < len(more); i++ {
+		h := &first
+		if i >= 0 {
+			h = &more[i]
+		}
+		if c := classifyOne(d, query, h); c.kind != kindPlain {
 			return stmtClass{kind: kindUncertain, reason: "several statements in one string, one of them not plain (" + describe(c) + ")"}, false
 		}
 	}
@@ -308,13 +367,14 @@ var mysqlImplicitCommit = map[string]bool{
 	"PURGE": true,
 }
 
-func classifyOne(d Dialect, s []token) stmtClass {
+func classifyOne(d Dialect, src string, h *stmtHead) stmtClass {
+	s := h.toks[:min(h.n, headTokens)]
 	if s[0].typ != tokWord {
 		return stmtClass{}
 	}
 	word := func(i int) string {
 		if i < len(s) && s[i].typ == tokWord {
-			return strings.ToUpper(s[i].text)
+			return keyword(s[i].text)
 		}
 		return ""
 	}
@@ -322,13 +382,13 @@ func classifyOne(d Dialect, s []token) stmtClass {
 	first := word(0)
 	switch first {
 	case "SAVEPOINT":
-		return savepointCmd(d, kindSavepoint, s, 1)
+		return savepointCmd(d, kindSavepoint, h, 1)
 	case "RELEASE":
 		i := 1
 		if word(i) == "SAVEPOINT" {
 			i++
 		}
-		return savepointCmd(d, kindRelease, s, i)
+		return savepointCmd(d, kindRelease, h, i)
 	case "ROLLBACK":
 		i := 1
 		if w := word(i); w == "WORK" || w == "TRANSACTION" || w == "TRAN" {
@@ -341,7 +401,7 @@ func classifyOne(d Dialect, s []token) stmtClass {
 		if word(i) == "SAVEPOINT" {
 			i++
 		}
-		return savepointCmd(d, kindRollbackTo, s, i)
+		return savepointCmd(d, kindRollbackTo, h, i)
 	case "COMMIT", "END":
 		return control(first + " ends the transaction: call tx.Commit()")
 	case "BEGIN", "START":
@@ -369,11 +429,11 @@ func classifyOne(d Dialect, s []token) stmtClass {
 		if word(1) == "PASSWORD" {
 			return control("SET PASSWORD commits the transaction implicitly on MySQL/MariaDB")
 		}
-		for _, t := range s[1:] {
-			// autocommit, @@autocommit, @@session.autocommit
-			if t.typ == tokWord && strings.EqualFold(strings.TrimPrefix(t.text, "@@"), "autocommit") {
-				return control("SET autocommit commits or changes the transaction mode")
-			}
+		// autocommit anywhere in the assignment list (SET autocommit,
+		// @@autocommit, @@session.autocommit, SET x = 1, autocommit = 0):
+		// the statement's head may not reach it, so search the text.
+		if containsFold(src[h.start:h.end], "autocommit") {
+			return control("SET autocommit commits or changes the transaction mode")
 		}
 	case (first == "CREATE" || first == "DROP") && word(1) == "TEMPORARY":
 		return stmtClass{}
@@ -390,11 +450,11 @@ func classifyOne(d Dialect, s []token) stmtClass {
 // statement, folded as d compares names: PostgreSQL folds unquoted names
 // to lower case and keeps quoted ones; MySQL and SQLite compare names
 // case-insensitively.
-func savepointCmd(d Dialect, kind stmtKind, s []token, i int) stmtClass {
-	if i != len(s)-1 {
+func savepointCmd(d Dialect, kind stmtKind, h *stmtHead, i int) stmtClass {
+	if i != h.n-1 || i >= headTokens {
 		return stmtClass{kind: kindUncertain, reason: "malformed savepoint command"}
 	}
-	t := s[i]
+	t := h.toks[i]
 	var name string
 	switch {
 	case t.typ == tokWord && d == Postgres:
@@ -402,13 +462,49 @@ func savepointCmd(d Dialect, kind stmtKind, s []token, i int) stmtClass {
 	case t.typ == tokWord:
 		name = strings.ToLower(t.text)
 	case t.typ == tokQuotedIdent && d == Postgres:
-		name = t.text
+		name = t.unquoted()
 	case t.typ == tokQuotedIdent, t.typ == tokString && d == SQLite:
-		name = strings.ToLower(t.text)
+		name = strings.ToLower(t.unquoted())
 	default:
 		return stmtClass{kind: kindUncertain, reason: "malformed savepoint command"}
 	}
 	return stmtClass{kind: kind, name: name}
+}
+
+// keywords are the words classify looks at, upper case.
+var keywords = []string{
+	"SAVEPOINT", "RELEASE", "ROLLBACK", "WORK", "TRANSACTION", "TRAN", "TO", "COMMIT", "END",
+	"BEGIN", "START", "ABORT", "PREPARE", "XA", "CALL", "SET", "PASSWORD", "TEMPORARY",
+	"CHECK", "TABLE", "LOAD", "INDEX",
+	"ALTER", "CREATE", "DROP", "RENAME", "TRUNCATE", "LOCK", "UNLOCK", "GRANT", "REVOKE", "FLUSH",
+	"RESET", "ANALYZE", "OPTIMIZE", "REPAIR", "CACHE", "INSTALL", "UNINSTALL", "CHANGE", "STOP",
+	"BACKUP", "PURGE",
+}
+
+// keyword returns w's upper-case form if it is one of keywords, else ""
+// (without allocating: most statements' first word is SELECT, INSERT or
+// UPDATE).
+func keyword(w string) string {
+	if len(w) > len("TRANSACTION") {
+		return ""
+	}
+	for _, k := range keywords {
+		if len(k) == len(w) && strings.EqualFold(k, w) {
+			return k
+		}
+	}
+	return ""
+}
+
+// containsFold reports whether s contains the lower-case ASCII word w in
+// any case.
+func containsFold(s, w string) bool {
+	for i := 0; i+len(w) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(w)], w) {
+			return true
+		}
+	}
+	return false
 }
 
 func asciiLower(s string) string {
