@@ -5,9 +5,15 @@
 // Servers come from OUTBOX_TEST_POSTGRES (default
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable) and
 // OUTBOX_TEST_MYSQL (default root@tcp(127.0.0.1:3306)/test). When one is not
-// reachable and a Docker engine is, it is started with testcontainers-go.
-// Otherwise the test is skipped with the reason, unless OUTBOX_TEST_REQUIRE
+// reachable the test is skipped with the reason, unless OUTBOX_TEST_REQUIRE
 // is set (CI sets it), in which case the test fails.
+//
+// This package starts no servers: the library's module does not depend on
+// Docker. The nested test module (integration/) owns the container fallback:
+// its tests start throwaway servers with testcontainers-go when none is
+// reachable and a Docker engine is (integration/containers), and
+// `go run ./integration/cmd/testservers -- CMD...` does the same for any
+// command, this module's tests included, by setting the two variables.
 package testdb
 
 import (
@@ -19,7 +25,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,8 +115,52 @@ var (
 	failures = map[driver.Dialect]error{}
 )
 
-// PostgresDSN and MySQLDSN return the server DSNs, starting containers if
-// needed; they skip or fail t when no server is available.
+// Environment variables naming the servers, and their defaults.
+const (
+	PostgresEnv     = "OUTBOX_TEST_POSTGRES"
+	MySQLEnv        = "OUTBOX_TEST_MYSQL"
+	DefaultPostgres = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultMySQL    = "root@tcp(127.0.0.1:3306)/test"
+)
+
+// EnvVar returns the environment variable naming d's server (PostgresEnv or
+// MySQLEnv; "" for SQLite, which needs no server).
+func EnvVar(d driver.Dialect) string {
+	switch d {
+	case driver.Postgres:
+		return PostgresEnv
+	case driver.MySQL:
+		return MySQLEnv
+	}
+	return ""
+}
+
+// ConfiguredDSN returns d's server DSN: its environment variable, or the
+// default (PostgreSQL and MySQL only; "" for SQLite).
+func ConfiguredDSN(d driver.Dialect) string {
+	switch d {
+	case driver.Postgres:
+		return envOr(PostgresEnv, DefaultPostgres)
+	case driver.MySQL:
+		return envOr(MySQLEnv, DefaultMySQL)
+	}
+	return ""
+}
+
+// Ping connects to d's server at dsn (pgx for PostgreSQL, go-sql-driver for
+// MySQL) and reports whether it answered within 3 s.
+func Ping(d driver.Dialect, dsn string) error {
+	switch d {
+	case driver.Postgres:
+		return ping("pgx", dsn)
+	case driver.MySQL:
+		return ping("mysql", dsn)
+	}
+	return fmt.Errorf("testdb: %s has no server", d)
+}
+
+// PostgresDSN and MySQLDSN return the server DSNs; they skip or fail t
+// when the server does not answer.
 func PostgresDSN(t testing.TB) string { return server(t, driver.Postgres) }
 
 // MySQLDSN: see PostgresDSN.
@@ -127,24 +176,8 @@ func server(t testing.TB, d driver.Dialect) string {
 	if err, ok := failures[d]; ok {
 		unavailable(t, d, err)
 	}
-	var dsn, drv string
-	switch d {
-	case driver.Postgres:
-		dsn, drv = envOr("OUTBOX_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "pgx"
-	case driver.MySQL:
-		dsn, drv = envOr("OUTBOX_TEST_MYSQL", "root@tcp(127.0.0.1:3306)/test"), "mysql"
-	}
-	err := ping(drv, dsn)
-	if err != nil && dockerAvailable() {
-		var cerr error
-		dsn, cerr = startContainer(d)
-		if cerr == nil {
-			err = ping(drv, dsn)
-		} else {
-			err = fmt.Errorf("%v; container: %w", err, cerr)
-		}
-	}
-	if err != nil {
+	dsn := ConfiguredDSN(d)
+	if err := Ping(d, dsn); err != nil {
 		failures[d] = err
 		unavailable(t, d, err)
 	}
@@ -157,7 +190,7 @@ func unavailable(t testing.TB, d driver.Dialect, err error) {
 	if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
 		t.Fatalf("%s server required (OUTBOX_TEST_REQUIRE is set) but unavailable: %v", d, err)
 	}
-	t.Skipf("SKIP: no %s server (%v); set OUTBOX_TEST_%s or start one", d, err, strings.ToUpper(string(d)))
+	t.Skipf("SKIP: no %s server (%v); set %s, start one, or with Docker run the tests under `go run ./integration/cmd/testservers -- go test ...`", d, err, EnvVar(d))
 }
 
 func envOr(k, def string) string {
