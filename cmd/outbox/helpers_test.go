@@ -245,8 +245,12 @@ func relayUntil(t *testing.T, tg dbTarget, table string, wantSent, wantDead int)
 		return nil
 	})
 	deadCh := make(chan struct{}, 100)
-	r, err := relay.New(tg.plainDB(t), relay.Config{
-		Dialect: tg.dialect, Table: table, Publisher: pub, PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+	ob, err := driver.New(driver.Config{Dialect: tg.dialect, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(ob, tg.plainDB(t), relay.Config{
+		Publisher: pub, PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 		OnDeadLetter: func(relay.Message, error) { deadCh <- struct{}{} },
 	})
 	if err != nil {
