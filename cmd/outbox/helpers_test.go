@@ -156,7 +156,7 @@ func (tg dbTarget) dropAfter(t *testing.T, table string) {
 			return
 		}
 		defer db.Close()
-		for _, suffix := range []string{"_archive", "_relay", "_lease", "_migrations", ""} {
+		for _, suffix := range []string{"_archive", "_relay", "_lease", "_meta", "_migrations", ""} {
 			if _, err := db.Exec("DROP TABLE IF EXISTS " + table + suffix); err != nil {
 				t.Errorf("dropping %s%s: %v", table, suffix, err)
 			}
