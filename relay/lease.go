@@ -271,7 +271,7 @@ func (l *leases) run(ctx context.Context) {
 			l.r.log.Warn("lease heartbeat failed; leases lapse unless a later one succeeds", "instance", l.id, "error", err)
 		}
 		if ctx.Err() == nil {
-			l.r.watchPartitions(ctx, l.partitions)
+			l.r.watchPartitions(ctx, l.partitions, false)
 		}
 	}
 }

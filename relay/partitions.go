@@ -90,11 +90,16 @@ func (r *Relay) readPartitions(ctx context.Context) (int, error) {
 
 // partitionWatch is the relay's current partition verdict.
 type partitionWatch struct {
+	// running serializes the heartbeat's inspection with the periodic
+	// full one, so that a verdict computed from an older out-of-range
+	// count cannot overwrite a newer one; the heartbeat skips its own
+	// while a full one runs, rather than wait for it.
+	running sync.Mutex
+
 	mu         sync.Mutex
 	err        error // nil: consistent (as far as checked)
 	logged     time.Time
-	outOfRange int64     // pending rows outside 0..n-1 at the last full check
-	lastFull   time.Time // when the last full check ran
+	outOfRange int64 // pending rows outside 0..n-1 at the last full check
 }
 
 func (w *partitionWatch) current() error {
@@ -151,7 +156,7 @@ func (r *Relay) inspectPartitions(ctx context.Context, n int, full bool) (mismat
 			return nil, fmt.Errorf("counting pending rows outside the relay partitions of %s: %w", r.table, err)
 		}
 		r.watch.mu.Lock()
-		r.watch.outOfRange, r.watch.lastFull = outOfRange, time.Now()
+		r.watch.outOfRange = outOfRange
 		r.watch.mu.Unlock()
 	}
 	var problems []string
@@ -175,19 +180,34 @@ func (r *Relay) inspectPartitions(ctx context.Context, n int, full bool) (mismat
 	return fmt.Errorf("%w: table %s: %s", ErrPartitionMismatch, r.table, strings.Join(problems, "; ")), nil
 }
 
-// dueFull reports whether the next inspection should count out-of-range
-// pending rows.
-func (w *partitionWatch) dueFull(every time.Duration) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return time.Since(w.lastFull) >= every
+// checkPartitions counts the out-of-range pending rows every
+// PartitionCheckInterval until ctx ends. It runs beside the heartbeat, not
+// in it: over a large backlog the count can take long enough to delay a
+// lease renewal.
+func (r *Relay) checkPartitions(ctx context.Context, n int) {
+	t := time.NewTicker(r.cfg.PartitionCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.watchPartitions(ctx, n, true)
+	}
 }
 
-// watchPartitions runs one inspection while the relay runs (after each
-// lease heartbeat) and records its verdict; a database error leaves the
-// verdict as it was.
-func (r *Relay) watchPartitions(ctx context.Context, n int) {
-	mismatch, err := r.inspectPartitions(ctx, n, r.watch.dueFull(r.cfg.PartitionCheckInterval))
+// watchPartitions runs one inspection while the relay runs (the cheap one
+// after each lease heartbeat, the full one every PartitionCheckInterval)
+// and records its verdict; a database error leaves the verdict as it was.
+func (r *Relay) watchPartitions(ctx context.Context, n int, full bool) {
+	if full {
+		r.watch.running.Lock()
+	} else if !r.watch.running.TryLock() {
+		return // a full inspection, which checks the same and more, is running
+	}
+	defer r.watch.running.Unlock()
+	mismatch, err := r.inspectPartitions(ctx, n, full)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("relay partition check failed; retrying at the next heartbeat", "error", err)

@@ -81,9 +81,9 @@ type Config struct {
 	Publisher Publisher
 	// Wakeup tells the relay a transaction with events has committed.
 	// Default: the post-commit signal of the Outbox given to New
-	// (driver.Outbox.Wakeup), which fires for commits in this process; a
-	// relay in another process relies on the poll, Notify and
-	// ListenPostgres.
+	// (driver.Outbox.Wakeup, subscribed when Run starts), which fires for
+	// commits through that Outbox in this process; a relay in another
+	// process relies on the poll, Notify and ListenPostgres.
 	Wakeup <-chan struct{}
 	// PollInterval is the fallback poll. Default DefaultPollInterval.
 	PollInterval time.Duration
@@ -270,9 +270,6 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 	if ob == nil || db == nil || cfg.Publisher == nil {
 		return nil, fmt.Errorf("%w: a *driver.Outbox, a *sql.DB and a Publisher are required", ErrInvalidConfig)
 	}
-	if cfg.Wakeup == nil {
-		cfg.Wakeup = ob.Wakeup()
-	}
 	cfg = cfg.withDefaults()
 	if cfg.PollInterval < 0 || cfg.MinPollInterval < 0 || cfg.MinPollInterval > cfg.PollInterval || cfg.BatchSize < 1 || cfg.MaxBatchSize < cfg.BatchSize || cfg.MaxBatchBytes < 1 || cfg.MaxAttempts < 1 || cfg.RetryInitial < 0 ||
 		cfg.RetryMax < cfg.RetryInitial || cfg.RetryJitter < 0 || cfg.RetryJitter >= 1 ||
@@ -367,9 +364,12 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	beatCtx, stopBeat := context.WithCancel(hardCtx)
 	beatDone := make(chan struct{})
 	go func() { defer close(beatDone); r.leases.run(beatCtx) }()
+	checkDone := make(chan struct{})
+	go func() { defer close(checkDone); r.checkPartitions(beatCtx, parts) }()
 	defer func() {
 		stopBeat()
 		<-beatDone
+		<-checkDone
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
 		defer cancel()
 		r.leases.leave(lctx)
@@ -382,6 +382,10 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	r.log.Info("relay started", "dialect", r.ob.Config().Dialect, "instance", r.cfg.InstanceID, "poll_interval", r.cfg.PollInterval,
 		"batch_size", r.cfg.BatchSize, "max_batch_size", r.cfg.MaxBatchSize, "partitions", parts, "lease_ttl", r.cfg.LeaseTTL)
 
+	wakeup := r.cfg.Wakeup
+	if wakeup == nil {
+		wakeup = r.ob.Wakeup() // subscribed here, not in New: a New that is never run subscribes nothing
+	}
 	bo := r.loopBackoff()
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
@@ -437,7 +441,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		case <-r.stopping:
 		case <-poll.C:
 		case <-r.notify:
-		case <-r.cfg.Wakeup: // a nil channel never fires
+		case <-wakeup:
 		case <-r.leases.changed: // partitions acquired: they may hold a backlog
 		}
 	}
