@@ -56,7 +56,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	runErr := make(chan error, 1)
-	go func() { runErr <- r.Run(ctx) }() // Run logs the error that ends it, too
+	go func(ctx context.Context) { runErr <- r.Run(ctx) }(ctx) // Run logs the error that ends it, too
 	defer func() {
 		_ = r.Stop(ctx)
 		if err := <-runErr; err != nil {
