@@ -51,12 +51,19 @@ func Example() {
 	}
 
 	pub := outboxtest.NewPublisher() // relay/kafka.NewPublisher in production
-	r, err := relay.New(db, relay.Config{Dialect: driver.SQLite, Publisher: pub, Wakeup: ob.Wakeup()})
+	// Built from ob: its table, the partition count stored there, its wake-up.
+	r, err := relay.New(ob, db, relay.Config{Publisher: pub})
 	if err != nil {
 		log.Fatal(err)
 	}
-	go r.Run(ctx)
-	defer r.Stop(ctx)
+	runErr := make(chan error, 1)
+	go func(ctx context.Context) { runErr <- r.Run(ctx) }(ctx) // Run logs the error that ends it, too
+	defer func() {
+		_ = r.Stop(ctx)
+		if err := <-runErr; err != nil {
+			log.Fatal(err)
+		}
+	}()
 
 	ctx = outbox.NewContext(ctx) // once per unit of work
 	tx, err := db.BeginTx(ctx, nil)

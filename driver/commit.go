@@ -95,6 +95,10 @@ func (o *Outbox) insertSQL(rows int, notify bool) (string, int) {
 // parameter limit and dialect.MaxStatementBytes allow (one for a typical
 // transaction), through the connection's statement cache when it has one.
 func (o *Outbox) write(ctx context.Context, c *conn, events []emit.Event) error {
+	parts, err := o.commitPartitions(ctx, c.parent)
+	if err != nil {
+		return err
+	}
 	maxRows := o.dialect.MaxInsertRows()
 	headers := make([]any, len(events))
 	for k := range events {
@@ -132,7 +136,7 @@ func (o *Outbox) write(ctx context.Context, c *conn, events []emit.Event) error 
 			}
 			for _, v := range [...]any{
 				ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, topic,
-				int64(partition.Of(ev.AggregateType, ev.AggregateID, o.cfg.Partitions)),
+				int64(partition.Of(ev.AggregateType, ev.AggregateID, parts)),
 				ev.ContentType, payload, headers[k],
 			} {
 				args = append(args, sqldriver.NamedValue{Ordinal: len(args) + 1, Value: v})

@@ -161,6 +161,21 @@
 // Transparency is what this package promises, so the wrapper is ours: four
 // small types (wrap.go) and the statement classifier (classify.go).
 //
+// # The relay partition count
+//
+// Each row's relay partition is partition.Of(aggregate type, aggregate ID,
+// N), and N is stored in the table (<table>_meta, schema version 5 on
+// PostgreSQL and SQLite, 4 on MySQL/MariaDB): Migrate writes it once (an
+// existing install takes its lease table's size, a new one
+// Config.Partitions or 32), relays and this package read it, and only
+// relay.Repartition changes it. The commit hook reads it on the first
+// commit that emitted events, on that transaction's own connection, and
+// caches it in the Outbox: later commits cost no extra statement. Migrate,
+// Check and PartitionCount read it too (and refresh the cache). A
+// Config.Partitions that disagrees with the stored count fails all of them
+// with ErrPartitionMismatch (the commit with ErrWriteEvents as well,
+// rolled back) rather than write rows into partitions no relay owns.
+//
 // # Schema
 //
 // The DDL per dialect ships inside the module (embedded SQL, versioned).

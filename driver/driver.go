@@ -64,9 +64,16 @@ type Config struct {
 	// underscores; name at most 40 bytes). Default DefaultTable.
 	Table string
 	// Partitions is the number of relay partitions each row's aggregate is
-	// hashed onto (partition.Of), stored on the row at write time. Every
-	// writer and relay of a table must agree on it. Default
-	// partition.DefaultCount; at most partition.MaxCount.
+	// hashed onto (partition.Of), stored on the row at write time. The
+	// count itself is stored in the database (<table>_meta): Migrate
+	// writes it on a fresh install (this value, or partition.DefaultCount
+	// if 0; an existing install keeps the size of its lease table), the
+	// commit hook and relays read it from there, and only
+	// relay.Repartition changes it. Leave it 0 to use the stored count;
+	// set it (1..partition.MaxCount) to assert it: every read of the stored
+	// count through this Outbox (Migrate, Check, PartitionCount, the first
+	// commit, a relay built from it) then fails with ErrPartitionMismatch
+	// if the two differ, instead of writing rows no relay owns.
 	Partitions int
 	// Limits bound what one transaction may emit (see emit.Limits for the
 	// defaults).
@@ -114,9 +121,6 @@ func (c Config) withDefaults() Config {
 	if c.Table == "" {
 		c.Table = DefaultTable
 	}
-	if c.Partitions == 0 {
-		c.Partitions = partition.DefaultCount
-	}
 	c.Limits = c.Limits.WithDefaults()
 	return c
 }
@@ -133,18 +137,29 @@ type Outbox struct {
 
 	mu   sync.Mutex
 	subs []chan struct{}
+
+	// partitions is the stored relay partition count once read (0 before);
+	// see outbox.go.
+	partitions atomic.Int64
 }
 
-// New validates cfg and returns an Outbox. It returns an error wrapping
+// New validates cfg and returns an Outbox. It does not touch a database:
+// an Outbox built from Dialect and Table alone is also how a process that
+// only has a DSN (a standalone relay, the outbox command) describes the
+// table to package relay and metrics. It returns an error wrapping
 // ErrInvalidConfig for an unknown dialect, an invalid table name, a
-// partition count outside 1..partition.MaxCount or invalid Limits.
+// partition count outside 0..partition.MaxCount or invalid Limits.
 func New(cfg Config) (*Outbox, error) {
 	cfg = cfg.withDefaults()
-	d, err := dialect.New(dialect.Name(cfg.Dialect), cfg.Table)
-	if err != nil {
+	initial := cfg.Partitions
+	if initial == 0 {
+		initial = partition.DefaultCount
+	}
+	if err := partition.Validate(initial); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if err := partition.Validate(cfg.Partitions); err != nil {
+	d, err := dialect.NewPartitioned(dialect.Name(cfg.Dialect), cfg.Table, initial)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if err := cfg.Limits.Validate(); err != nil {
@@ -210,7 +225,8 @@ func (o *Outbox) WrapConnector(c sqldriver.Connector) sqldriver.Connector {
 	return &wrappedConnector{parent: c, o: o}
 }
 
-// Config returns o's configuration with defaults filled in.
+// Config returns o's configuration with defaults filled in (Partitions
+// stays 0 unless set: the stored count is read with PartitionCount).
 func (o *Outbox) Config() Config { return o.cfg }
 
 // Wakeup subscribes to the post-commit signal: after every COMMIT that
@@ -238,14 +254,24 @@ func (o *Outbox) notify() {
 }
 
 // Migrate creates or upgrades o's table on db (see func Migrate for the
-// locking). db may be opened with or without the wrapper. A schema-qualified
-// table's schema must already exist.
+// locking), then reads the stored relay partition count as PartitionCount
+// does. db may be opened with or without the wrapper. A schema-qualified
+// table's schema must already exist. Besides the database error it
+// returns ErrSchemaTooNew or, when Config.Partitions is set and the table
+// already stores another count, ErrPartitionMismatch (wrapped; the schema
+// is migrated all the same).
 func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
-	return o.dialect.Migrate(ctx, db)
+	if err := o.dialect.Migrate(ctx, db); err != nil {
+		return err
+	}
+	_, err := o.PartitionCount(ctx, db)
+	return err
 }
 
 // DDL returns the schema as SQL statements for o's dialect and table, for
 // teams that apply migrations with their own tool (goose, atlas, Flyway).
+// The meta migration stores Config.Partitions (partition.DefaultCount if 0)
+// when the lease table is empty.
 func (o *Outbox) DDL() string { return o.dialect.DDL() }
 
 // Migrate creates or upgrades the outbox table described by cfg on db. It

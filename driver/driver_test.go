@@ -47,7 +47,8 @@ func TestNewValidatesConfig(t *testing.T) {
 					t.Fatal(err)
 				}
 				got := ob.Config()
-				if got.Table == "" || got.Partitions != partition.DefaultCount && c.cfg.Partitions == 0 {
+				// Partitions stays 0: the count is read from the table.
+				if got.Table == "" || got.Partitions != c.cfg.Partitions {
 					t.Errorf("defaults not applied: %+v", got)
 				}
 				return

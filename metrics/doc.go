@@ -10,13 +10,12 @@
 // # Wiring
 //
 //	reg := prometheus.NewRegistry()
-//	m, err := metrics.NewRelayMetrics(reg, "outbox_message")
+//	m, err := metrics.NewRelayMetrics(reg, ob) // ob: the *driver.Outbox
 //	if err != nil { ... }
-//	r, err := relay.New(relayDB, relay.Config{Dialect: driver.Postgres, Table: "outbox_message",
-//		Publisher: pub, Wakeup: ob.Wakeup(), Observer: m})
-//	reg.MustRegister(metrics.NewStatsCollector(relayDB, driver.Postgres, "outbox_message", 5*time.Second))
+//	r, err := relay.New(ob, relayDB, relay.Config{Publisher: pub, Observer: m})
+//	reg.MustRegister(metrics.NewStatsCollector(ob, relayDB, 5*time.Second))
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-//	go r.Run(ctx)
+//	go func() { errc <- r.Run(ctx) }() // check the error: Run also logs it
 //
 // Use one RelayMetrics per relay. Register the stats collector once per
 // table in each process that should report it (every relay instance
@@ -53,6 +52,11 @@
 //   - outbox_partitions_owned (gauge, partitions): relay partitions this
 //     instance holds a lease on; 0 once the relay stopped.
 //   - outbox_relay_up (gauge, 1/0): 1 while the relay loop runs.
+//   - outbox_relay_partition_mismatch (gauge, 1/0): 1 while the relay
+//     detects a relay partition mismatch (relay.ErrPartitionMismatch:
+//     pending rows in partitions no relay can own, a lease table of
+//     another size, a stored count that differs from the configured one),
+//     including after it refused to start because of one.
 //
 // # Table metrics (NewStatsCollector)
 //
@@ -73,6 +77,13 @@
 //     rows.
 //   - outbox_partition_owner_info{partition,owner} (always 1): the relay
 //     instance holding a partition's live lease; absent if none does.
+//   - outbox_partitions (partitions): the relay partition count
+//     stored in the table; outbox_lease_partitions (rows): the lease
+//     table's rows (the same once a relay ran, 0 before);
+//     outbox_out_of_range_pending_events (rows): pending rows in
+//     partitions outside the stored count, which no relay can own;
+//     outbox_partition_mismatch (1/0): 1 if any of these disagree
+//     (relay.Stats.Mismatch).
 //   - outbox_stats_scrape_error (1/0): 1 if the statistics could not be
 //     read (database error or timeout) during this scrape; the other table
 //     metrics are then absent from that scrape.
@@ -83,5 +94,5 @@
 // (more than 1000 pending for 5 minutes), OutboxOldestPendingTooOld (the
 // oldest pending row older than 5 minutes), OutboxPublishSuccessLow
 // (success ratio below 99% for 10 minutes), OutboxRelayDown,
-// OutboxDeadLetters and OutboxStatsScrapeFailing.
+// OutboxDeadLetters, OutboxStatsScrapeFailing and OutboxPartitionMismatch.
 package metrics

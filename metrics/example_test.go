@@ -24,20 +24,21 @@ func Example() {
 		relayDB *sql.DB         // the relay's own small pool
 		pub     relay.Publisher // for example kafka.NewPublisher
 	)
-	const table = "outbox_message"
-
 	reg := prometheus.NewRegistry()
-	m, err := metrics.NewRelayMetrics(reg, table)
+	m, err := metrics.NewRelayMetrics(reg, ob)
 	if err != nil {
 		log.Fatal(err)
 	}
-	reg.MustRegister(metrics.NewStatsCollector(relayDB, driver.Postgres, table, 5*time.Second))
+	reg.MustRegister(metrics.NewStatsCollector(ob, relayDB, 5*time.Second))
 	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
-	r, err := relay.New(relayDB, relay.Config{Dialect: driver.Postgres, Table: table,
-		Publisher: pub, Wakeup: ob.Wakeup(), Observer: m})
+	r, err := relay.New(ob, relayDB, relay.Config{Publisher: pub, Observer: m})
 	if err != nil {
 		log.Fatal(err)
 	}
-	go func() { _ = r.Run(ctx) }()
+	go func() {
+		if err := r.Run(ctx); err != nil { // Run logs it too
+			log.Fatal(err)
+		}
+	}()
 }

@@ -102,15 +102,15 @@ func lint(t *testing.T, g prometheus.Gatherer) {
 func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m, err := metrics.NewRelayMetrics(reg, "orders_outbox")
+	m, err := metrics.NewRelayMetrics(reg, outboxOf(t, "orders_outbox"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var obs relay.Observer = m // the point of the type
 
 	// Before anything happens every series exists, errors at 0 per class.
-	if n := testutil.CollectAndCount(m); n != 12 {
-		t.Errorf("CollectAndCount = %d, want 12 (8 single series + 4 error classes)", n)
+	if n := testutil.CollectAndCount(m); n != 13 {
+		t.Errorf("CollectAndCount = %d, want 13 (9 single series + 4 error classes)", n)
 	}
 	if n := testutil.CollectAndCount(m, metrics.MetricPublishErrors); n != 4 {
 		t.Errorf("error classes exported = %d, want 4", n)
@@ -215,7 +215,7 @@ func bucketBounds(t *testing.T, g prometheus.Gatherer, name string) []float64 {
 func TestRelayMetricsLint(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m, err := metrics.NewRelayMetrics(reg, "")
+	m, err := metrics.NewRelayMetrics(reg, outboxOf(t, ""))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestRelayMetricsLint(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
-	// The empty table is the relay's default table.
+	// An Outbox without a table has the default table.
 	if v := value(t, reg, metrics.MetricPublished, map[string]string{"table": driver.DefaultTable}); v != 1 {
 		t.Errorf("published{table=%q} = %v, want 1", driver.DefaultTable, v)
 	}
@@ -236,10 +236,10 @@ func TestRelayMetricsLint(t *testing.T) {
 func TestRelayMetricsDuplicateRegistration(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	if _, err := metrics.NewRelayMetrics(reg, "a"); err != nil {
+	if _, err := metrics.NewRelayMetrics(reg, outboxOf(t, "a")); err != nil {
 		t.Fatal(err)
 	}
-	_, err := metrics.NewRelayMetrics(reg, "a")
+	_, err := metrics.NewRelayMetrics(reg, outboxOf(t, "a"))
 	var are prometheus.AlreadyRegisteredError
 	if err == nil || !errors.As(err, &are) {
 		t.Fatalf("second registration of table a: %v, want an AlreadyRegisteredError", err)
@@ -248,27 +248,27 @@ func TestRelayMetricsDuplicateRegistration(t *testing.T) {
 		t.Errorf("error %q does not name the table", err)
 	}
 	// Another table in the same registry is fine: the table label differs.
-	if _, err := metrics.NewRelayMetrics(reg, "b"); err != nil {
+	if _, err := metrics.NewRelayMetrics(reg, outboxOf(t, "b")); err != nil {
 		t.Fatalf("registering table b: %v", err)
 	}
-	// "" means driver.DefaultTable.
-	if _, err := metrics.NewRelayMetrics(reg, ""); err != nil {
+	// An Outbox of the default table.
+	if _, err := metrics.NewRelayMetrics(reg, outboxOf(t, "")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := metrics.NewRelayMetrics(reg, driver.DefaultTable); err == nil {
+	if _, err := metrics.NewRelayMetrics(reg, outboxOf(t, driver.DefaultTable)); err == nil {
 		t.Error("registering the default table twice succeeded")
 	}
 	// A conflicting metric of another origin is reported, not panicked on.
 	other := prometheus.NewRegistry()
 	other.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: metrics.MetricPublished, Help: "not ours"}))
-	if _, err := metrics.NewRelayMetrics(other, "c"); err == nil {
+	if _, err := metrics.NewRelayMetrics(other, outboxOf(t, "c")); err == nil {
 		t.Error("registering over a conflicting metric succeeded")
 	}
 }
 
 func TestRelayMetricsNilRegistererUsesDefault(t *testing.T) {
 	t.Parallel()
-	m, err := metrics.NewRelayMetrics(nil, "nil_registerer_test")
+	m, err := metrics.NewRelayMetrics(nil, outboxOf(t, "nil_registerer_test"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestRelayMetricsNilRegistererUsesDefault(t *testing.T) {
 func TestRelayMetricsConcurrent(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m, err := metrics.NewRelayMetrics(reg, "t")
+	m, err := metrics.NewRelayMetrics(reg, outboxOf(t, "t"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +317,7 @@ func TestRelayMetricsConcurrent(t *testing.T) {
 // TestStatsCollectorError: a failed snapshot exports only the error gauge.
 func TestStatsCollectorError(t *testing.T) {
 	t.Parallel()
-	c := metrics.NewStatsCollector(nil, driver.Dialect("nosuchdb"), "t", 0)
+	c := metrics.NewStatsCollector(nil, nil, 0)
 	if n := testutil.CollectAndCount(c); n != 1 {
 		t.Fatalf("CollectAndCount = %d, want 1 (only %s)", n, metrics.MetricStatsScrapeError)
 	}
@@ -389,12 +389,12 @@ func TestIntegrationSQLite(t *testing.T) {
 	e := testdb.New(t, tg, driver.Config{})
 
 	reg := prometheus.NewRegistry()
-	rm, err := metrics.NewRelayMetrics(reg, e.Table)
+	rm, err := metrics.NewRelayMetrics(reg, e.Outbox)
 	if err != nil {
 		t.Fatal(err)
 	}
 	obs := notifying{RelayMetrics: rm, changed: make(chan struct{}, 1)}
-	if err := reg.Register(metrics.NewStatsCollector(e.RelayDB, tg.Dialect, e.Table, 5*time.Second)); err != nil {
+	if err := reg.Register(metrics.NewStatsCollector(e.Outbox, e.RelayDB, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	pub := outboxtest.NewPublisher()
@@ -404,7 +404,7 @@ func TestIntegrationSQLite(t *testing.T) {
 		}
 		return nil
 	})
-	r, err := relay.New(e.RelayDB, relay.Config{Dialect: tg.Dialect, Table: e.Table, Publisher: pub, Wakeup: e.Outbox.Wakeup(),
+	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: pub,
 		PollInterval: 20 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Observer: obs})
 	if err != nil {
@@ -471,10 +471,11 @@ func TestIntegrationSQLite(t *testing.T) {
 	wantNames := []string{
 		metrics.MetricPublished, metrics.MetricPublishErrors, metrics.MetricRetries, metrics.MetricDeadLettered,
 		metrics.MetricCommitToPublish, metrics.MetricBatchSize, metrics.MetricClaimDuration,
-		metrics.MetricPartitionsOwned, metrics.MetricRelayUp,
+		metrics.MetricPartitionsOwned, metrics.MetricRelayUp, metrics.MetricRelayPartitionMismatch,
 		metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
 		metrics.MetricPartitionPendingEvents, metrics.MetricPartitionOldestPendingAge, metrics.MetricPartitionOwnerInfo,
-		metrics.MetricStatsScrapeError,
+		metrics.MetricStatsScrapeError, metrics.MetricPartitions, metrics.MetricLeasePartitions,
+		metrics.MetricOutOfRangePending, metrics.MetricPartitionMismatch,
 	}
 	for _, n := range wantNames {
 		if _, ok := exported[n]; !ok {
@@ -567,7 +568,7 @@ func TestIntegrationSQLite(t *testing.T) {
 	}
 
 	// A table that does not exist: only the error gauge.
-	bad := metrics.NewStatsCollector(e.RelayDB, tg.Dialect, "no_such_outbox", time.Second)
+	bad := metrics.NewStatsCollector(outboxOf(t, "no_such_outbox"), e.RelayDB, time.Second)
 	if n := testutil.CollectAndCount(bad); n != 1 {
 		t.Errorf("missing table: %d metrics, want 1", n)
 	}
@@ -722,8 +723,8 @@ func TestAlertsFile(t *testing.T) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	want := []string{"OutboxBacklogHigh", "OutboxDeadLetters", "OutboxOldestPendingTooOld", "OutboxPublishSuccessLow",
-		"OutboxRelayDown", "OutboxStatsScrapeFailing"}
+	want := []string{"OutboxBacklogHigh", "OutboxDeadLetters", "OutboxOldestPendingTooOld", "OutboxPartitionMismatch",
+		"OutboxPublishSuccessLow", "OutboxRelayDown", "OutboxStatsScrapeFailing"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("alerts %v, want %v", names, want)
 	}
@@ -862,4 +863,15 @@ func TestDashboardJSON(t *testing.T) {
 			t.Errorf("dashboard queries lack %q", q)
 		}
 	}
+}
+
+// outboxOf is an Outbox of table (SQLite; "" is driver.DefaultTable), as
+// a process that only knows the table builds one.
+func outboxOf(t testing.TB, table string) *driver.Outbox {
+	t.Helper()
+	ob, err := driver.New(driver.Config{Dialect: driver.SQLite, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ob
 }

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -40,7 +41,17 @@ const (
 	// MetricRelayUp is a gauge: 1 while the relay's loop runs, 0 before it
 	// started and after it stopped.
 	MetricRelayUp = "outbox_relay_up"
+	// MetricRelayPartitionMismatch is a gauge: 1 while the relay detects
+	// a relay partition mismatch (relay.ErrPartitionMismatch: a stored
+	// count that differs from the configured one, a lease table of another
+	// size, pending rows in partitions no relay owns), also after the
+	// relay refused to start because of one; 0 otherwise.
+	MetricRelayPartitionMismatch = "outbox_relay_partition_mismatch"
 )
+
+// ErrInvalidConfig is returned (wrapped) by NewRelayMetrics for a nil
+// Outbox.
+var ErrInvalidConfig = errors.New("outbox metrics: invalid config")
 
 // Histogram bucket upper bounds.
 var (
@@ -80,31 +91,33 @@ type RelayMetrics struct {
 	claimDuration   prometheus.Histogram
 	partitionsOwned prometheus.Gauge
 	up              prometheus.Gauge
+	mismatch        prometheus.Gauge
 }
 
-var _ relay.Observer = (*RelayMetrics)(nil)
+var (
+	_ relay.Observer          = (*RelayMetrics)(nil)
+	_ relay.PartitionObserver = (*RelayMetrics)(nil)
+)
 
-// NewRelayMetrics creates the relay metrics of table (default
-// driver.DefaultTable, as in relay.Config) and registers them with reg
-// (prometheus.DefaultRegisterer if nil). It returns the registration error,
-// wrapped (a prometheus.AlreadyRegisteredError when metrics of the same
-// table are already registered with reg); it never panics.
-func NewRelayMetrics(reg prometheus.Registerer, table string) (*RelayMetrics, error) {
+// NewRelayMetrics creates the relay metrics of ob's table (its
+// driver.Config.Table is the table label) and registers them with reg
+// (prometheus.DefaultRegisterer if nil). It returns ErrInvalidConfig
+// (wrapped) for a nil ob, or the registration error, wrapped (a
+// prometheus.AlreadyRegisteredError when metrics of the same table are
+// already registered with reg); it never panics.
+func NewRelayMetrics(reg prometheus.Registerer, ob *driver.Outbox) (*RelayMetrics, error) {
+	if ob == nil {
+		return nil, fmt.Errorf("%w: NewRelayMetrics needs a *driver.Outbox", ErrInvalidConfig)
+	}
 	if reg == nil {
 		reg = prometheus.DefaultRegisterer
 	}
-	m := newRelayMetrics(tableLabel(table))
+	table := ob.Config().Table
+	m := newRelayMetrics(table)
 	if err := reg.Register(m); err != nil {
-		return nil, fmt.Errorf("outbox metrics: registering relay metrics of table %q: %w", tableLabel(table), err)
+		return nil, fmt.Errorf("outbox metrics: registering relay metrics of table %q: %w", table, err)
 	}
 	return m, nil
-}
-
-func tableLabel(table string) string {
-	if table == "" {
-		return driver.DefaultTable
-	}
-	return table
 }
 
 func newRelayMetrics(table string) *RelayMetrics {
@@ -158,6 +171,11 @@ func newRelayMetrics(table string) *RelayMetrics {
 			Help:        "1 while the relay loop runs, 0 otherwise.",
 			ConstLabels: cl,
 		}),
+		mismatch: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        MetricRelayPartitionMismatch,
+			Help:        "1 while the relay detects a relay partition mismatch (rows no relay can own, or a lease table that disagrees), else 0.",
+			ConstLabels: cl,
+		}),
 	}
 	// Resolve the known classes once (no map lookup or allocation per
 	// failure) and export them from the start at 0, so that rates and
@@ -171,7 +189,7 @@ func newRelayMetrics(table string) *RelayMetrics {
 
 func (m *RelayMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.published, m.errors, m.retries, m.deadLettered,
-		m.commitToPublish, m.batchSize, m.claimDuration, m.partitionsOwned, m.up}
+		m.commitToPublish, m.batchSize, m.claimDuration, m.partitionsOwned, m.up, m.mismatch}
 }
 
 // Describe implements prometheus.Collector: it sends the descriptors of
@@ -249,4 +267,14 @@ func (m *RelayMetrics) Up(up bool) {
 	}
 	m.up.Set(0)
 	m.partitionsOwned.Set(0)
+}
+
+// PartitionMismatch implements relay.PartitionObserver: it sets
+// outbox_relay_partition_mismatch to 1 when err is not nil, else to 0.
+func (m *RelayMetrics) PartitionMismatch(err error) {
+	if err != nil {
+		m.mismatch.Set(1)
+		return
+	}
+	m.mismatch.Set(0)
 }

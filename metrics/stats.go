@@ -45,6 +45,19 @@ const (
 	// timed out) during this scrape, in which case no other statistics
 	// metric is exported, and 0 otherwise.
 	MetricStatsScrapeError = "outbox_stats_scrape_error"
+	// MetricPartitions is the relay partition count stored in the
+	// table (driver.Outbox.PartitionCount).
+	MetricPartitions = "outbox_partitions"
+	// MetricLeasePartitions is the number of rows in the lease table:
+	// outbox_partitions once a relay has run, 0 before.
+	MetricLeasePartitions = "outbox_lease_partitions"
+	// MetricOutOfRangePending is the number of pending rows in partitions
+	// outside 0..outbox_partitions-1, which no relay can own.
+	MetricOutOfRangePending = "outbox_out_of_range_pending_events"
+	// MetricPartitionMismatch is 1 when the table's partitions disagree
+	// (relay.Stats.Mismatch: out-of-range pending rows, or a lease table
+	// of another size), else 0.
+	MetricPartitionMismatch = "outbox_partition_mismatch"
 )
 
 // DefaultStatsTimeout bounds one scrape's statistics queries when
@@ -52,31 +65,35 @@ const (
 const DefaultStatsTimeout = 5 * time.Second
 
 type statsCollector struct {
+	ob      *driver.Outbox
 	db      *sql.DB
-	dialect driver.Dialect
-	table   string
 	timeout time.Duration
 
 	pending, oldest, sent, dead, partPending, partOldest, owner, scrapeErr *prometheus.Desc
+	count, leaseRows, outOfRange, mismatch                                 *prometheus.Desc
 }
 
 // NewStatsCollector returns a prometheus.Collector that, on every scrape,
-// reads a relay.ReadStats snapshot of table (default driver.DefaultTable)
-// through db with dialect d, bounded by timeout (DefaultStatsTimeout if
-// not positive), and exports it as the gauges listed in the package
-// documentation: outbox_pending_events, outbox_oldest_pending_age_seconds,
-// outbox_sent_events, outbox_dead_letters,
-// outbox_partition_pending_events{partition},
+// reads a relay.ReadStats snapshot of ob's table through db, bounded by
+// timeout (DefaultStatsTimeout if not positive), and exports it as the
+// gauges listed in the package documentation: outbox_pending_events,
+// outbox_oldest_pending_age_seconds, outbox_sent_events,
+// outbox_dead_letters, outbox_partition_pending_events{partition},
 // outbox_partition_oldest_pending_age_seconds{partition},
-// outbox_partition_owner_info{partition,owner} and
-// outbox_stats_scrape_error. When the snapshot fails only
-// outbox_stats_scrape_error (1) is exported.
+// outbox_partition_owner_info{partition,owner}, outbox_partitions,
+// outbox_lease_partitions, outbox_out_of_range_pending_events,
+// outbox_partition_mismatch and outbox_stats_scrape_error. When the
+// snapshot fails (or ob or db is nil) only outbox_stats_scrape_error (1) is
+// exported.
 //
 // Each scrape runs three short queries; give it the relay's small pool or
 // another one that cannot starve business queries. Register it once per
 // table (with reg.Register or MustRegister).
-func NewStatsCollector(db *sql.DB, d driver.Dialect, table string, timeout time.Duration) prometheus.Collector {
-	table = tableLabel(table)
+func NewStatsCollector(ob *driver.Outbox, db *sql.DB, timeout time.Duration) prometheus.Collector {
+	table := driver.DefaultTable
+	if ob != nil {
+		table = ob.Config().Table
+	}
 	if timeout <= 0 {
 		timeout = DefaultStatsTimeout
 	}
@@ -85,7 +102,7 @@ func NewStatsCollector(db *sql.DB, d driver.Dialect, table string, timeout time.
 		return prometheus.NewDesc(name, help, labels, cl)
 	}
 	return &statsCollector{
-		db: db, dialect: d, table: table, timeout: timeout,
+		ob: ob, db: db, timeout: timeout,
 		pending:     desc(MetricPendingEvents, "Outbox rows pending publication (status 0)."),
 		oldest:      desc(MetricOldestPendingAge, "Age in seconds of the oldest pending outbox row (database clock), 0 if none."),
 		sent:        desc(MetricSentEvents, "Sent outbox rows (status 1) not yet removed by retention."),
@@ -94,12 +111,17 @@ func NewStatsCollector(db *sql.DB, d driver.Dialect, table string, timeout time.
 		partOldest:  desc(MetricPartitionOldestPendingAge, "Age in seconds of the oldest pending outbox row, per relay partition.", "partition"),
 		owner:       desc(MetricPartitionOwnerInfo, "Relay instance holding the live lease of a relay partition (always 1).", "partition", "owner"),
 		scrapeErr:   desc(MetricStatsScrapeError, "1 if reading the outbox statistics failed during this scrape, else 0."),
+		count:       desc(MetricPartitions, "Relay partition count stored in the outbox table."),
+		leaseRows:   desc(MetricLeasePartitions, "Rows in the relay partition lease table (0 before any relay ran)."),
+		outOfRange:  desc(MetricOutOfRangePending, "Pending outbox rows in partitions outside the stored count, which no relay can own."),
+		mismatch:    desc(MetricPartitionMismatch, "1 if the table's relay partitions disagree (out-of-range rows or a lease table of another size), else 0."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pending, c.oldest, c.sent, c.dead, c.partPending, c.partOldest, c.owner, c.scrapeErr} {
+	for _, d := range []*prometheus.Desc{c.pending, c.oldest, c.sent, c.dead, c.partPending, c.partOldest, c.owner, c.scrapeErr,
+		c.count, c.leaseRows, c.outOfRange, c.mismatch} {
 		ch <- d
 	}
 }
@@ -108,7 +130,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	st, err := relay.ReadStats(ctx, c.db, c.dialect, c.table)
+	st, err := relay.ReadStats(ctx, c.ob, c.db)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.scrapeErr, prometheus.GaugeValue, 1)
 		return
@@ -121,6 +143,14 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.oldest, st.OldestPending.Seconds())
 	gauge(c.sent, float64(st.Sent))
 	gauge(c.dead, float64(st.Dead))
+	gauge(c.count, float64(st.PartitionCount))
+	gauge(c.leaseRows, float64(st.LeaseRows))
+	gauge(c.outOfRange, float64(st.OutOfRange))
+	mismatch := 0.0
+	if st.Mismatch() != nil {
+		mismatch = 1
+	}
+	gauge(c.mismatch, mismatch)
 	for _, p := range st.Partitions {
 		part := strconv.Itoa(p.Partition)
 		gauge(c.partPending, float64(p.Pending), part)

@@ -3,8 +3,8 @@
 // with a deadline instead of sleeps.
 //
 //	pub := outboxtest.NewPublisher()
-//	r, _ := relay.New(db, relay.Config{Dialect: driver.SQLite, Publisher: pub, Wakeup: ob.Wakeup()})
-//	go r.Run(ctx)
+//	r, _ := relay.New(ob, db, relay.Config{Publisher: pub}) // ob: the test's *driver.Outbox
+//	go func() { errc <- r.Run(ctx) }()
 //	// ... commit a transaction that emits ...
 //	msgs, err := pub.WaitForCount(ctx, 1)
 package outboxtest

@@ -17,9 +17,11 @@ import (
 //
 // The relay partition is computed once, at write time, and stored on each
 // outbox row, so every writer and every relay instance must agree on the
-// count. Changing it for a live outbox is not a configuration flip: it
-// requires a drain barrier (all rows written under the old count delivered
-// before rows under the new count are relayed), which is provided separately.
+// count: it is stored in the outbox table (driver.Outbox.PartitionCount),
+// and writers and relays read it from there. Changing it for a live outbox
+// is not a configuration flip: it requires a drain barrier (all rows
+// written under the old count delivered before rows under the new count are
+// relayed), which relay.Repartition provides.
 const DefaultCount = 32
 
 // MaxCount is the largest relay partition count [Validate] accepts. It bounds

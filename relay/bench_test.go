@@ -135,7 +135,7 @@ func benchDrain(b *testing.B, tg testdb.Target) {
 		}
 		preload()
 		obs := newDrainCounter(benchDrainRows)
-		r, err := relay.New(rdb, relay.Config{Dialect: tg.Dialect, Table: e.Table, Publisher: outboxtest.NewPublisher(),
+		r, err := relay.New(e.Outbox, rdb, relay.Config{Publisher: outboxtest.NewPublisher(),
 			Observer: obs, Logger: quiet()})
 		if err != nil {
 			b.Fatal(err)

@@ -88,16 +88,16 @@ type DeadLetters struct {
 	d  *dialect.Dialect
 }
 
-// NewDeadLetters returns the dead-letter operations for table (default
-// driver.DefaultTable) of dialect on db. It returns ErrInvalidConfig
-// (wrapped) for an unknown dialect or a bad table name.
-func NewDeadLetters(db *sql.DB, d driver.Dialect, table string) (*DeadLetters, error) {
-	if table == "" {
-		table = driver.DefaultTable
+// NewDeadLetters returns the dead-letter operations for ob's table on db.
+// It does not touch the database; it returns ErrInvalidConfig (wrapped)
+// for a nil ob or db.
+func NewDeadLetters(ob *driver.Outbox, db *sql.DB) (*DeadLetters, error) {
+	if ob == nil || db == nil {
+		return nil, fmt.Errorf("%w: NewDeadLetters needs a *driver.Outbox and a *sql.DB", ErrInvalidConfig)
 	}
-	dd, err := dialect.New(dialect.Name(d), table)
+	dd, err := dialectOf(ob)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, err
 	}
 	return &DeadLetters{db: db, d: dd}, nil
 }

@@ -1,12 +1,12 @@
 package relay_test
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
 
-	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/relay"
 )
 
@@ -25,7 +25,7 @@ func TestDeadLetterOperations(t *testing.T) {
 			}
 			return nil
 		})
-		dl, err := relay.NewDeadLetters(b.e.RelayDB, tg.Dialect, b.e.Table)
+		dl, err := relay.NewDeadLetters(b.e.Outbox, b.e.RelayDB)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,10 +118,10 @@ func TestSkipDeadPolicy(t *testing.T) {
 
 func TestNewDeadLettersValidates(t *testing.T) {
 	t.Parallel()
-	if _, err := relay.NewDeadLetters(nil, "nope", ""); !errors.Is(err, relay.ErrInvalidConfig) {
-		t.Errorf("bad dialect: %v", err)
+	if _, err := relay.NewDeadLetters(nil, &sql.DB{}); !errors.Is(err, relay.ErrInvalidConfig) {
+		t.Errorf("nil outbox: %v", err)
 	}
-	if _, err := relay.NewDeadLetters(nil, driver.SQLite, "a b"); !errors.Is(err, relay.ErrInvalidConfig) {
-		t.Errorf("bad table: %v", err)
+	if _, err := relay.NewDeadLetters(sqliteOutbox(t), nil); !errors.Is(err, relay.ErrInvalidConfig) {
+		t.Errorf("nil db: %v", err)
 	}
 }

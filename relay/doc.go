@@ -1,6 +1,20 @@
 // Package relay moves committed outbox rows to a broker: in order per
 // aggregate, at least once.
 //
+// # One source of truth
+//
+// Everything here is built from the *driver.Outbox that describes the
+// table: New(ob, db, cfg), NewRetention(ob, db, cfg), NewDeadLetters(ob,
+// db), ReadStats(ctx, ob, db), Repartition(ctx, ob, db, n),
+// ListenPostgres(ctx, ob, dsn, ...), and in package metrics
+// NewRelayMetrics(reg, ob) and NewStatsCollector(ob, db, timeout). In the
+// writing process that is the Outbox the driver was registered with; a
+// process that has only a DSN (a standalone relay, the outbox command)
+// builds one with driver.New(driver.Config{Dialect: ..., Table: ...}),
+// which touches no database. The relay partition count is not configured
+// anywhere: it is stored in the table (Migrate writes it, Repartition
+// changes it) and read from there.
+//
 // # The loop
 //
 // A Relay runs one cycle at a time: claim up to BatchSize rows, hand them
@@ -79,8 +93,8 @@
 //
 // # Several instances: partition leases
 //
-// Every row carries a relay partition (partition.Of of its aggregate,
-// Config.Partitions of them, 32 by default), fixed when it is written. Each
+// Every row carries a relay partition (partition.Of of its aggregate, over
+// the count stored in the table, 32 by default), fixed when it is written. Each
 // relay instance leases a share of the partitions in <table>_lease and
 // claims only rows of partitions it holds; one aggregate lives in one
 // partition, so its events are only ever published by one instance at a
@@ -129,7 +143,38 @@
 // too, at the cost of several round trips per batch; the database fence
 // and the trust window are measured sufficient in TestScaleOut.)
 //
-// Changing Config.Partitions needs a drain barrier: see Repartition.
+// Changing the partition count needs a drain barrier: see Repartition, the
+// only way to change it.
+//
+// # Partition mismatches
+//
+// Run refuses to start (ErrPartitionMismatch) when the stored count
+// differs from driver.Config.Partitions of the relay's Outbox (when set),
+// when the lease table has rows but not one per stored partition, or when
+// pending rows sit in partitions outside 0..count-1 (no relay can own
+// them: a writer was told another count). A relay creates the lease rows
+// only in an empty lease table; it never resizes it. While running it
+// compares the stored count and the lease table at every lease heartbeat
+// (one query) and counts out-of-range pending rows every
+// PartitionCheckInterval (default 30 s; it reads every pending row once,
+// as a stats scrape does). A mismatch found while running does not stop
+// the relay (the partitions it owns keep flowing): it is logged at ERROR
+// (again every PartitionCheckInterval while it lasts), reported to an
+// Observer that implements PartitionObserver (metrics.RelayMetrics:
+// outbox_relay_partition_mismatch) and returned by Ready, until a check
+// finds the partitions consistent again.
+//
+// # Errors that end Run
+//
+// Run returns only after a stop, or with an error at start (unsupported
+// server, schema missing or outdated, partition mismatch) or ErrStopped.
+// Every such error is logged at ERROR before Run returns; check it all the
+// same:
+//
+//	errc := make(chan error, 1)
+//	go func() { errc <- r.Run(ctx) }()
+//	...
+//	if err := <-errc; err != nil { ... } // the relay is not relaying
 //
 // # Waking relays in other processes
 //
@@ -142,6 +187,7 @@
 //
 // # Cost of an idle relay
 //
-// One claim per PollInterval, plus a lease heartbeat (four short statements)
-// per LeaseHeartbeat.
+// One claim per PollInterval, plus a lease heartbeat (four short statements
+// and the partition check's one) per LeaseHeartbeat, plus the count of
+// out-of-range pending rows per PartitionCheckInterval.
 package relay

@@ -3,9 +3,7 @@ package relay
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -21,11 +19,6 @@ const (
 	// MinLeaseTTL is the shortest LeaseTTL New accepts.
 	MinLeaseTTL = 500 * time.Millisecond
 )
-
-// ErrPartitionMismatch is returned by Run when the lease table or pending
-// rows disagree with Config.Partitions: every writer and relay of a table
-// must use the same count (see Repartition to change it).
-var ErrPartitionMismatch = errors.New("outbox: relay partition count differs from the table's")
 
 // leaseSet is what the loop may work on: owned partitions (with their
 // fencing epochs) and until when, by the host's monotonic clock, that
@@ -71,31 +64,34 @@ func newInstanceID() string {
 
 func (l *leases) ttlMicros() int64 { return l.ttl.Microseconds() }
 
-// start creates the lease rows (once per table) and checks the partition
-// count against the table.
+// start creates the lease rows if the lease table is empty (no relay ran
+// on this table yet), and checks the stored count, the lease table and
+// the pending rows against l.partitions. A lease table that has rows is
+// never resized here: if it disagrees, start returns ErrPartitionMismatch
+// (Repartition is the one way to change it).
 func (l *leases) start(ctx context.Context) error {
-	args := make([]any, l.partitions)
-	for i := range args {
-		args[i] = i
-	}
 	qctx, cancel := context.WithTimeout(ctx, l.r.cfg.QueryTimeout)
 	defer cancel()
-	if _, err := l.r.db.ExecContext(qctx, l.r.d.LeaseInit(l.partitions), args...); err != nil {
-		return fmt.Errorf("creating lease rows: %w", err)
-	}
 	var rows int
-	var maxPending sql.NullInt64
 	if err := l.r.db.QueryRowContext(qctx, "SELECT COUNT(*) FROM "+l.r.d.LeaseTable()).Scan(&rows); err != nil {
+		return fmt.Errorf("counting lease rows: %w", err)
+	}
+	if rows == 0 {
+		args := make([]any, l.partitions)
+		for i := range args {
+			args[i] = i
+		}
+		// Relays starting at once all insert the same rows; the
+		// statement ignores the ones another inserted first.
+		if _, err := l.r.db.ExecContext(qctx, l.r.d.LeaseInit(l.partitions), args...); err != nil {
+			return fmt.Errorf("creating lease rows: %w", err)
+		}
+	}
+	mismatch, err := l.r.inspectPartitions(ctx, l.partitions, true)
+	if err != nil {
 		return err
 	}
-	if err := l.r.db.QueryRowContext(qctx, "SELECT MAX(partition_key) FROM "+l.r.d.QuotedTable()+" WHERE status = 0").Scan(&maxPending); err != nil {
-		return err
-	}
-	if rows != l.partitions || (maxPending.Valid && int(maxPending.Int64) >= l.partitions) {
-		return fmt.Errorf("%w: relay configured with %d partitions; lease table has %d, highest pending partition %d",
-			ErrPartitionMismatch, l.partitions, rows, maxPending.Int64)
-	}
-	return nil
+	return mismatch
 }
 
 // snapshot returns what the loop may claim now, and the partitions it
@@ -273,6 +269,9 @@ func (l *leases) run(ctx context.Context) {
 		}
 		if err := l.heartbeat(ctx); err != nil && ctx.Err() == nil {
 			l.r.log.Warn("lease heartbeat failed; leases lapse unless a later one succeeds", "instance", l.id, "error", err)
+		}
+		if ctx.Err() == nil {
+			l.r.watchPartitions(ctx, l.partitions, false)
 		}
 	}
 }

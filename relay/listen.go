@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/dialect"
 )
 
 // ListenPostgres wakes a relay in another process than the writers: it
@@ -20,24 +19,27 @@ import (
 // NOTIFY, on by default for Postgres). Notifications are delivered only
 // for committed transactions; wake should coalesce (Relay.Notify does).
 //
-//	go relay.ListenPostgres(ctx, dsn, "outbox_message", r.Notify, logger)
+//	go relay.ListenPostgres(ctx, ob, dsn, r.Notify, logger)
 //
 // dsn is a libpq-style URL or key=value string (as pgx accepts). It
 // reconnects with backoff (100 ms doubling to 30 s) when the connection
 // drops, and calls wake after each (re)connection, since notifications sent
 // while disconnected are lost (the relay's poll would find them too). It
 // returns ctx's error once ctx ends, or an error wrapping ErrInvalidConfig
-// for a bad table name; logger may be nil (slog.Default()).
-func ListenPostgres(ctx context.Context, dsn, table string, wake func(), logger *slog.Logger) error {
-	if table == "" {
-		table = driver.DefaultTable
-	}
-	d, err := dialect.New(dialect.Postgres, table)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
+// (logged too) for a nil ob or one whose dialect is not driver.Postgres;
+// logger may be nil (slog.Default()). ob names the table (its channel).
+func ListenPostgres(ctx context.Context, ob *driver.Outbox, dsn string, wake func(), logger *slog.Logger) error {
 	if logger == nil {
 		logger = slog.Default()
+	}
+	if ob == nil || ob.Config().Dialect != driver.Postgres {
+		err := fmt.Errorf("%w: ListenPostgres needs a *driver.Outbox of dialect postgres", ErrInvalidConfig)
+		logger.Error("not listening for commit notifications", "component", "outbox.listen", "error", err)
+		return err
+	}
+	d, err := dialectOf(ob)
+	if err != nil {
+		return err
 	}
 	log := logger.With("component", "outbox.listen", "channel", d.Channel())
 	bo := backoff.NewExponentialBackOff()

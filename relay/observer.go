@@ -20,7 +20,8 @@ const (
 // Observer receives what the relay does, for metrics (package metrics
 // implements it on Prometheus). Methods are called synchronously from the
 // relay's loop: they must be quick and must not block. A nil
-// Config.Observer observes nothing.
+// Config.Observer observes nothing. An Observer may also implement
+// PartitionObserver to hear about relay partition mismatches.
 type Observer interface {
 	// Claimed: a claim returned n messages and took the given time.
 	Claimed(n int, took time.Duration)

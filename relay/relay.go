@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -16,7 +17,6 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/dialect"
 	"github.com/sqloutbox/outbox/internal/failpoint"
-	"github.com/sqloutbox/outbox/partition"
 )
 
 // Defaults, from the seed article unless noted.
@@ -56,25 +56,34 @@ const (
 	DefaultPublishTimeout = 10 * time.Second
 	// DefaultQueryTimeout bounds each relay SQL statement.
 	DefaultQueryTimeout = 10 * time.Second
+	// DefaultPartitionCheckInterval is how often a running relay counts
+	// the pending rows in partitions no relay can own (a query that reads
+	// every pending row once, like a stats scrape). The stored count and
+	// the lease table are compared at every lease heartbeat.
+	DefaultPartitionCheckInterval = 30 * time.Second
 )
 
-// Errors returned by New and Run.
+// Errors returned by New, Run and Ready.
 var (
+	// ErrInvalidConfig: New, NewRetention, NewDeadLetters, Repartition or
+	// ListenPostgres got a nil Outbox or database, or an out-of-range
+	// setting.
 	ErrInvalidConfig = errors.New("outbox: invalid relay config")
-	ErrStopped       = errors.New("outbox: relay already ran")
+	// ErrStopped: Run was called a second time.
+	ErrStopped = errors.New("outbox: relay already ran")
+	// ErrNotRunning: Ready before Run started relaying or after it returned.
+	ErrNotRunning = errors.New("outbox: relay is not running")
 )
 
 // Config configures a Relay. Zero fields take the defaults above.
 type Config struct {
-	// Dialect and Table name the outbox table, as in driver.Config.
-	// Table defaults to driver.DefaultTable.
-	Dialect driver.Dialect
-	Table   string
 	// Publisher sends batches to the broker. Required.
 	Publisher Publisher
-	// Wakeup, usually driver.Outbox.Wakeup(), tells the relay a
-	// transaction with events has committed. Optional: without it the
-	// relay relies on the poll (and Notify).
+	// Wakeup tells the relay a transaction with events has committed.
+	// Default: the post-commit signal of the Outbox given to New
+	// (driver.Outbox.Wakeup, subscribed when Run starts), which fires for
+	// commits through that Outbox in this process; a relay in another
+	// process relies on the poll, Notify and ListenPostgres.
 	Wakeup <-chan struct{}
 	// PollInterval is the fallback poll. Default DefaultPollInterval.
 	PollInterval time.Duration
@@ -126,10 +135,10 @@ type Config struct {
 	OnUnavailable func(error)
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
-	// Partitions is the number of relay partitions; it must equal
-	// driver.Config.Partitions of every writer. Default
-	// partition.DefaultCount.
-	Partitions int
+	// PartitionCheckInterval is how often the running relay looks for
+	// pending rows in partitions no relay can own (see
+	// ErrPartitionMismatch). Default DefaultPartitionCheckInterval.
+	PartitionCheckInterval time.Duration
 	// LeaseTTL is how long a partition lease lasts without renewal, by the
 	// database clock. Default DefaultLeaseTTL (10 s); at least MinLeaseTTL.
 	// A crashed instance's partitions are taken over within LeaseTTL plus
@@ -156,9 +165,6 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Table == "" {
-		c.Table = driver.DefaultTable
-	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
 	}
@@ -198,8 +204,8 @@ func (c Config) withDefaults() Config {
 	if c.Clock == nil {
 		c.Clock = backoff.SystemClock
 	}
-	if c.Partitions == 0 {
-		c.Partitions = partition.DefaultCount
+	if c.PartitionCheckInterval == 0 {
+		c.PartitionCheckInterval = DefaultPartitionCheckInterval
 	}
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
@@ -219,10 +225,13 @@ func (c Config) withDefaults() Config {
 // Relay moves committed outbox rows to a Publisher. Create it with New,
 // start it with Run, stop it by cancelling Run's context or with Stop.
 type Relay struct {
+	ob  *driver.Outbox
 	db  *sql.DB
 	cfg Config
 	d   *dialect.Dialect
 	log *slog.Logger
+	// table is ob's table, as configured.
+	table string
 
 	notify   chan struct{}
 	stopping chan struct{}
@@ -237,43 +246,51 @@ type Relay struct {
 	marking *markJob // owned by the Run goroutine
 	batch   int      // the next claim's size; owned by the Run goroutine
 	leases  *leases  // set by Run
+
+	running atomic.Bool // between start-up and the end of Run
+	watch   partitionWatch
 }
 
-// New returns a relay over db, the outbox table's database. The relay runs
+// New returns a relay of ob's table (ob is the writers' Outbox, or, in a
+// process that only has a DSN, one built with driver.New from the dialect
+// and table) over db, the outbox table's database. The relay runs
 // at most two statements at a time (marking one batch sent while claiming
 // the next), so it holds at most two of db's connections; give it its own
 // small pool (db.SetMaxOpenConns(2)) so it can never starve business
 // queries, nor be starved by them. On SQLite, which has one writer at a
 // time, share the application's *sql.DB opened with SetMaxOpenConns(1). db need not be opened through
-// the outbox driver. New returns ErrInvalidConfig (wrapped) for a missing
-// Publisher, an unknown dialect, a bad table name or a negative setting.
+// the outbox driver. The relay partition count is not configured here: Run
+// reads the count stored in the table (driver.Outbox.PartitionCount). New
+// does not touch the database; it returns ErrInvalidConfig (wrapped) for a
+// nil ob or db, a missing Publisher or an out-of-range setting.
 //
 // Any number of relays, in any processes, may run on one table: they share
 // its relay partitions through leases (see the package documentation).
-func New(db *sql.DB, cfg Config) (*Relay, error) {
-	cfg = cfg.withDefaults()
-	if db == nil || cfg.Publisher == nil {
-		return nil, fmt.Errorf("%w: a *sql.DB and a Publisher are required", ErrInvalidConfig)
+func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
+	if ob == nil || db == nil || cfg.Publisher == nil {
+		return nil, fmt.Errorf("%w: a *driver.Outbox, a *sql.DB and a Publisher are required", ErrInvalidConfig)
 	}
+	cfg = cfg.withDefaults()
 	if cfg.PollInterval < 0 || cfg.MinPollInterval < 0 || cfg.MinPollInterval > cfg.PollInterval || cfg.BatchSize < 1 || cfg.MaxBatchSize < cfg.BatchSize || cfg.MaxBatchBytes < 1 || cfg.MaxAttempts < 1 || cfg.RetryInitial < 0 ||
 		cfg.RetryMax < cfg.RetryInitial || cfg.RetryJitter < 0 || cfg.RetryJitter >= 1 ||
 		cfg.PublishTimeout < 0 || cfg.QueryTimeout < 0 || cfg.DeadLetterPolicy < HoldAggregate || cfg.DeadLetterPolicy > SkipDead {
 		return nil, fmt.Errorf("%w: out-of-range setting in %+v", ErrInvalidConfig, cfg)
 	}
-	if err := partition.Validate(cfg.Partitions); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	if cfg.PartitionCheckInterval < 0 {
+		return nil, fmt.Errorf("%w: PartitionCheckInterval %v is negative", ErrInvalidConfig, cfg.PartitionCheckInterval)
 	}
 	if cfg.LeaseTTL < MinLeaseTTL || cfg.LeaseHeartbeat <= 0 || cfg.LeaseHeartbeat > cfg.LeaseTTL/2 || len(cfg.InstanceID) > 128 {
 		return nil, fmt.Errorf("%w: LeaseTTL %v (min %v), LeaseHeartbeat %v (max LeaseTTL/2), InstanceID of %d bytes (max 128)",
 			ErrInvalidConfig, cfg.LeaseTTL, MinLeaseTTL, cfg.LeaseHeartbeat, len(cfg.InstanceID))
 	}
-	d, err := dialect.New(dialect.Name(cfg.Dialect), cfg.Table)
+	d, err := dialectOf(ob)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, err
 	}
+	table := ob.Config().Table
 	return &Relay{
-		db: db, cfg: cfg, d: d, batch: cfg.BatchSize,
-		log:      cfg.Logger.With("component", "outbox.relay", "table", cfg.Table),
+		ob: ob, db: db, cfg: cfg, d: d, batch: cfg.BatchSize, table: table,
+		log:      cfg.Logger.With("component", "outbox.relay", "table", table),
 		notify:   make(chan struct{}, 1),
 		stopping: make(chan struct{}),
 		done:     make(chan struct{}),
@@ -290,23 +307,35 @@ func (r *Relay) Notify() {
 	}
 }
 
-// Run checks the server version and schema, then relays until ctx is
-// cancelled or Stop is called. Either way it stops claiming, lets the
-// in-flight batch finish (Publish is bounded by PublishTimeout), records
-// its outcomes, and returns nil; what was not published stays pending. It
-// returns an error wrapping driver.ErrUnsupportedServer,
-// driver.ErrSchemaMissing, driver.ErrSchemaOutdated,
-// driver.ErrSchemaTooNew or ErrPartitionMismatch if the table cannot be
-// relayed from with this configuration (at start, without retrying), and
-// ErrStopped if Run was already called. Database errors during the run are
-// logged and retried with backoff; they do not end Run.
-func (r *Relay) Run(ctx context.Context) error {
+// Run checks the server version, the schema and the stored relay
+// partition count, then relays until ctx is cancelled or Stop is called.
+// Either way it stops claiming, lets the in-flight batch finish (Publish is
+// bounded by PublishTimeout), records its outcomes, and returns nil; what
+// was not published stays pending. It returns an error wrapping
+// driver.ErrUnsupportedServer, driver.ErrSchemaMissing,
+// driver.ErrSchemaOutdated, driver.ErrSchemaTooNew or ErrPartitionMismatch
+// if the table cannot be relayed from with this configuration (at start,
+// without retrying), and ErrStopped if Run was already called. Every error
+// that ends Run is also logged (level ERROR) before Run returns, so a
+// relay started with "go r.Run(ctx)" does not fail silently; still, check
+// the error. Database errors during the run are logged and retried with
+// backoff; they do not end Run. A partition mismatch that appears while
+// running does not end Run either: it is logged, reported to an Observer
+// that implements PartitionObserver, and returned by Ready, while the
+// partitions the relay owns go on being relayed.
+func (r *Relay) Run(ctx context.Context) (err error) {
 	first := false
 	r.runOnce.Do(func() { first = true })
 	if !first {
+		r.log.Error("relay not started: Run was already called", "error", ErrStopped)
 		return ErrStopped
 	}
 	defer close(r.done)
+	defer func() {
+		if err != nil {
+			r.log.Error("relay stopped with an error; nothing is published by it", "error", err)
+		}
+	}()
 	hardCtx, hardCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer hardCancel()
 	r.mu.Lock()
@@ -323,7 +352,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.checkSchema(hardCtx); err != nil {
 		return err
 	}
-	r.leases = &leases{r: r, id: r.cfg.InstanceID, partitions: r.cfg.Partitions, ttl: r.cfg.LeaseTTL, beat: r.cfg.LeaseHeartbeat,
+	parts, err := r.readPartitions(hardCtx)
+	if err != nil || parts == 0 { // 0: stopped while retrying
+		return err
+	}
+	r.leases = &leases{r: r, id: r.cfg.InstanceID, partitions: parts, ttl: r.cfg.LeaseTTL, beat: r.cfg.LeaseHeartbeat,
 		owned: map[int]int64{}, toRelease: map[int]bool{}, changed: make(chan struct{}, 1)}
 	if err := r.startLeases(hardCtx); err != nil {
 		return err
@@ -331,19 +364,28 @@ func (r *Relay) Run(ctx context.Context) error {
 	beatCtx, stopBeat := context.WithCancel(hardCtx)
 	beatDone := make(chan struct{})
 	go func() { defer close(beatDone); r.leases.run(beatCtx) }()
+	checkDone := make(chan struct{})
+	go func() { defer close(checkDone); r.checkPartitions(beatCtx, parts) }()
 	defer func() {
 		stopBeat()
 		<-beatDone
+		<-checkDone
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
 		defer cancel()
 		r.leases.leave(lctx)
 	}()
 	close(r.started)
+	r.running.Store(true)
+	defer r.running.Store(false)
 	r.cfg.Observer.Up(true)
 	defer r.cfg.Observer.Up(false)
-	r.log.Info("relay started", "dialect", r.cfg.Dialect, "instance", r.cfg.InstanceID, "poll_interval", r.cfg.PollInterval,
-		"batch_size", r.cfg.BatchSize, "max_batch_size", r.cfg.MaxBatchSize, "partitions", r.cfg.Partitions, "lease_ttl", r.cfg.LeaseTTL)
+	r.log.Info("relay started", "dialect", r.ob.Config().Dialect, "instance", r.cfg.InstanceID, "poll_interval", r.cfg.PollInterval,
+		"batch_size", r.cfg.BatchSize, "max_batch_size", r.cfg.MaxBatchSize, "partitions", parts, "lease_ttl", r.cfg.LeaseTTL)
 
+	wakeup := r.cfg.Wakeup
+	if wakeup == nil {
+		wakeup = r.ob.Wakeup() // subscribed here, not in New: a New that is never run subscribes nothing
+	}
 	bo := r.loopBackoff()
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
@@ -399,7 +441,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-r.stopping:
 		case <-poll.C:
 		case <-r.notify:
-		case <-r.cfg.Wakeup: // a nil channel never fires
+		case <-wakeup:
 		case <-r.leases.changed: // partitions acquired: they may hold a backlog
 		}
 	}
@@ -416,6 +458,9 @@ func (r *Relay) startLeases(ctx context.Context) error {
 			err = r.leases.heartbeat(ctx)
 		}
 		if err == nil || errors.Is(err, ErrPartitionMismatch) {
+			if err != nil {
+				r.watch.set(r, err)
+			}
 			return err
 		}
 		wait := bo.NextBackOff()
@@ -654,7 +699,7 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 	q, extra := r.d.ClaimSkipping(parts, skip)
 	rows, err := r.db.QueryContext(qctx, q, append([]any{r.batch}, extra...)...)
 	if err != nil {
-		return nil, fmt.Errorf("claiming from %s: %w", r.cfg.Table, err)
+		return nil, fmt.Errorf("claiming from %s: %w", r.table, err)
 	}
 	defer rows.Close()
 	var msgs []Message // not preallocated to r.batch: a quiet claim returns one or two rows
@@ -681,7 +726,7 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claiming from %s: %w", r.cfg.Table, err)
+		return nil, fmt.Errorf("claiming from %s: %w", r.table, err)
 	}
 	r.batch = nextBatch(r.cfg, r.batch, len(msgs), bytes)
 	return msgs, nil

@@ -35,12 +35,12 @@ func setup(t *testing.T, tg testdb.Target, mod func(*relay.Config)) *bundle {
 	t.Helper()
 	e := testdb.New(t, tg, driver.Config{})
 	pub := outboxtest.NewPublisher()
-	cfg := relay.Config{Dialect: tg.Dialect, Table: e.Table, Publisher: pub, Wakeup: e.Outbox.Wakeup(),
+	cfg := relay.Config{Publisher: pub,
 		PollInterval: 20 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond, Logger: quiet()}
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := relay.New(e.RelayDB, cfg)
+	r, err := relay.New(e.Outbox, e.RelayDB, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestBatchFailureCountsNoAttempt(t *testing.T) {
 	e := testdb.New(t, testdb.All[3], driver.Config{})
 	fp := &flakyPublisher{Publisher: outboxtest.NewPublisher()}
 	fp.left.Store(3)
-	r, err := relay.New(e.RelayDB, relay.Config{Dialect: driver.SQLite, Table: e.Table, Publisher: fp, PollInterval: 10 * time.Millisecond, MaxAttempts: 2, Logger: quiet()})
+	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: fp, PollInterval: 10 * time.Millisecond, MaxAttempts: 2, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestRunRefusesMissingSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	r, err := relay.New(db, relay.Config{Dialect: driver.SQLite, Publisher: outboxtest.NewPublisher(), Logger: quiet()})
+	r, err := relay.New(sqliteOutbox(t), db, relay.Config{Publisher: outboxtest.NewPublisher(), Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,19 +283,21 @@ func TestNewValidates(t *testing.T) {
 	db, _ := sql.Open("sqlite", ":memory:")
 	defer db.Close()
 	pub := outboxtest.NewPublisher()
+	ob := sqliteOutbox(t)
 	for _, c := range []struct {
 		name string
+		ob   *driver.Outbox
 		db   *sql.DB
 		cfg  relay.Config
 	}{
-		{"no db", nil, relay.Config{Dialect: driver.SQLite, Publisher: pub}},
-		{"no publisher", db, relay.Config{Dialect: driver.SQLite}},
-		{"bad dialect", db, relay.Config{Dialect: "x", Publisher: pub}},
-		{"bad table", db, relay.Config{Dialect: driver.SQLite, Table: "a b", Publisher: pub}},
-		{"negative batch", db, relay.Config{Dialect: driver.SQLite, Publisher: pub, BatchSize: -1}},
-		{"jitter 1", db, relay.Config{Dialect: driver.SQLite, Publisher: pub, RetryJitter: 1}},
+		{"no outbox", nil, db, relay.Config{Publisher: pub}},
+		{"no db", ob, nil, relay.Config{Publisher: pub}},
+		{"no publisher", ob, db, relay.Config{}},
+		{"negative batch", ob, db, relay.Config{Publisher: pub, BatchSize: -1}},
+		{"jitter 1", ob, db, relay.Config{Publisher: pub, RetryJitter: 1}},
+		{"negative partition check", ob, db, relay.Config{Publisher: pub, PartitionCheckInterval: -time.Second}},
 	} {
-		if _, err := relay.New(c.db, c.cfg); !errors.Is(err, relay.ErrInvalidConfig) {
+		if _, err := relay.New(c.ob, c.db, c.cfg); !errors.Is(err, relay.ErrInvalidConfig) {
 			t.Errorf("%s: err = %v, want ErrInvalidConfig", c.name, err)
 		}
 	}
@@ -303,7 +305,7 @@ func TestNewValidates(t *testing.T) {
 
 func TestStopIsIdempotent(t *testing.T) {
 	t.Parallel()
-	r, err := relay.New(&sql.DB{}, relay.Config{Dialect: driver.SQLite, Publisher: outboxtest.NewPublisher(), Logger: quiet()})
+	r, err := relay.New(sqliteOutbox(t), &sql.DB{}, relay.Config{Publisher: outboxtest.NewPublisher(), Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,4 +397,15 @@ func TestHostClockSkewChangesNothing(t *testing.T) {
 			})
 		})
 	}
+}
+
+// sqliteOutbox is an Outbox of the default SQLite table, as a process that
+// only has a DSN builds one.
+func sqliteOutbox(t testing.TB) *driver.Outbox {
+	t.Helper()
+	ob, err := driver.New(driver.Config{Dialect: driver.SQLite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ob
 }

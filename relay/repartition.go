@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/dialect"
 	"github.com/sqloutbox/outbox/partition"
 )
 
@@ -15,7 +14,9 @@ import (
 // pending rows or live relay instances.
 var ErrNotDrained = errors.New("outbox: repartition needs a drained table and no running relay")
 
-// Repartition changes the relay partition count of a table to n. The
+// Repartition changes the relay partition count of ob's table to n: the
+// one way to change it (the count is stored in the table; writers and
+// relays read it, and no relay resizes the lease table by itself). The
 // partition is stored on every row when it is written, so a new count must
 // not take effect while rows hashed with the old one are pending:
 // otherwise an aggregate's new rows, in a different partition, could be
@@ -26,20 +27,25 @@ var ErrNotDrained = errors.New("outbox: repartition needs a drained table and no
 //  2. let the relays publish until no row is pending;
 //  3. stop every relay (graceful stops leave the group at once);
 //  4. call Repartition with the new count;
-//  5. start writers (driver.Config.Partitions) and relays
-//     (Config.Partitions) with the new count.
+//  5. restart the writers and relays: they read the new count from the
+//     table (an Outbox caches the count it read; one whose
+//     driver.Config.Partitions is set must be set to n, or to 0).
 //
 // Repartition checks 2 and 3 itself and returns ErrNotDrained otherwise.
 // In one transaction it re-hashes dead letters (so a later retry lands in
-// the right partition) and resizes the lease table. It returns
-// ErrInvalidConfig (wrapped) for a bad dialect, table or count.
-func Repartition(ctx context.Context, db *sql.DB, d driver.Dialect, table string, n int) (err error) {
-	if table == "" {
-		table = driver.DefaultTable
+// the right partition), resizes the lease table and stores n. Then it
+// reads the count back through ob (driver.Outbox.PartitionCount), so ob's
+// own commit hook uses n; if ob's driver.Config.Partitions is set to
+// another count it returns ErrPartitionMismatch (wrapped) after having
+// repartitioned. It returns ErrInvalidConfig (wrapped) for a nil ob or db
+// or a count outside 1..partition.MaxCount.
+func Repartition(ctx context.Context, ob *driver.Outbox, db *sql.DB, n int) (err error) {
+	if ob == nil || db == nil {
+		return fmt.Errorf("%w: Repartition needs a *driver.Outbox and a *sql.DB", ErrInvalidConfig)
 	}
-	dd, err := dialect.New(dialect.Name(d), table)
+	dd, err := dialectOf(ob)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return err
 	}
 	if err := partition.Validate(n); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -100,5 +106,16 @@ func Repartition(ctx context.Context, db *sql.DB, d driver.Dialect, table string
 	if _, err := tx.ExecContext(ctx, dd.LeaseInit(n), args...); err != nil {
 		return fmt.Errorf("outbox: growing the lease table: %w", err)
 	}
-	return tx.Commit()
+	// (MySQL counts a row whose value did not change as unaffected: the
+	// read through ob below reports a missing row instead.)
+	if _, err := tx.ExecContext(ctx, dd.Bind(dd.Query("set_partitions")), n); err != nil {
+		return fmt.Errorf("outbox: storing the partition count: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	if _, err := ob.PartitionCount(ctx, db); err != nil {
+		return fmt.Errorf("outbox: repartitioned %s to %d partitions, but: %w", ob.Config().Table, n, err)
+	}
+	return nil
 }

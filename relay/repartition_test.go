@@ -10,12 +10,15 @@ import (
 	"github.com/sqloutbox/outbox/internal/dialect"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
+	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
 )
 
 // TestRepartition: refused while rows are pending or a relay runs; once
-// drained and stopped, the lease table is resized, and a relay configured
-// with the old count is then refused with ErrPartitionMismatch.
+// drained and stopped, the lease table is resized and the new count stored,
+// the writers' Outbox reads it back, a relay asserting the old count is
+// refused with ErrPartitionMismatch, and one that reads the stored count
+// relays rows written with the new count.
 func TestRepartition(t *testing.T) {
 	t.Parallel()
 	forEach(t, func(t *testing.T, tg testdb.Target) {
@@ -25,7 +28,7 @@ func TestRepartition(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx := b.ctx
-		if err := relay.Repartition(ctx, b.e.RelayDB, tg.Dialect, b.e.Table, 64); !errors.Is(err, relay.ErrNotDrained) {
+		if err := relay.Repartition(ctx, b.e.Outbox, b.e.RelayDB, 64); !errors.Is(err, relay.ErrNotDrained) {
 			t.Fatalf("Repartition with a live relay = %v, want ErrNotDrained", err)
 		}
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -33,10 +36,13 @@ func TestRepartition(t *testing.T) {
 		if err := b.r.Stop(sctx); err != nil {
 			t.Fatal(err)
 		}
-		if err := relay.Repartition(ctx, b.e.RelayDB, tg.Dialect, b.e.Table, 0); !errors.Is(err, relay.ErrInvalidConfig) {
+		if err := relay.Repartition(ctx, b.e.Outbox, b.e.RelayDB, 0); !errors.Is(err, relay.ErrInvalidConfig) {
 			t.Errorf("count 0: %v", err)
 		}
-		if err := relay.Repartition(ctx, b.e.RelayDB, tg.Dialect, b.e.Table, 64); err != nil {
+		if err := relay.Repartition(ctx, nil, b.e.RelayDB, 8); !errors.Is(err, relay.ErrInvalidConfig) {
+			t.Errorf("nil outbox: %v", err)
+		}
+		if err := relay.Repartition(ctx, b.e.Outbox, b.e.RelayDB, 64); err != nil {
 			t.Fatal(err)
 		}
 		var n int
@@ -46,15 +52,50 @@ func TestRepartition(t *testing.T) {
 		if n != 64 {
 			t.Errorf("%d lease rows, want 64", n)
 		}
-		old, err := relay.New(b.e.RelayDB, relay.Config{Dialect: tg.Dialect, Table: b.e.Table, Publisher: outboxtest.NewPublisher(), Logger: quiet()})
+		if got, err := b.e.Outbox.PartitionCount(ctx, b.e.RelayDB); err != nil || got != 64 {
+			t.Errorf("stored count = %d, %v; want 64", got, err)
+		}
+		old, err := driver.New(driver.Config{Dialect: tg.Dialect, Table: b.e.Table, Partitions: partition.DefaultCount})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := old.Run(ctx); !errors.Is(err, relay.ErrPartitionMismatch) {
+		stale, err := relay.New(old, b.e.RelayDB, relay.Config{Publisher: outboxtest.NewPublisher(), Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stale.Run(ctx); !errors.Is(err, relay.ErrPartitionMismatch) {
 			t.Errorf("relay with the old count: %v, want ErrPartitionMismatch", err)
 		}
-		if err := relay.Repartition(ctx, b.e.RelayDB, driver.Dialect("x"), b.e.Table, 8); !errors.Is(err, relay.ErrInvalidConfig) {
-			t.Errorf("bad dialect: %v", err)
+		// The writers' Outbox was refreshed by Repartition: new rows are
+		// hashed onto 64 partitions, and a relay reading the stored count
+		// publishes them.
+		b.emit(t, event("B", 1))
+		var part int
+		if err := b.e.RelayDB.QueryRow("SELECT partition_key FROM "+b.e.Table+" WHERE message_id = "+b.e.Placeholder(1), "B-1").Scan(&part); err != nil {
+			t.Fatal(err)
+		}
+		if want := partition.Of("acct", "B", 64); part != want {
+			t.Errorf("B-1 in partition %d, want %d (of 64)", part, want)
+		}
+		fresh, err := driver.New(driver.Config{Dialect: tg.Dialect, Table: b.e.Table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub := outboxtest.NewPublisher()
+		r, err := relay.New(fresh, b.e.RelayDB, relay.Config{Publisher: pub, PollInterval: 20 * time.Millisecond, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := make(chan error, 1)
+		go func() { run <- r.Run(ctx) }()
+		if _, err := pub.WaitForIDs(ctx, "B-1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Stop(sctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-run; err != nil {
+			t.Fatalf("relay with the stored count: %v", err)
 		}
 	})
 }

@@ -25,9 +25,6 @@ const (
 
 // RetentionConfig configures a Retention.
 type RetentionConfig struct {
-	// Dialect and Table name the outbox table, as in Config.
-	Dialect driver.Dialect
-	Table   string
 	// After is how long sent rows are kept (by sent_at, database clock).
 	// Default DefaultRetention (7 days).
 	After time.Duration
@@ -55,11 +52,12 @@ type Retention struct {
 	log *slog.Logger
 }
 
-// NewRetention returns a Retention over db, or ErrInvalidConfig (wrapped)
-// for a bad dialect, table or setting.
-func NewRetention(db *sql.DB, cfg RetentionConfig) (*Retention, error) {
-	if cfg.Table == "" {
-		cfg.Table = driver.DefaultTable
+// NewRetention returns a Retention of ob's table over db. It does not
+// touch the database; it returns ErrInvalidConfig (wrapped) for a nil ob or
+// db or an out-of-range setting.
+func NewRetention(ob *driver.Outbox, db *sql.DB, cfg RetentionConfig) (*Retention, error) {
+	if ob == nil {
+		return nil, fmt.Errorf("%w: NewRetention needs a *driver.Outbox", ErrInvalidConfig)
 	}
 	if cfg.After == 0 {
 		cfg.After = DefaultRetention
@@ -76,11 +74,11 @@ func NewRetention(db *sql.DB, cfg RetentionConfig) (*Retention, error) {
 	if db == nil || cfg.After < 0 || cfg.BatchSize < 1 || cfg.BatchSize > MaxRetentionBatch || cfg.Interval < 0 {
 		return nil, fmt.Errorf("%w: retention needs a db, After >= 0, BatchSize 1..%d, Interval >= 0", ErrInvalidConfig, MaxRetentionBatch)
 	}
-	d, err := dialect.New(dialect.Name(cfg.Dialect), cfg.Table)
+	d, err := dialectOf(ob)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, err
 	}
-	return &Retention{db: db, cfg: cfg, d: d, log: cfg.Logger.With("component", "outbox.retention", "table", cfg.Table)}, nil
+	return &Retention{db: db, cfg: cfg, d: d, log: cfg.Logger.With("component", "outbox.retention", "table", ob.Config().Table)}, nil
 }
 
 // RunOnce removes every expired sent row, one batch per transaction, and

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"testing"
@@ -36,7 +37,7 @@ func TestRetentionAndStats(t *testing.T) {
 				evs = append(evs, event("dead", 1))
 				b.emit(t, evs...)
 				eventually(t, b.ctx, "2,500 sent and one dead", func() bool {
-					st, err := relay.ReadStats(b.ctx, b.e.RelayDB, tg.Dialect, b.e.Table)
+					st, err := relay.ReadStats(b.ctx, b.e.Outbox, b.e.RelayDB)
 					return err == nil && st.Sent == 2500 && st.Dead == 1
 				})
 				sctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
@@ -53,14 +54,14 @@ func TestRetentionAndStats(t *testing.T) {
 				if _, err := b.e.RelayDB.Exec("UPDATE " + b.e.Table + " SET sent_at = " + back + " WHERE status = 1 AND id <= (SELECT m FROM (SELECT MIN(id) + 2199 AS m FROM " + b.e.Table + ") x)"); err != nil {
 					t.Fatal(err)
 				}
-				st, err := relay.ReadStats(b.ctx, b.e.RelayDB, tg.Dialect, b.e.Table)
+				st, err := relay.ReadStats(b.ctx, b.e.Outbox, b.e.RelayDB)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if st.Pending != 1 || st.Sent != 2500 || st.Dead != 1 || st.OldestPending <= 0 || len(st.Partitions) != 32 {
 					t.Fatalf("stats before retention: %+v", st)
 				}
-				ret, err := relay.NewRetention(b.e.RelayDB, relay.RetentionConfig{Dialect: tg.Dialect, Table: b.e.Table, Archive: archive, Logger: quiet()})
+				ret, err := relay.NewRetention(b.e.Outbox, b.e.RelayDB, relay.RetentionConfig{Archive: archive, Logger: quiet()})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -68,7 +69,7 @@ func TestRetentionAndStats(t *testing.T) {
 				if err != nil || n != 2200 {
 					t.Fatalf("RunOnce = %d, %v; want 2200", n, err)
 				}
-				st, err = relay.ReadStats(b.ctx, b.e.RelayDB, tg.Dialect, b.e.Table)
+				st, err = relay.ReadStats(b.ctx, b.e.Outbox, b.e.RelayDB)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -90,8 +91,11 @@ func TestRetentionAndStats(t *testing.T) {
 			})
 		})
 	}
-	if _, err := relay.NewRetention(nil, relay.RetentionConfig{Dialect: driver.SQLite}); !errors.Is(err, relay.ErrInvalidConfig) {
+	if _, err := relay.NewRetention(sqliteOutbox(t), nil, relay.RetentionConfig{}); !errors.Is(err, relay.ErrInvalidConfig) {
 		t.Errorf("nil db: %v", err)
+	}
+	if _, err := relay.NewRetention(nil, &sql.DB{}, relay.RetentionConfig{}); !errors.Is(err, relay.ErrInvalidConfig) {
+		t.Errorf("nil outbox: %v", err)
 	}
 }
 
@@ -111,7 +115,7 @@ func TestDeleteOnPublish(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, b.ctx, "published rows deleted", func() bool {
-			st, err := relay.ReadStats(b.ctx, b.e.RelayDB, tg.Dialect, b.e.Table)
+			st, err := relay.ReadStats(b.ctx, b.e.Outbox, b.e.RelayDB)
 			return err == nil && st.Sent == 0 && st.Pending == 0 && st.Dead == 1
 		})
 	})

@@ -5,10 +5,10 @@ import (
 	"database/sql"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/dialect"
 )
 
 // PartitionStats is the backlog and ownership of one relay partition.
@@ -26,29 +26,68 @@ type PartitionStats struct {
 
 // Stats is a snapshot of one outbox table.
 type Stats struct {
+	// PartitionCount is the relay partition count stored in the table
+	// (driver.Outbox.PartitionCount).
+	PartitionCount int
+	// LeaseRows is the number of rows in the lease table: PartitionCount
+	// once a relay has run, 0 before.
+	LeaseRows int
+	// OutOfRange is the number of pending rows in partitions outside
+	// 0..PartitionCount-1: rows no relay can own, written by a writer
+	// configured with another count. Their partitions are in Partitions.
+	OutOfRange int64
 	// ByStatus counts rows per status: 0 pending, 1 sent, 2 failed (dead).
 	Pending, Sent, Dead int64
 	// OldestPending is the age of the oldest pending row, 0 if none.
 	OldestPending time.Duration
 	// Partitions lists every relay partition that has a lease row or
-	// pending rows, in order.
+	// pending rows, in order (including any outside
+	// 0..PartitionCount-1).
 	Partitions []PartitionStats
 }
 
-// ReadStats reads a Stats snapshot of table (default driver.DefaultTable)
-// with three short queries: rows by status, pending rows per partition
-// (through the pending index), and the lease table. It returns
-// ErrInvalidConfig (wrapped) for a bad dialect or table name, or the
-// database error.
-func ReadStats(ctx context.Context, db *sql.DB, d driver.Dialect, table string) (Stats, error) {
-	if table == "" {
-		table = driver.DefaultTable
+// Mismatch returns nil if the snapshot's partitions agree, else an error
+// wrapping ErrPartitionMismatch that says how they disagree: the lease
+// table has rows but not PartitionCount of them, or a partition outside
+// 0..PartitionCount-1 has pending rows or a lease row.
+func (s Stats) Mismatch() error {
+	var problems []string
+	if s.LeaseRows != 0 && s.LeaseRows != s.PartitionCount {
+		problems = append(problems, fmt.Sprintf("the lease table has %d rows", s.LeaseRows))
 	}
-	dd, err := dialect.New(dialect.Name(d), table)
+	if s.OutOfRange > 0 {
+		problems = append(problems, fmt.Sprintf("%d pending rows are in partitions no relay owns", s.OutOfRange))
+	}
+	for _, p := range s.Partitions {
+		if (p.Partition < 0 || p.Partition >= s.PartitionCount) && p.Pending == 0 {
+			problems = append(problems, fmt.Sprintf("the lease table has a row for partition %d", p.Partition))
+			break
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: the table stores %d partitions; %s", ErrPartitionMismatch, s.PartitionCount, strings.Join(problems, "; "))
+}
+
+// ReadStats reads a Stats snapshot of ob's table through db with four
+// short queries: the stored partition count, rows by status, pending rows
+// per partition (through the pending index), and the lease table. It
+// returns ErrInvalidConfig (wrapped) for a nil ob or db, or the database
+// error (a schema older than the stored partition count fails too).
+func ReadStats(ctx context.Context, ob *driver.Outbox, db *sql.DB) (Stats, error) {
+	if ob == nil || db == nil {
+		return Stats{}, fmt.Errorf("%w: ReadStats needs a *driver.Outbox and a *sql.DB", ErrInvalidConfig)
+	}
+	dd, err := dialectOf(ob)
 	if err != nil {
-		return Stats{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return Stats{}, err
 	}
+	table := ob.Config().Table
 	var st Stats
+	if err := db.QueryRowContext(ctx, dd.Query("partitions")).Scan(&st.PartitionCount); err != nil {
+		return st, fmt.Errorf("outbox: reading the partition count of %s: %w", table, err)
+	}
 	rows, err := db.QueryContext(ctx, dd.Query("stats_status"))
 	if err != nil {
 		return st, fmt.Errorf("outbox: stats of %s: %w", table, err)
@@ -94,6 +133,9 @@ func ReadStats(ctx context.Context, db *sql.DB, d driver.Dialect, table string) 
 		ps := part(p)
 		ps.Pending, ps.OldestPending = n, time.Duration(ageMicros)*time.Microsecond
 		st.OldestPending = max(st.OldestPending, ps.OldestPending)
+		if p < 0 || p >= st.PartitionCount {
+			st.OutOfRange += n
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -110,6 +152,7 @@ func ReadStats(ctx context.Context, db *sql.DB, d driver.Dialect, table string) 
 			rows.Close()
 			return st, err
 		}
+		st.LeaseRows++
 		ps := part(p)
 		ps.Epoch = epoch
 		if owner != "" && leftMS > 0 {

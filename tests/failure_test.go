@@ -464,7 +464,7 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 	}
 	t.Cleanup(func() { db.Close() })
 	db.SetMaxOpenConns(2)
-	r, err := relay.New(db, relay.Config{Dialect: e.Target.Dialect, Table: e.Table, Publisher: kb.pub, Wakeup: e.Outbox.Wakeup(),
+	r, err := relay.New(e.Outbox, db, relay.Config{Publisher: kb.pub,
 		PollInterval: 20 * time.Millisecond, BatchSize: 50, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
@@ -537,7 +537,7 @@ func outageRun(t *testing.T, e *testdb.Env, pub *faultPublisher, p *faultproxy.P
 	t.Cleanup(func() { db.Close() })
 	db.SetMaxOpenConns(2)
 	var warns atomic.Int64
-	r, err := relay.New(db, relay.Config{Dialect: e.Target.Dialect, Table: e.Table, Publisher: pub,
+	r, err := relay.New(e.Outbox, db, relay.Config{Publisher: pub,
 		PollInterval: 20 * time.Millisecond, Logger: slog.New(countingHandler{&warns})})
 	if err != nil {
 		t.Fatal(err)

@@ -48,13 +48,12 @@ type runningRelay struct {
 func startRelay(t *testing.T, e *testdb.Env, pub relay.Publisher, mod func(*relay.Config)) *runningRelay {
 	t.Helper()
 	cfg := relay.Config{
-		Dialect: e.Target.Dialect, Table: e.Table, Publisher: pub,
-		Wakeup: e.Outbox.Wakeup(), PollInterval: 50 * time.Millisecond, Logger: quietLogger(),
+		Publisher: pub, PollInterval: 50 * time.Millisecond, Logger: quietLogger(),
 	}
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := relay.New(e.RelayDB, cfg)
+	r, err := relay.New(e.Outbox, e.RelayDB, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

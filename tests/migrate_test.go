@@ -30,11 +30,13 @@ func TestMigrateFromVersion3(t *testing.T) {
 				base = e.Table[len(e.Schema)+1:]
 				schema = e.Schema + "."
 			}
-			// Back to version 3: hold_idx as version 1 made it, no held_idx.
+			// Back to version 3: hold_idx as version 1 made it, no held_idx,
+			// no meta table (version 5).
 			for _, q := range []string{
 				"DROP INDEX " + schema + base + "_held_idx",
 				"CREATE INDEX " + base + "_hold_idx ON " + e.Table + " (aggregate_type, aggregate_id, next_retry_at) WHERE status <> 1",
-				"DELETE FROM " + e.Table + "_migrations WHERE version = 4",
+				"DROP TABLE " + e.Table + "_meta",
+				"DELETE FROM " + e.Table + "_migrations WHERE version >= 4",
 			} {
 				if tg.Dialect == driver.SQLite && q[:6] == "CREATE" {
 					q = "CREATE INDEX " + base + "_hold_idx ON " + base + " (aggregate_type, aggregate_id, next_retry_at) WHERE status <> 1"
@@ -43,14 +45,14 @@ func TestMigrateFromVersion3(t *testing.T) {
 					t.Fatalf("%s: %v", q, err)
 				}
 			}
-			if v, latest, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != 3 || latest != 4 {
-				t.Fatalf("SchemaVersion = %d, %d, %v; want 3, 4", v, latest, err)
+			if v, latest, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != 3 || latest != 5 {
+				t.Fatalf("SchemaVersion = %d, %d, %v; want 3, 5", v, latest, err)
 			}
 			if err := driver.Migrate(ctx, e.RelayDB, cfg); err != nil {
 				t.Fatal(err)
 			}
-			if v, _, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != 4 {
-				t.Fatalf("after Migrate: version %d, %v; want 4", v, err)
+			if v, _, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != 5 {
+				t.Fatalf("after Migrate: version %d, %v; want 5", v, err)
 			}
 			got := indexNames(t, ctx, e)
 			if got[base+"_hold_idx"] || !got[base+"_held_idx"] {

@@ -60,8 +60,12 @@ func relayChild() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	r, err := relay.New(db, relay.Config{
-		Dialect: driver.Dialect(os.Getenv("OUTBOX_CHILD_DIALECT")), Table: os.Getenv("OUTBOX_CHILD_TABLE"),
+	ob, err := driver.New(driver.Config{Dialect: driver.Dialect(os.Getenv("OUTBOX_CHILD_DIALECT")), Table: os.Getenv("OUTBOX_CHILD_TABLE")})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	r, err := relay.New(ob, db, relay.Config{
 		Publisher: pub, PollInterval: poll, BatchSize: batch, Logger: quietLogger(),
 		LeaseTTL: ttl, InstanceID: os.Getenv("OUTBOX_CHILD_INSTANCE"),
 	})
@@ -71,7 +75,7 @@ func relayChild() int {
 	}
 	if os.Getenv("OUTBOX_CHILD_LISTEN") != "" {
 		go func() {
-			_ = relay.ListenPostgres(ctx, os.Getenv("OUTBOX_CHILD_DSN"), os.Getenv("OUTBOX_CHILD_TABLE"), r.Notify, quietLogger())
+			_ = relay.ListenPostgres(ctx, ob, os.Getenv("OUTBOX_CHILD_DSN"), r.Notify, quietLogger())
 		}()
 	}
 	fmt.Println("relay child running")

@@ -159,7 +159,12 @@ func (a *app) openDeadLetters(cmd *cobra.Command, sf *selectorFlags, limit int) 
 		_ = db.Close()
 		return nil, sel, nil, err
 	}
-	dl, err := relay.NewDeadLetters(db, t.dialect, a.table)
+	ob, err := a.outbox(t, 0)
+	if err != nil {
+		_ = db.Close()
+		return nil, sel, nil, err
+	}
+	dl, err := relay.NewDeadLetters(ob, db)
 	if err != nil {
 		_ = db.Close()
 		return nil, sel, nil, err

@@ -166,6 +166,13 @@ func checkSchema(ctx context.Context, db *sql.DB, t *target, table string) error
 	return nil
 }
 
+// outbox describes the table named by --table in t's dialect (no
+// database is touched): what package relay and metrics are built from.
+// partitions asserts the stored relay partition count (0: read it).
+func (a *app) outbox(t *target, partitions int) (*driver.Outbox, error) {
+	return driver.New(driver.Config{Dialect: t.dialect, Table: a.table, Partitions: partitions})
+}
+
 // isConfigError reports errors that stem from bad flag values.
 func isConfigError(err error) bool {
 	return errors.Is(err, driver.ErrInvalidConfig) || errors.Is(err, relay.ErrInvalidConfig) ||

@@ -156,7 +156,7 @@ func (tg dbTarget) dropAfter(t *testing.T, table string) {
 			return
 		}
 		defer db.Close()
-		for _, suffix := range []string{"_archive", "_relay", "_lease", "_migrations", ""} {
+		for _, suffix := range []string{"_archive", "_relay", "_lease", "_meta", "_migrations", ""} {
 			if _, err := db.Exec("DROP TABLE IF EXISTS " + table + suffix); err != nil {
 				t.Errorf("dropping %s%s: %v", table, suffix, err)
 			}
@@ -245,8 +245,12 @@ func relayUntil(t *testing.T, tg dbTarget, table string, wantSent, wantDead int)
 		return nil
 	})
 	deadCh := make(chan struct{}, 100)
-	r, err := relay.New(tg.plainDB(t), relay.Config{
-		Dialect: tg.dialect, Table: table, Publisher: pub, PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+	ob, err := driver.New(driver.Config{Dialect: tg.dialect, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(ob, tg.plainDB(t), relay.Config{
+		Publisher: pub, PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 		OnDeadLetter: func(relay.Message, error) { deadCh <- struct{}{} },
 	})
 	if err != nil {

@@ -284,6 +284,9 @@ func TestUsageErrors(t *testing.T) {
 		{"--dsn", tg.dsn, "relay", "--brokers", "127.0.0.1:9", "--batch-size", "0"},
 		{"--dsn", tg.dsn, "relay", "--brokers", "127.0.0.1:9", "--batch-size", "100", "--max-batch-size", "50"},
 		{"--dsn", tg.dsn, "relay", "--brokers", "127.0.0.1:9", "--partitions", "x"},
+		{"--dsn", tg.dsn, "relay", "--brokers", "127.0.0.1:9", "--partitions", "-1"},
+		{"--dsn", tg.dsn, "relay", "--brokers", "127.0.0.1:9", "--partition-check", "0s"},
+		{"--dsn", tg.dsn, "migrate", "apply", "--partitions", "0x"},
 	} {
 		r := cli(t, args...)
 		if r.code != exitUsage {

@@ -50,16 +50,26 @@ ships inside this build.`,
 		RunE:                  groupRunE,
 		DisableFlagsInUseLine: true,
 	}
-	cmd.AddCommand(&cobra.Command{
+	var applyPartitions int
+	apply := &cobra.Command{
 		Use:   "apply",
 		Short: "Create or upgrade the outbox table (safe to run twice and concurrently)",
 		Long: `Create or upgrade the outbox table named by --table to the schema version
 this build needs. Safe to run twice and from several processes at once
 (PostgreSQL: advisory lock and transactional DDL; MySQL/MariaDB: GET_LOCK;
-SQLite: BEGIN IMMEDIATE). A missing SQLite file is created.`,
+SQLite: BEGIN IMMEDIATE). A missing SQLite file is created.
+
+The relay partition count is stored in the table the first time: --partitions
+(default 32) on a new table; an existing table keeps the size of its lease
+table. With --partitions on a table that already stores another count, it
+migrates and then exits 1 (relay.Repartition changes the count).`,
 		Args: cobra.NoArgs,
-		RunE: a.wrap(a.migrateApply),
-	})
+		RunE: a.wrap(func(cmd *cobra.Command, args []string) error {
+			return a.migrateApply(cmd, applyPartitions)
+		}),
+	}
+	apply.Flags().IntVar(&applyPartitions, "partitions", 0, "relay partition count of a new table (default 32); on an existing one, the count it must store")
+	cmd.AddCommand(apply)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "status",
 		Short: "Show the schema version; exit 3 if it is not up to date",
@@ -70,6 +80,7 @@ outdated, or migrated by a newer build), 1 on a database error.`,
 		RunE: a.wrap(a.migrateStatus),
 	})
 	var dialect string
+	var printPartitions int
 	printCmd := &cobra.Command{
 		Use:   "print",
 		Short: "Print the schema DDL for your own migration tool (no database needed)",
@@ -80,15 +91,16 @@ table that 'migrate apply' keeps is not included.`,
 		Example: "  outbox migrate print --dialect postgres --table app.outbox_message",
 		Args:    cobra.NoArgs,
 		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
-			return a.migratePrint(dialect)
+			return a.migratePrint(dialect, printPartitions)
 		}),
 	}
 	printCmd.Flags().StringVar(&dialect, "dialect", "", "postgres, mysql (also MariaDB) or sqlite; default inferred from --dsn")
+	printCmd.Flags().IntVar(&printPartitions, "partitions", 0, "relay partition count the schema stores on a new table (default 32)")
 	cmd.AddCommand(printCmd)
 	return cmd
 }
 
-func (a *app) migrateApply(cmd *cobra.Command, _ []string) error {
+func (a *app) migrateApply(cmd *cobra.Command, partitions int) error {
 	ctx, cancel := a.commandContext(cmd)
 	defer cancel()
 	t, db, err := a.open(ctx, false)
@@ -96,27 +108,35 @@ func (a *app) migrateApply(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	defer db.Close()
-	cfg := driver.Config{Dialect: t.dialect, Table: a.table}
+	cfg := driver.Config{Dialect: t.dialect, Table: a.table, Partitions: partitions}
+	ob, err := driver.New(cfg)
+	if err != nil {
+		return err
+	}
 	before, _, err := driver.SchemaVersion(ctx, db, cfg)
 	if err != nil {
 		return err
 	}
-	if err := driver.Migrate(ctx, db, cfg); err != nil {
+	if err := ob.Migrate(ctx, db); err != nil {
 		return err
 	}
 	after, latest, err := driver.SchemaVersion(ctx, db, cfg)
 	if err != nil {
 		return err
 	}
+	parts, err := ob.PartitionCount(ctx, db)
+	if err != nil {
+		return err
+	}
 	if a.json {
 		return writeJSON(a.stdout, map[string]any{
-			"table": a.table, "dialect": t.dialect, "previous": before, "current": after, "latest": latest,
+			"table": a.table, "dialect": t.dialect, "previous": before, "current": after, "latest": latest, "partitions": parts,
 		})
 	}
 	if before == after {
-		fmt.Fprintf(a.stdout, "table %s (%s) is up to date at schema version %d\n", a.table, t.dialect, after)
+		fmt.Fprintf(a.stdout, "table %s (%s) is up to date at schema version %d, %d relay partitions\n", a.table, t.dialect, after, parts)
 	} else {
-		fmt.Fprintf(a.stdout, "migrated table %s (%s) from schema version %d to %d\n", a.table, t.dialect, before, after)
+		fmt.Fprintf(a.stdout, "migrated table %s (%s) from schema version %d to %d, %d relay partitions\n", a.table, t.dialect, before, after, parts)
 	}
 	return nil
 }
@@ -173,7 +193,7 @@ func (a *app) migrateStatus(cmd *cobra.Command, _ []string) error {
 	return nil
 }
 
-func (a *app) migratePrint(dialect string) error {
+func (a *app) migratePrint(dialect string, partitions int) error {
 	var d driver.Dialect
 	switch strings.ToLower(dialect) {
 	case "postgres", "postgresql", "pg":
@@ -194,7 +214,7 @@ func (a *app) migratePrint(dialect string) error {
 	default:
 		return usageErrorf("unknown --dialect %q: want postgres, mysql or sqlite", dialect)
 	}
-	ddl, err := driver.DDL(driver.Config{Dialect: d, Table: a.table})
+	ddl, err := driver.DDL(driver.Config{Dialect: d, Table: a.table, Partitions: partitions})
 	if err != nil {
 		return err
 	}

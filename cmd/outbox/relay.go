@@ -37,6 +37,7 @@ type relayFlags struct {
 	maxBatchSize int
 	instanceID   string
 	httpAddr     string
+	checkEvery   time.Duration
 	retention    time.Duration
 	archive      bool
 	drainTimeout time.Duration
@@ -58,8 +59,17 @@ processes' commits wake it at once; elsewhere it polls adaptively.
 It also deletes sent rows older than --retention (moving them to
 <table>_archive with --archive), in small batches.
 
+The relay partition count is read from the table (stored by 'migrate apply';
+only relay.Repartition changes it). --partitions, if given, asserts it: the
+relay refuses to start when it differs. While running, the relay checks at
+every lease heartbeat that the lease table matches the stored count and,
+every --partition-check, that no pending row sits in a partition no relay
+can own; a mismatch is logged (ERROR), exported as
+outbox_relay_partition_mismatch and makes /readyz fail.
+
 HTTP (--http): /metrics (Prometheus), /healthz (200 while the process runs),
-/readyz (200 once the schema check passed and the relay runs, else 503).
+/readyz (200 while the relay runs and detects no partition mismatch, else
+503 with the reason).
 
 SIGTERM or SIGINT stops it cleanly: no new claims, the in-flight batch is
 given --drain-timeout to finish and record its outcomes, then the producer
@@ -76,7 +86,7 @@ the brokers are unusable at start.`,
 	envFlag(fs, "brokers", "OUTBOX_BROKERS")
 	fs.StringVar(&f.topicPrefix, "topic-prefix", kafka.DefaultTopicPrefix, "topic of an event without its own topic: this prefix + its aggregate type")
 	envFlag(fs, "topic-prefix", "OUTBOX_TOPIC_PREFIX")
-	fs.IntVar(&f.partitions, "partitions", partition.DefaultCount, "relay partitions; must equal the writers' driver.Config.Partitions")
+	fs.IntVar(&f.partitions, "partitions", 0, "expected relay partition count: refuse to start if the table stores another (default: the stored count)")
 	envFlag(fs, "partitions", "OUTBOX_PARTITIONS")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", relay.DefaultLeaseTTL, "partition lease lifetime: a dead instance's partitions are taken over after about this long")
 	envFlag(fs, "lease-ttl", "OUTBOX_LEASE_TTL")
@@ -90,6 +100,8 @@ the brokers are unusable at start.`,
 	envFlag(fs, "instance-id", "OUTBOX_INSTANCE_ID")
 	fs.StringVar(&f.httpAddr, "http", ":9464", "listen address of /metrics, /healthz and /readyz; empty disables")
 	envFlag(fs, "http", "OUTBOX_HTTP")
+	fs.DurationVar(&f.checkEvery, "partition-check", relay.DefaultPartitionCheckInterval, "how often to look for pending rows in partitions no relay can own")
+	envFlag(fs, "partition-check", "OUTBOX_PARTITION_CHECK")
 	fs.DurationVar(&f.retention, "retention", relay.DefaultRetention, "delete sent rows older than this; 0 disables")
 	envFlag(fs, "retention", "OUTBOX_RETENTION")
 	fs.BoolVar(&f.archive, "archive", false, "move expired sent rows to <table>_archive instead of deleting them")
@@ -104,18 +116,6 @@ the brokers are unusable at start.`,
 type nopPublisher struct{}
 
 func (nopPublisher) Publish(context.Context, []relay.Message) error { return nil }
-
-// readyObserver forwards to the metrics observer and tracks whether the
-// relay runs (Up), for /readyz.
-type readyObserver struct {
-	relay.Observer
-	ready *atomic.Bool
-}
-
-func (o readyObserver) Up(up bool) {
-	o.ready.Store(up)
-	o.Observer.Up(up)
-}
 
 func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	// Usage checks first: they need neither the database nor the brokers.
@@ -133,10 +133,10 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 		return usageErrorf("--batch-size must be at least 1, got %d", f.batchSize)
 	case f.maxBatchSize != 0 && f.maxBatchSize < f.batchSize:
 		return usageErrorf("--max-batch-size must be at least --batch-size (%d), got %d", f.batchSize, f.maxBatchSize)
-	case f.partitions < 1:
-		return usageErrorf("--partitions must be at least 1, got %d", f.partitions)
-	case f.poll <= 0 || f.leaseTTL <= 0 || f.drainTimeout <= 0:
-		return usageErrorf("--poll, --lease-ttl and --drain-timeout must be positive")
+	case f.partitions < 0 || f.partitions > partition.MaxCount:
+		return usageErrorf("--partitions must be 1..%d, or 0 for the stored count, got %d", partition.MaxCount, f.partitions)
+	case f.poll <= 0 || f.leaseTTL <= 0 || f.drainTimeout <= 0 || f.checkEvery <= 0:
+		return usageErrorf("--poll, --lease-ttl, --drain-timeout and --partition-check must be positive")
 	case f.retention < 0:
 		return usageErrorf("--retention must be positive, or 0 to disable it")
 	}
@@ -148,17 +148,21 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	baseLog := slog.New(slog.NewJSONHandler(a.stderr, nil))
 	log := baseLog.With("component", "outbox.cmd")
 	prefix := f.topicPrefix
+	// The table, described without touching the database: relay,
+	// retention, metrics and NOTIFY listener are all built from it.
+	ob, err := a.outbox(t, f.partitions)
+	if err != nil {
+		return err
+	}
 	cfg := relay.Config{
-		Dialect:      t.dialect,
-		Table:        a.table,
-		Publisher:    nopPublisher{},
-		PollInterval: f.poll,
-		BatchSize:    f.batchSize,
-		MaxBatchSize: f.maxBatchSize,
-		Partitions:   f.partitions,
-		LeaseTTL:     f.leaseTTL,
-		InstanceID:   f.instanceID,
-		Logger:       baseLog, // logs dead letters and unavailable routes at ERROR itself
+		Publisher:              nopPublisher{},
+		PollInterval:           f.poll,
+		BatchSize:              f.batchSize,
+		MaxBatchSize:           f.maxBatchSize,
+		PartitionCheckInterval: f.checkEvery,
+		LeaseTTL:               f.leaseTTL,
+		InstanceID:             f.instanceID,
+		Logger:                 baseLog, // logs dead letters, unavailable routes and the error ending Run at ERROR itself
 	}
 	if cfg.PollInterval > 0 && cfg.PollInterval < relay.DefaultMinPollInterval {
 		cfg.MinPollInterval = cfg.PollInterval
@@ -166,14 +170,13 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	// Validate the settings before connecting anywhere: New and
 	// NewRetention only store the *sql.DB.
 	probe := new(sql.DB)
-	if _, err := relay.New(probe, cfg); err != nil {
+	if _, err := relay.New(ob, probe, cfg); err != nil {
 		return err // ErrInvalidConfig: exit 2
 	}
 	var ret relay.RetentionConfig
 	if f.retention > 0 {
-		ret = relay.RetentionConfig{Dialect: t.dialect, Table: a.table, After: f.retention, Archive: f.archive,
-			Logger: baseLog}
-		if _, err := relay.NewRetention(probe, ret); err != nil {
+		ret = relay.RetentionConfig{After: f.retention, Archive: f.archive, Logger: baseLog}
+		if _, err := relay.NewRetention(ob, probe, ret); err != nil {
 			return err
 		}
 	}
@@ -191,6 +194,10 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	}
 	if err := checkSchema(sctx, db, t, a.table); err != nil {
 		return err
+	}
+	parts, err := ob.PartitionCount(sctx, db)
+	if err != nil {
+		return err // ErrPartitionMismatch with --partitions: exit 1
 	}
 	sc := sarama.NewConfig()
 	sc.ClientID = "outbox-relay"
@@ -214,11 +221,11 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	defer closePublisher()
 
 	reg := prometheus.NewRegistry()
-	rm, err := metrics.NewRelayMetrics(reg, a.table)
+	rm, err := metrics.NewRelayMetrics(reg, ob)
 	if err != nil {
 		return err
 	}
-	if err := reg.Register(metrics.NewStatsCollector(db, t.dialect, a.table, 0)); err != nil {
+	if err := reg.Register(metrics.NewStatsCollector(ob, db, 0)); err != nil {
 		return err
 	}
 	if err := reg.Register(collectors.NewGoCollector()); err != nil {
@@ -227,16 +234,22 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
 		return err
 	}
-	var ready atomic.Bool
-	cfg.Observer = readyObserver{Observer: rm, ready: &ready}
+	var stopping atomic.Bool
+	cfg.Observer = rm
 	cfg.Publisher = pub
-	r, err := relay.New(db, cfg)
+	r, err := relay.New(ob, db, cfg)
 	if err != nil {
 		return err
 	}
+	ready := func() error {
+		if stopping.Load() {
+			return errors.New("shutting down")
+		}
+		return r.Ready()
+	}
 	var rt *relay.Retention
 	if f.retention > 0 {
-		if rt, err = relay.NewRetention(db, ret); err != nil {
+		if rt, err = relay.NewRetention(ob, db, ret); err != nil {
 			return err
 		}
 	}
@@ -248,13 +261,13 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 		if err != nil {
 			return fmt.Errorf("cannot serve HTTP on %s: %w", f.httpAddr, err)
 		}
-		srv = &http.Server{Handler: httpHandler(reg, &ready), ReadHeaderTimeout: 10 * time.Second}
+		srv = &http.Server{Handler: httpHandler(reg, ready), ReadHeaderTimeout: 10 * time.Second}
 		go func() { srvDone <- srv.Serve(ln) }()
 		log.Info("serving HTTP", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
 	}
 
 	log.Info("starting relay", "dsn", redactDSN(a.dsn), "dialect", t.dialect, "table", a.table, "brokers", brokers,
-		"topic_prefix", prefix, "partitions", f.partitions, "retention", f.retention.String(), "archive", f.archive)
+		"topic_prefix", prefix, "partitions", parts, "retention", f.retention.String(), "archive", f.archive)
 
 	// Background work ends with bg; the relay itself is stopped with Stop.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -266,7 +279,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = relay.ListenPostgres(bg, t.raw, a.table, r.Notify, baseLog)
+			_ = relay.ListenPostgres(bg, ob, t.raw, r.Notify, baseLog)
 		}()
 	}
 	if rt != nil {
@@ -282,7 +295,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	case <-ctx.Done():
 		restoreSignals(ctx) // a second signal kills at once
 		log.Info("shutting down", "drain_timeout", f.drainTimeout.String())
-		ready.Store(false)
+		stopping.Store(true)
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.drainTimeout)
 		if err := r.Stop(dctx); err != nil {
 			log.Warn("the in-flight batch did not finish within --drain-timeout; its rows stay pending and will be re-sent", "error", err)
@@ -318,16 +331,17 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	return nil
 }
 
-// httpHandler serves /metrics from reg, /healthz, and /readyz from ready.
-func httpHandler(reg *prometheus.Registry, ready *atomic.Bool) http.Handler {
+// httpHandler serves /metrics from reg, /healthz, and /readyz from ready
+// (nil: ready; otherwise 503 with the error, one line).
+func httpHandler(reg *prometheus.Registry, ready func() error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready.Load() {
-			http.Error(w, "not ready: the relay is not running", http.StatusServiceUnavailable)
+		if err := ready(); err != nil {
+			http.Error(w, "not ready: "+oneLine(err.Error()), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = fmt.Fprintln(w, "ready")

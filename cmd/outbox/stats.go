@@ -28,9 +28,16 @@ the oldest pending row; and, per relay partition, its pending rows, their
 oldest age, and the relay instance holding the partition's lease with its
 epoch (fencing token) and time left. Ages come from the database clock.
 
+It also shows the relay partition count stored in the table, the lease
+table's size, and any disagreement between them or pending rows in
+partitions no relay can own (those are never published: see
+relay.Repartition); the command still exits 0 then.
+
 With --json, prints one object: table, dialect, pending, sent, dead,
-oldest_pending_seconds and partitions [{partition, pending,
-oldest_pending_seconds, owner, epoch, lease_left_seconds}].`,
+oldest_pending_seconds, partition_count, lease_partitions,
+out_of_range_pending, partition_mismatch ("" if none) and partitions
+[{partition, pending, oldest_pending_seconds, owner, epoch,
+lease_left_seconds}].`,
 		Args: cobra.NoArgs,
 		RunE: a.wrap(a.stats),
 	}
@@ -52,6 +59,10 @@ type statsJSON struct {
 	Sent          int64           `json:"sent"`
 	Dead          int64           `json:"dead"`
 	OldestPending float64         `json:"oldest_pending_seconds"`
+	Count         int             `json:"partition_count"`
+	LeaseRows     int             `json:"lease_partitions"`
+	OutOfRange    int64           `json:"out_of_range_pending"`
+	Mismatch      string          `json:"partition_mismatch"`
 	Partitions    []partitionJSON `json:"partitions"`
 }
 
@@ -66,13 +77,22 @@ func (a *app) stats(cmd *cobra.Command, _ []string) error {
 	if err := checkSchema(ctx, db, t, a.table); err != nil {
 		return err
 	}
-	st, err := relay.ReadStats(ctx, db, t.dialect, a.table)
+	ob, err := a.outbox(t, 0)
 	if err != nil {
 		return err
 	}
+	st, err := relay.ReadStats(ctx, ob, db)
+	if err != nil {
+		return err
+	}
+	mismatch := ""
+	if err := st.Mismatch(); err != nil {
+		mismatch = oneLine(err.Error())
+	}
 	if a.json {
 		out := statsJSON{Table: a.table, Dialect: string(t.dialect), Pending: st.Pending, Sent: st.Sent, Dead: st.Dead,
-			OldestPending: st.OldestPending.Seconds(), Partitions: []partitionJSON{}}
+			OldestPending: st.OldestPending.Seconds(), Count: st.PartitionCount, LeaseRows: st.LeaseRows,
+			OutOfRange: st.OutOfRange, Mismatch: mismatch, Partitions: []partitionJSON{}}
 		for _, p := range st.Partitions {
 			out.Partitions = append(out.Partitions, partitionJSON{Partition: p.Partition, Pending: p.Pending,
 				OldestPending: p.OldestPending.Seconds(), Owner: p.Owner, Epoch: p.Epoch, LeaseLeft: p.LeaseLeft.Seconds()})
@@ -85,6 +105,10 @@ func (a *app) stats(cmd *cobra.Command, _ []string) error {
 	fmt.Fprintf(tw, "sent:\t%d\n", st.Sent)
 	fmt.Fprintf(tw, "dead:\t%d\n", st.Dead)
 	fmt.Fprintf(tw, "oldest pending:\t%s\n", age(st.OldestPending))
+	fmt.Fprintf(tw, "partitions:\t%d stored, %d lease rows\n", st.PartitionCount, st.LeaseRows)
+	if mismatch != "" {
+		fmt.Fprintf(tw, "PARTITION MISMATCH:\t%s\n", mismatch)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

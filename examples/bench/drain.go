@@ -208,8 +208,8 @@ func runDrain(ctx context.Context, db *database, brokers []string, rows, batch i
 				once.Do(func() { close(done) })
 			}
 		}}
-	r, err := relay.New(env.relay, relay.Config{Dialect: db.dialect, Table: env.table, Publisher: pub,
-		Wakeup: env.ob.Wakeup(), BatchSize: batch, Observer: obs, Logger: quietLogger})
+	r, err := relay.New(env.ob, env.relay, relay.Config{Publisher: pub,
+		BatchSize: batch, Observer: obs, Logger: quietLogger})
 	if err != nil {
 		return nil, err
 	}

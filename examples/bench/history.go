@@ -103,7 +103,7 @@ func historyPoint(ctx context.Context, db *database, brokers []string, hist, pen
 			mu.Unlock()
 		},
 	}
-	r, err := relay.New(env.relay, relay.Config{Dialect: db.dialect, Table: env.table, Publisher: pub, Observer: obs, Logger: quietLogger})
+	r, err := relay.New(env.ob, env.relay, relay.Config{Publisher: pub, Observer: obs, Logger: quietLogger})
 	if err != nil {
 		return nil, err
 	}

@@ -445,8 +445,8 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 	acks := newAckLog()
 	phases := &phaseLog{}
 	obs := &observer{published: func(m relay.Message) { acks.add(m.MessageID, time.Now()) }, claimed: phases.claimed}
-	r, err := relay.New(env.relay, relay.Config{Dialect: db.dialect, Table: env.table, Publisher: timedPublisher{pub, phases},
-		Wakeup: env.ob.Wakeup(), Observer: obs, Logger: quietLogger})
+	r, err := relay.New(env.ob, env.relay, relay.Config{Publisher: timedPublisher{pub, phases},
+		Observer: obs, Logger: quietLogger})
 	if err != nil {
 		return nil, err
 	}

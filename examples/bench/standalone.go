@@ -136,7 +136,13 @@ func relayChild(raw string) int {
 	obs := &upObserver{up: func() { upOnce.Do(func() { close(up) }) }, partitions: partition.DefaultCount}
 	obs.published = func(m relay.Message) { out.send(childLine{ID: m.MessageID, Nanos: time.Now().UnixNano()}) }
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	r, err := relay.New(db, relay.Config{Dialect: dialect, Table: cfg.Table, Publisher: pub, Observer: obs, Logger: logger})
+	// Another process than the writers: the table is described by dialect
+	// and name alone; the partition count is read from the table.
+	ob, err := driver.New(driver.Config{Dialect: dialect, Table: cfg.Table})
+	if err != nil {
+		return fail(err)
+	}
+	r, err := relay.New(ob, db, relay.Config{Publisher: pub, Observer: obs, Logger: logger})
 	if err != nil {
 		return fail(err)
 	}
@@ -154,7 +160,7 @@ func relayChild(raw string) int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = relay.ListenPostgres(ctx, cfg.DB, cfg.Table, wake, logger)
+			_ = relay.ListenPostgres(ctx, ob, cfg.DB, wake, logger)
 		}()
 	} else {
 		close(listening)

@@ -122,13 +122,12 @@ func run(dsn, brokers, addr string, runRelay bool, log *slog.Logger) error {
 			return err
 		}
 		defer pub.Close()
-		r, err := relay.New(relayDB, relay.Config{Dialect: ob.Config().Dialect, Publisher: pub, Wakeup: ob.Wakeup(), Logger: log})
+		r, err := relay.New(ob, relayDB, relay.Config{Publisher: pub, Logger: log})
 		if err != nil {
 			return err
 		}
 		go func() {
-			if err := r.Run(ctx); err != nil {
-				log.Error("relay stopped", "error", err)
+			if err := r.Run(ctx); err != nil { // also logged by Run
 				stop()
 			}
 		}()

@@ -85,13 +85,19 @@ func TestHappyPath(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pub.Close()
-			r, err := relay.New(e.RelayDB, relay.Config{Dialect: tg.Dialect, Table: e.Table, Publisher: pub, Wakeup: e.Outbox.Wakeup(),
+			r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: pub,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {
 				t.Fatal(err)
 			}
-			go r.Run(ctx)
-			defer r.Stop(context.Background())
+			runErr := make(chan error, 1)
+			go func() { runErr <- r.Run(ctx) }()
+			defer func() {
+				_ = r.Stop(context.Background())
+				if err := <-runErr; err != nil {
+					t.Errorf("relay: %v", err)
+				}
+			}()
 			srv := httptest.NewServer(svc.handler())
 			defer srv.Close()
 

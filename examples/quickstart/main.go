@@ -213,11 +213,8 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (rep report, err err
 
 	// The relay: woken after every commit that wrote events, polling as a
 	// fallback, on its own small pool.
-	r, err := relay.New(db.relay, relay.Config{
-		Dialect:      db.dialect,
-		Table:        cfg.OutboxTable,
+	r, err := relay.New(db.ob, db.relay, relay.Config{ // db.ob: the writers' Outbox, so the same table and partitions
 		Publisher:    pub,
-		Wakeup:       db.ob.Wakeup(),
 		PollInterval: cfg.Poll,
 		Logger:       cfg.Logger,
 	})

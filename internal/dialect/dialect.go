@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"text/template"
+
+	"github.com/sqloutbox/outbox/partition"
 )
 
 // Name is a dialect's name.
@@ -60,6 +62,7 @@ type Dialect struct {
 	migrations []Migration
 	insertHead string
 	insertRow  string // with ? placeholders
+	partitions int    // the count the meta migration stores on a fresh install
 }
 
 // Migration is one schema version.
@@ -84,12 +87,23 @@ const MaxTableNameBytes = 40
 // letters, digits and underscores (name at most MaxTableNameBytes, schema at
 // most 63). It returns ErrUnknownDialect or ErrInvalidTable (wrapped).
 func New(name Name, table string) (*Dialect, error) {
+	return NewPartitioned(name, table, partition.DefaultCount)
+}
+
+// NewPartitioned is New for a table whose meta migration stores partitions
+// as the relay partition count when the lease table is empty (a fresh
+// install, or one whose relays never ran). partitions must be valid for
+// partition.Validate; New uses partition.DefaultCount.
+func NewPartitioned(name Name, table string, partitions int) (*Dialect, error) {
+	if err := partition.Validate(partitions); err != nil {
+		return nil, err
+	}
 	switch name {
 	case Postgres, MySQL, SQLite:
 	default:
 		return nil, fmt.Errorf("%w %q (want postgres, mysql or sqlite)", ErrUnknownDialect, name)
 	}
-	d := &Dialect{name: name, table: table}
+	d := &Dialect{name: name, table: table, partitions: partitions}
 	parts := strings.Split(table, ".")
 	switch {
 	case len(parts) == 1 && basePart.MatchString(parts[0]):
@@ -137,6 +151,13 @@ func (t templateData) Archive() string { return t.d.qualify(t.d.base + "_archive
 
 // Members is the quoted, schema-qualified relay instance table.
 func (t templateData) Members() string { return t.d.qualify(t.d.base + "_relay") }
+
+// Meta is the quoted, schema-qualified settings table (one row: the relay
+// partition count).
+func (t templateData) Meta() string { return t.d.qualify(t.d.base + "_meta") }
+
+// Partitions is the relay partition count a fresh install stores.
+func (t templateData) Partitions() int { return t.d.partitions }
 
 // Index names an index or constraint after the table: PostgreSQL puts it in
 // the table's schema by itself; SQLite wants the schema on the index name.
@@ -480,6 +501,9 @@ func (d *Dialect) LeaseInit(n int) string {
 
 // Lease returns a named lease query with the dialect's placeholders.
 func (d *Dialect) Lease(name string) string { return d.Bind(d.Query(name)) }
+
+// MetaTable is the quoted settings table holding the relay partition count.
+func (d *Dialect) MetaTable() string { return templateData{d}.Meta() }
 
 // LeaseTable is the quoted partition lease table.
 func (d *Dialect) LeaseTable() string { return templateData{d}.Lease() }

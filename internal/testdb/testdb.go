@@ -76,6 +76,40 @@ type Env struct {
 	// DSN is the private database's DSN for the target's driver (MySQL
 	// and SQLite point at the private database; PostgreSQL at the server).
 	DSN string
+
+	connector sqldriver.Connector // the target driver's, unwrapped; nil on SQLite
+}
+
+// OpenWriter opens another pool through the outbox wrapper onto e's
+// database, bound to a new Outbox for cfg (Dialect and Table default to
+// e's), as a second writer process would; it does not migrate. The pool is
+// closed at cleanup.
+func (e *Env) OpenWriter(t testing.TB, cfg driver.Config) (*driver.Outbox, *sql.DB) {
+	t.Helper()
+	if cfg.Dialect == "" {
+		cfg.Dialect = e.Target.Dialect
+	}
+	if cfg.Table == "" {
+		cfg.Table = e.Table
+	}
+	ob, err := driver.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var db *sql.DB
+	if e.connector != nil {
+		db = sql.OpenDB(ob.WrapConnector(e.connector))
+		db.SetMaxOpenConns(4)
+	} else {
+		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(e.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db = sql.OpenDB(c)
+		db.SetMaxOpenConns(1)
+	}
+	t.Cleanup(func() { db.Close() })
+	return ob, db
 }
 
 // Q qualifies a business table name with the private schema.
@@ -294,6 +328,7 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 		t.Fatal(err)
 	}
 	e.Outbox = ob
+	e.connector = connector
 	if connector != nil {
 		e.DB = sql.OpenDB(ob.WrapConnector(connector))
 	} else {

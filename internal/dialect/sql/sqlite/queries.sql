@@ -181,3 +181,26 @@ DELETE FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1
 -- name: delete_sent
 -- Mark-sent for DeleteOnPublish: acknowledged rows are deleted at once.
 DELETE FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 0 {{"{{FENCE}}"}}
+
+-- name: partitions
+-- The stored relay partition count (schema version with the meta table).
+SELECT partitions FROM {{.Meta}} WHERE id = 1
+
+-- name: partition_check
+-- What a running relay compares with the count it started with, in one
+-- round trip: the stored count (NULL if the row is missing), the lease
+-- rows, and the lowest and highest leased partition (-1 if none).
+SELECT (SELECT partitions FROM {{.Meta}} WHERE id = 1),
+       (SELECT COUNT(*) FROM {{.Lease}}),
+       (SELECT COALESCE(MIN(partition_key), -1) FROM {{.Lease}}),
+       (SELECT COALESCE(MAX(partition_key), -1) FROM {{.Lease}})
+
+-- name: out_of_range
+-- Pending rows in partitions no relay can own: outside 0..count-1, ? = the
+-- stored count. Reads every pending row once (as stats_pending does), so
+-- the relay runs it at start and every PartitionCheckInterval.
+SELECT COUNT(*) FROM {{.Table}} WHERE status = 0 AND (partition_key >= ? OR partition_key < 0)
+
+-- name: set_partitions
+-- relay.Repartition, the one way to change the stored count. ? = count.
+UPDATE {{.Meta}} SET partitions = ?, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) WHERE id = 1
