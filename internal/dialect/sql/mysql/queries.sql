@@ -108,7 +108,12 @@ WHERE status = 2 AND next_retry_at IS NOT NULL AND {{"{{WHERE}}"}}
 -- Appended to the relay's writes when leases are on (the outbox table is
 -- aliased o in them): the row's partition must still be leased to this
 -- instance (? = instance ID), unexpired by the database clock. A stale
--- owner's outcomes are rejected.
+-- owner's outcomes are rejected. Under REPEATABLE READ InnoDB reads the
+-- lease rows of a writing statement with shared locks, taken in the order
+-- of the statement's rows' partitions; lease writes (lease_renew,
+-- lease_acquire, lease_release) therefore each change one lease row by
+-- primary key, so none holds one lease row while waiting for another and
+-- none can close a deadlock cycle with this fence.
 AND EXISTS (SELECT 1 FROM {{.Lease}} l
             WHERE l.partition_key = o.partition_key AND l.owner = ? AND l.expires_at > UTC_TIMESTAMP(6))
 
@@ -128,9 +133,13 @@ SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > UTC_TIMESTAMP(6)
 DELETE FROM {{.Members}} WHERE instance_id = ?
 
 -- name: lease_renew
--- ? = TTL in microseconds, instance ID.
+-- One partition by primary key: ? = TTL in microseconds, partition,
+-- instance ID. (Renewing all of an owner's rows in one statement scanned
+-- the lease table under REPEATABLE READ and locked every row, its own in
+-- ascending order and everyone else's: it deadlocked with the fence of a
+-- mark-sent, which holds shared locks on lease rows in its rows' order.)
 UPDATE {{.Lease}} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE owner = ? AND expires_at > UTC_TIMESTAMP(6)
+WHERE partition_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)
 
 -- name: lease_mine
 SELECT partition_key, epoch FROM {{.Lease}}

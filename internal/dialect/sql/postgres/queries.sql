@@ -129,9 +129,11 @@ SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > clock_timestamp()
 DELETE FROM {{.Members}} WHERE instance_id = ?
 
 -- name: lease_renew
--- ? = TTL in microseconds, instance ID.
+-- One partition by primary key (as on MySQL, where renewing all of an
+-- owner's rows at once deadlocked with the fence): ? = TTL in
+-- microseconds, partition, instance ID.
 UPDATE {{.Lease}} SET expires_at = clock_timestamp() + (?::bigint * interval '1 microsecond')
-WHERE owner = ? AND expires_at > clock_timestamp()
+WHERE partition_key = ? AND owner = ? AND expires_at > clock_timestamp()
 
 -- name: lease_mine
 SELECT partition_key, epoch FROM {{.Lease}}
