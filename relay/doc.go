@@ -66,8 +66,9 @@
 // No relay statement waits on the lock of a row outside its own work. The
 // claim is a plain read (no FOR UPDATE: leases, not row locks, keep
 // instances apart), so it never waits. Every outcome write (mark sent,
-// retry, dead, DeleteOnPublish) and retention's archive and delete reach
-// their rows by primary key only (on MySQL/MariaDB FORCE INDEX (PRIMARY),
+// retry, dead, DeleteOnPublish), retention's archive and delete, and
+// DeadLetters' Retry and Skip (after a plain read of the matching ids)
+// reach their rows by primary key only (on MySQL/MariaDB FORCE INDEX (PRIMARY),
 // at most 500 ids per DELETE or INSERT ... SELECT), so they lock exactly
 // those rows: a writer whose transaction has INSERTed its rows but not
 // completed its COMMIT (a slow flush, a network stall, a paused client)

@@ -23,7 +23,8 @@ import (
 // must be published and recorded (marked sent, or deleted with
 // DeleteOnPublish) while the commit is still held, without duplicates:
 // no relay statement may wait on the lock of a row outside its batch.
-// Then the commit is released and its event follows.
+// In "backlog", retention then archives and deletes them, also while the
+// commit is held. Then the commit is released and its event follows.
 //
 // "backlog" commits the 200 before the relay starts, so one mark-sent
 // carries all 200 ids: on MariaDB 10.11 that statement used to scan the
@@ -120,6 +121,21 @@ func TestHeldCommitDoesNotStallRelay(t *testing.T) {
 				if got := len(pub.Messages()); got != others {
 					t.Fatalf("%d messages published while the commit was held, want %d (no duplicates)", got, others)
 				}
+				if c.backlog && !c.deleteOnPublish {
+					// Retention (archive, then delete) of the sent rows must
+					// not wait on the held row either.
+					ret, err := relay.NewRetention(e.RelayDB, relay.RetentionConfig{Dialect: tg.Dialect, Table: e.Table,
+						After: time.Microsecond, Archive: true, Logger: quietLogger()})
+					if err != nil {
+						t.Fatal(err)
+					}
+					octx, cancel := context.WithTimeout(ctx, 20*time.Second) // milliseconds of work; a lock wait is 50 s
+					n, err := ret.RunOnce(octx)
+					cancel()
+					if err != nil || n != others {
+						t.Fatalf("retention with a commit held removed %d rows, %v; want %d at once", n, err, others)
+					}
+				}
 				select {
 				case err := <-committed:
 					t.Fatalf("the held commit returned (%v) before it was released", err)
@@ -140,4 +156,74 @@ func TestHeldCommitDoesNotStallRelay(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestDeadLettersDoNotWaitOnHeldCommit: with most rows dead-lettered and a
+// writer's COMMIT held after it INSERTed an event of a dead letter's
+// aggregate, Skip (by aggregate) and Retry (all) must return at once. On
+// MariaDB, updating by the selector itself scanned the whole PRIMARY index
+// (type=index) or the aggregate's rows (index_merge with aggregate_idx)
+// under REPEATABLE READ and waited on the held row (until
+// innodb_lock_wait_timeout, 50 s by default).
+func TestDeadLettersDoNotWaitOnHeldCommit(t *testing.T) {
+	t.Parallel()
+	forEachTarget(t, func(t *testing.T, tg testdb.Target) {
+		if tg.Dialect == driver.SQLite {
+			t.Skip("SKIP: SQLite has one writer at a time: a held commit holds the write lock and every writer waits for it")
+		}
+		const dead = 200
+		e := testdb.New(t, tg, driver.Config{})
+		db, proxy, pattern := openThroughProxy(t, e)
+		ctx := testCtx(t, 2*time.Minute)
+		err := inTx(ctx, e.DB, func(ctx context.Context, _ *sql.Tx) error {
+			for i := 0; i < dead; i++ {
+				if err := outbox.Emit(ctx, ev(fmt.Sprintf("dead-%03d", i), i)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		never := map[driver.Dialect]string{driver.Postgres: "'infinity'::timestamptz", driver.MySQL: "'9999-12-31 23:59:59.999999'"}[tg.Dialect]
+		if _, err := e.RelayDB.ExecContext(ctx, "UPDATE "+e.Table+" SET status = 2, attempts = 6, next_retry_at = "+never); err != nil {
+			t.Fatal(err)
+		}
+
+		proxy.Arm(pattern, faultproxy.HoldBefore)
+		sctx := outbox.NewContext(ctx)
+		tx, err := db.BeginTx(sctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := outbox.Emit(sctx, ev("dead-007", 1)); err != nil {
+			t.Fatal(err)
+		}
+		committed := make(chan error, 1)
+		go func() { committed <- tx.Commit() }()
+		eventually(t, ctx, "the proxy holding COMMIT", func() bool { return proxy.Tripped.Load() == 1 })
+
+		dl, err := relay.NewDeadLetters(e.RelayDB, tg.Dialect, e.Table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Generous for statements that take milliseconds, well below the
+		// 50 s a lock wait would take.
+		octx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if n, err := dl.Skip(octx, relay.Selector{AggregateType: "order", AggregateID: "dead-007"}); err != nil || n != 1 {
+			t.Fatalf("Skip(aggregate) with a commit held = %d, %v; want 1 at once", n, err)
+		}
+		if n, err := dl.Retry(octx, relay.Selector{All: true}); err != nil || n != dead {
+			t.Fatalf("Retry(all) with a commit held = %d, %v; want %d at once", n, err, dead)
+		}
+		proxy.Release()
+		if err := <-committed; err != nil {
+			t.Fatalf("held commit, released: %v", err)
+		}
+		if n := rowCount(t, e, "status = 0"); n != dead+1 {
+			t.Fatalf("%d pending rows after retry and release, want %d", n, dead+1)
+		}
+	})
 }

@@ -91,18 +91,30 @@ WHERE status = 2 AND {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
 
+-- name: dead_ids
+-- Ids of the dead letters matching the selector (as dead_list; a plain
+-- read, it locks nothing), for dead_retry and dead_skip. Updating by the
+-- selector itself scanned the whole PRIMARY index when most rows were
+-- dead (type=index), or every row of the aggregate (index_merge with
+-- aggregate_idx), and under REPEATABLE READ waited on any uncommitted
+-- writer's row there.
+SELECT id FROM {{.Table}}
+WHERE status = 2 AND {{"{{WHERE}}"}}
+ORDER BY id
+
 -- name: dead_retry
 -- Back to pending with a fresh attempt budget. Its id is lower than any
 -- event it held, so the claim hands it out first: order is kept.
-UPDATE {{.Table}}
-SET status = 0, attempts = 0, next_retry_at = NULL, updated_at = UTC_TIMESTAMP(6)
-WHERE status = 2 AND {{"{{WHERE}}"}}
+-- {{"{{IDS}}"}}: ids from dead_ids, by primary key as mark_sent.
+UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
+SET o.status = 0, o.attempts = 0, o.next_retry_at = NULL, o.updated_at = UTC_TIMESTAMP(6)
+WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 2
 
 -- name: dead_skip
--- Stays failed, but releases its aggregate.
-UPDATE {{.Table}}
-SET next_retry_at = NULL, updated_at = UTC_TIMESTAMP(6)
-WHERE status = 2 AND next_retry_at IS NOT NULL AND {{"{{WHERE}}"}}
+-- Stays failed, but releases its aggregate. {{"{{IDS}}"}}: ids from dead_ids.
+UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
+SET o.next_retry_at = NULL, o.updated_at = UTC_TIMESTAMP(6)
+WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 2 AND o.next_retry_at IS NOT NULL
 
 -- name: fence
 -- Appended to the relay's writes when leases are on (the outbox table is

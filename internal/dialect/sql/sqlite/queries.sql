@@ -85,18 +85,26 @@ WHERE status = 2 AND {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
 
+-- name: dead_ids
+-- Ids of the dead letters matching the selector (as dead_list), for
+-- dead_retry and dead_skip, which then act on those rows by primary key.
+SELECT id FROM {{.Table}}
+WHERE status = 2 AND {{"{{WHERE}}"}}
+ORDER BY id
+
 -- name: dead_retry
 -- Back to pending with a fresh attempt budget. Its id is lower than any
 -- event it held, so the claim hands it out first: order is kept.
+-- {{"{{IDS}}"}}: ids from dead_ids.
 UPDATE {{.Table}}
 SET status = 0, attempts = 0, next_retry_at = NULL, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
-WHERE status = 2 AND {{"{{WHERE}}"}}
+WHERE id IN ({{"{{IDS}}"}}) AND status = 2
 
 -- name: dead_skip
--- Stays failed, but releases its aggregate.
+-- Stays failed, but releases its aggregate. {{"{{IDS}}"}}: ids from dead_ids.
 UPDATE {{.Table}}
 SET next_retry_at = NULL, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
-WHERE status = 2 AND next_retry_at IS NOT NULL AND {{"{{WHERE}}"}}
+WHERE id IN ({{"{{IDS}}"}}) AND status = 2 AND next_retry_at IS NOT NULL
 
 -- name: fence
 -- Appended to the relay's writes when leases are on: the row's partition
