@@ -82,7 +82,9 @@ type DeadLetter struct {
 
 // DeadLetters lists and acts on the dead letters of one outbox table. It
 // is safe for concurrent use and may run beside live relays: retry and
-// skip are single UPDATE statements the claim sees at its next cycle.
+// skip read the matching ids, then update those rows by primary key in one
+// short transaction, which the claim sees at its next cycle; they never
+// wait on other rows, such as a writer's whose COMMIT is held up.
 type DeadLetters struct {
 	db *sql.DB
 	d  *dialect.Dialect
@@ -150,14 +152,51 @@ func (dl *DeadLetters) Skip(ctx context.Context, sel Selector) (int64, error) {
 	return dl.exec(ctx, "dead_skip", sel)
 }
 
+// deadLetterChunk is the most ids one retry or skip statement lists.
+const deadLetterChunk = 500
+
+// exec reads the ids of the dead letters sel matches (a plain read), then
+// runs query on those rows by primary key, in one transaction: it locks
+// only them, so it never waits on other rows (on MySQL/MariaDB, updating
+// by the selector itself could scan and wait on any uncommitted writer).
 func (dl *DeadLetters) exec(ctx context.Context, query string, sel Selector) (int64, error) {
 	where, args, err := sel.where()
 	if err != nil {
 		return 0, err
 	}
-	res, err := dl.db.ExecContext(ctx, dl.d.WithSelector(query, where, 0), args...)
+	rows, err := dl.db.QueryContext(ctx, dl.d.WithSelector("dead_ids", where, 0), args...)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: dead letters %s: %w", query, err)
 	}
-	return res.RowsAffected()
+	var ids []any
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("outbox: dead letters %s: %w", query, err)
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	tx, err := dl.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: dead letters %s: %w", query, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	var n int64
+	for _, c := range dialect.Chunks(len(ids), deadLetterChunk) {
+		res, err := tx.ExecContext(ctx, dl.d.WithIDs(query, c[1]-c[0]), ids[c[0]:c[1]]...)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: dead letters %s: %w", query, err)
+		}
+		k, _ := res.RowsAffected()
+		n += k
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("outbox: dead letters %s: %w", query, err)
+	}
+	return n, nil
 }

@@ -50,8 +50,9 @@
 //
 // # Outcomes
 //
-//   - Acknowledged: marked sent (status 1) with one statement per batch,
-//     in the background while the next batch is claimed and published. On
+//   - Acknowledged: marked sent (status 1) with one statement per batch
+//     (DeleteOnPublish on MySQL/MariaDB: one per 500 ids), in the
+//     background while the next batch is claimed and published. On
 //     PostgreSQL that statement commits with synchronous_commit off (for
 //     its own transaction only): a server crash can lose the last marks
 //     (about 3 x wal_writer_delay), whose messages are then sent again,
@@ -73,6 +74,33 @@
 //   - The whole batch failed (broker unreachable, timeout): nothing is
 //     recorded; the relay backs off as a whole (exponential, 100 ms to
 //     30 s) and re-sends later. No attempt is burned by an outage.
+//
+// # Locks
+//
+// No relay statement waits on the lock of a row outside its own work. The
+// claim is a plain read (no FOR UPDATE: leases, not row locks, keep
+// instances apart), so it never waits. Every outcome write (mark sent,
+// retry, dead, DeleteOnPublish), retention's archive and delete, and
+// DeadLetters' Retry and Skip (after a plain read of the matching ids)
+// reach their rows by primary key only (on MySQL/MariaDB FORCE INDEX (PRIMARY),
+// at most 500 ids per DELETE or INSERT ... SELECT), so they lock exactly
+// those rows: a writer whose transaction has INSERTed its rows but not
+// completed its COMMIT (a slow flush, a network stall, a paused client)
+// holds up only its own events. MariaDB left to itself scanned the whole
+// PRIMARY index for a mark-sent of a few hundred ids and, under REPEATABLE
+// READ, waited on that writer's row; the loop waited with it
+// (TestHeldCommitDoesNotStallRelay, TestRelayWritesReadOnlyTheirRows).
+// SQLite has one writer at a time: a held commit holds the write lock, and
+// the relay's writes (and, with the recommended one shared connection,
+// everything) wait for it.
+//
+// Lease writes change one lease row per statement, by primary key: the
+// heartbeat renews each owned partition separately. Under REPEATABLE READ
+// the fence of an outcome write holds shared locks on the lease rows of
+// its rows' partitions, in its rows' order; a renewal of all of an
+// instance's leases in one statement locked every lease row in key order
+// and deadlocked with it (TestNoDeadlocksAcrossLeaseHandovers checks the
+// server's deadlock counter across lease handovers).
 //
 // # Crashes
 //
@@ -187,7 +215,8 @@
 //
 // # Cost of an idle relay
 //
-// One claim per PollInterval, plus a lease heartbeat (four short statements
-// and the partition check's one) per LeaseHeartbeat, plus the count of
-// out-of-range pending rows per PartitionCheckInterval.
+// One claim per PollInterval, plus a lease heartbeat per LeaseHeartbeat
+// (four short statements, one renewal per owned partition, and the
+// partition check's one), plus the count of out-of-range pending rows per
+// PartitionCheckInterval.
 package relay

@@ -148,8 +148,18 @@ func (l *leases) heartbeat(ctx context.Context) error {
 	if _, err := db.ExecContext(qctx, d.Lease("member_beat"), l.id, l.ttlMicros()); err != nil {
 		return fmt.Errorf("membership heartbeat: %w", err)
 	}
-	if _, err := db.ExecContext(qctx, d.Lease("lease_renew"), l.ttlMicros(), l.id); err != nil {
-		return fmt.Errorf("renewing leases: %w", err)
+	// Renew one partition per statement, by primary key: a statement
+	// renewing several would hold some lease rows while waiting for the
+	// next, and on MySQL/MariaDB the fence of a mark-sent holds shared
+	// locks on lease rows in its own order: a deadlock (see queries.sql).
+	held, err := l.mine(qctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range sortedKeys(held) {
+		if _, err := db.ExecContext(qctx, d.Lease("lease_renew"), l.ttlMicros(), p, l.id); err != nil {
+			return fmt.Errorf("renewing the lease of partition %d: %w", p, err)
+		}
 	}
 	mine, err := l.mine(qctx)
 	if err != nil {
@@ -220,6 +230,16 @@ func (l *leases) heartbeat(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// sortedKeys returns m's partitions in ascending order.
+func sortedKeys(m map[int]int64) []int {
+	ps := make([]int, 0, len(m))
+	for p := range m {
+		ps = append(ps, p)
+	}
+	sort.Ints(ps)
+	return ps
 }
 
 func (l *leases) mine(ctx context.Context) (map[int]int64, error) {

@@ -758,15 +758,21 @@ func (r *Relay) markSent(ctx context.Context, msgs []Message) error {
 	for i := range msgs {
 		ids[i] = msgs[i].ID
 	}
-	mark := r.d.MarkSent
+	mark, name := r.d.MarkSent, "mark_sent"
 	if r.cfg.DeleteOnPublish {
-		mark = r.d.DeleteSent
+		mark, name = r.d.DeleteSent, "delete_sent"
 	}
-	q, args := mark(ids, r.cfg.InstanceID)
-	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-	defer cancel()
-	if _, err := r.db.ExecContext(qctx, q, args...); err != nil {
-		return fmt.Errorf("marking %d messages sent (they will be re-sent): %w", len(ids), err)
+	// Each statement touches only its ids' rows, by primary key (see
+	// queries.sql): it never waits on a row outside the batch, such as a
+	// writer's row whose COMMIT has not completed.
+	for _, c := range dialect.Chunks(len(ids), r.d.MaxIDs(name)) {
+		q, args := mark(ids[c[0]:c[1]], r.cfg.InstanceID)
+		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		_, err := r.db.ExecContext(qctx, q, args...)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("marking %d messages sent (they will be re-sent): %w", len(ids)-c[0], err)
+		}
 	}
 	return nil
 }

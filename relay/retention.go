@@ -43,8 +43,10 @@ type RetentionConfig struct {
 // Retention deletes (or archives) sent rows older than After, in small
 // batches, each its own short transaction touching only sent rows by
 // primary key, so it never blocks writers (who insert new ids) or the
-// relay (which reads and updates unsent rows). Pending and dead rows are
-// never touched.
+// relay (which reads and updates unsent rows), nor waits for them. Pending
+// and dead rows are never touched. (On MySQL/MariaDB the primary key is
+// forced, at most 500 ids per statement: MariaDB otherwise scanned the
+// table for a few hundred ids and locked every row and gap.)
 type Retention struct {
 	db  *sql.DB
 	cfg RetentionConfig
@@ -122,15 +124,21 @@ func (r *Retention) batch(ctx context.Context) (int64, error) {
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
 	if r.cfg.Archive {
-		if _, err := tx.ExecContext(ctx, r.d.WithIDs("retention_archive", len(ids)), ids...); err != nil {
-			return 0, fmt.Errorf("outbox: retention: archiving: %w", err)
+		for _, c := range dialect.Chunks(len(ids), r.d.MaxIDs("retention_archive")) {
+			if _, err := tx.ExecContext(ctx, r.d.WithIDs("retention_archive", c[1]-c[0]), ids[c[0]:c[1]]...); err != nil {
+				return 0, fmt.Errorf("outbox: retention: archiving: %w", err)
+			}
 		}
 	}
-	res, err := tx.ExecContext(ctx, r.d.WithIDs("retention_delete", len(ids)), ids...)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: retention: deleting: %w", err)
+	var n int64
+	for _, c := range dialect.Chunks(len(ids), r.d.MaxIDs("retention_delete")) {
+		res, err := tx.ExecContext(ctx, r.d.WithIDs("retention_delete", c[1]-c[0]), ids[c[0]:c[1]]...)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: retention: deleting: %w", err)
+		}
+		k, _ := res.RowsAffected()
+		n += k
 	}
-	n, _ := res.RowsAffected()
 	if err := tx.Commit(); err != nil {
 		return 0, err
 	}

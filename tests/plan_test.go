@@ -376,3 +376,207 @@ func runClaim(t *testing.T, ctx context.Context, e *testdb.Env, d *dialect.Diale
 	}
 	return out
 }
+
+// TestRelayWritesReadOnlyTheirRows is the regression test for relay writes
+// that MariaDB ran as scans: mark-sent with a few hundred ids (fewer in a
+// small table) read the whole PRIMARY index (type=index) and, under
+// REPEATABLE READ, locked every row it read, so it waited on any writer's
+// uncommitted row and stalled the relay (TestHeldCommitDoesNotStallRelay
+// shows the stall); retention's DELETE scanned the table (type=ALL) and its
+// INSERT ... SELECT every sent row (type=ref on the status index), and an
+// IN list of 1,000 ids became a join with a derived table. Each statement
+// is executed by ANALYZE (in a transaction rolled back) with statistics
+// fresh and stale (gathered while the table held 10 rows, auto-recalc off)
+// over 4,000 rows; the outbox table must be read by primary key only
+// (range/eq_ref/const on PRIMARY), and by the server's own row counters
+// (r_rows x r_loops) read no more rows than the statement names.
+func TestRelayWritesReadOnlyTheirRows(t *testing.T) {
+	t.Parallel()
+	tg := testdb.All[2]
+	if tg.Dialect != driver.MySQL {
+		t.Fatalf("testdb.All[2] is %s, want the MySQL target", tg.Name)
+	}
+	for _, stale := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fresh_statistics", true: "stale_statistics"}[stale], func(t *testing.T) {
+			t.Parallel()
+			const rows, sent, owner = 4000, 1000, "plan-owner"
+			e := testdb.New(t, tg, driver.Config{Limits: outbox.Limits{MaxEvents: rows}})
+			ctx := testCtx(t, 3*time.Minute)
+			d, err := dialect.New(dialect.MySQL, e.Table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			exec := func(q string, args ...any) {
+				t.Helper()
+				if _, err := e.RelayDB.ExecContext(ctx, q, args...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			emit := func(from, to int) {
+				t.Helper()
+				err := inTx(ctx, e.DB, func(ctx context.Context, tx *sql.Tx) error {
+					for i := from; i < to; i++ {
+						if err := outbox.Emit(ctx, ev(fmt.Sprintf("agg-%d", i%50), i)); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if stale {
+				exec("ALTER TABLE " + e.Table + " STATS_AUTO_RECALC = 0")
+				emit(0, 10)
+				exec("ANALYZE TABLE " + e.Table)
+				emit(10, rows)
+			} else {
+				emit(0, rows)
+			}
+			exec("UPDATE "+e.Table+" SET status = 1, sent_at = UTC_TIMESTAMP(6) - INTERVAL 8 DAY WHERE id <= ?", sent)
+			if !stale {
+				exec("ANALYZE TABLE " + e.Table)
+			}
+			exec(d.LeaseInit(32), func() []any {
+				a := make([]any, 32)
+				for i := range a {
+					a[i] = i
+				}
+				return a
+			}()...)
+			exec("UPDATE "+d.LeaseTable()+" SET owner = ?, epoch = 1, expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR", owner)
+
+			ids := func(from, n int) []int64 {
+				out := make([]int64, n)
+				for i := range out {
+					out[i] = int64(from + i)
+				}
+				return out
+			}
+			anys := func(v []int64) []any {
+				out := make([]any, len(v))
+				for i := range v {
+					out[i] = v[i]
+				}
+				return out
+			}
+			type stmt struct {
+				name string
+				q    string
+				args []any
+				n    int // rows it names
+			}
+			var stmts []stmt
+			for _, n := range []int{2, 200, 2000} {
+				q, args := d.MarkSent(ids(sent+1, n), owner)
+				stmts = append(stmts, stmt{fmt.Sprintf("mark_sent/%d", n), q, args, n})
+			}
+			for _, n := range []int{2, 200, d.MaxIDs("delete_sent")} {
+				q, args := d.DeleteSent(ids(sent+1, n), owner)
+				stmts = append(stmts, stmt{fmt.Sprintf("delete_sent/%d", n), q, args, n})
+			}
+			for _, name := range []string{"retention_archive", "retention_delete"} {
+				for _, n := range []int{2, 200, d.MaxIDs(name)} {
+					stmts = append(stmts, stmt{fmt.Sprintf("%s/%d", name, n), d.WithIDs(name, n), anys(ids(1, n)), n})
+				}
+			}
+			stmts = append(stmts,
+				stmt{"mark_retry", d.Fenced("mark_retry", true), []any{1000, "x", sent + 7, owner}, 1},
+				stmt{"mark_dead", d.Fenced("mark_dead", true), []any{"x", sent + 7, owner}, 1})
+			for _, s := range stmts {
+				t.Run(s.name, func(t *testing.T) {
+					tables := analyzeWrite(t, ctx, e, s.q, s.args)
+					for _, tb := range tables {
+						switch {
+						case strings.HasPrefix(tb.name, "<"):
+							t.Errorf("reads %s (access %s): the id list became a derived table", tb.name, tb.access)
+						case tb.name == "o" || tb.name == "outbox_message":
+							if tb.key != "PRIMARY" || !slices.Contains([]string{"range", "eq_ref", "const"}, tb.access) {
+								t.Errorf("reads the outbox table by %s on %q, want range/eq_ref/const on PRIMARY", tb.access, tb.key)
+							}
+							if tb.read > float64(s.n) {
+								t.Errorf("read %.0f outbox rows for %d ids", tb.read, s.n)
+							}
+						}
+					}
+					t.Logf("plan: %+v", tables)
+				})
+			}
+		})
+	}
+}
+
+// analyzedTable is one table access of an ANALYZE FORMAT=JSON plan.
+type analyzedTable struct {
+	name, access, key string
+	read              float64 // r_rows x r_loops
+}
+
+// analyzeWrite executes q (with args inlined: ANALYZE is not prepared) by
+// ANALYZE FORMAT=JSON in a transaction it rolls back, and returns its
+// table accesses.
+func analyzeWrite(t *testing.T, ctx context.Context, e *testdb.Env, q string, args []any) []analyzedTable {
+	t.Helper()
+	var b strings.Builder
+	i := 0
+	for _, r := range q {
+		if r != '?' {
+			b.WriteRune(r)
+			continue
+		}
+		switch v := args[i].(type) {
+		case string:
+			b.WriteString("'" + strings.ReplaceAll(v, "'", "''") + "'")
+		default:
+			fmt.Fprint(&b, v)
+		}
+		i++
+	}
+	if i != len(args) {
+		t.Fatalf("%d placeholders for %d arguments", i, len(args))
+	}
+	tx, err := e.RelayDB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck // the point: nothing is kept
+	var text string
+	if err := tx.QueryRowContext(ctx, "ANALYZE FORMAT=JSON "+b.String()).Scan(&text); err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := json.Unmarshal([]byte(text), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var out []analyzedTable
+	var walk func(v any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			if tb, ok := x["table"].(map[string]any); ok {
+				name, _ := tb["table_name"].(string)
+				access, _ := tb["access_type"].(string)
+				key, _ := tb["key"].(string)
+				loops, ok := tb["r_loops"].(float64)
+				if !ok {
+					loops = 1 // the single-table UPDATE/DELETE target: read once
+				}
+				rows, _ := tb["r_rows"].(float64)
+				out = append(out, analyzedTable{name, access, key, loops * rows})
+			}
+			for _, c := range x {
+				walk(c)
+			}
+		case []any:
+			for _, c := range x {
+				walk(c)
+			}
+		}
+	}
+	walk(doc)
+	if len(out) == 0 {
+		t.Fatalf("no table in plan %s", text)
+	}
+	return out
+}

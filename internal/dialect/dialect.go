@@ -349,6 +349,42 @@ func (d *Dialect) writePlaceholders(b *strings.Builder, s string, n int) int {
 	return n
 }
 
+// MySQLMaxIDs is the most ids one MySQL/MariaDB multi-table DELETE or
+// INSERT ... SELECT lists (see MaxIDs).
+const MySQLMaxIDs = 500
+
+// MaxIDs is the most ids the named id-list statement (delete_sent,
+// retention_archive, retention_delete, mark_sent) may list at once; 0
+// means any number. On MySQL/MariaDB these statements read by primary key
+// (FORCE INDEX (PRIMARY)), but MariaDB turns an IN list of 1,000 or more
+// values (in_predicate_conversion_threshold) of a multi-table DELETE or an
+// INSERT ... SELECT into a join with a derived table and scans the whole
+// table again, locking every row: callers split longer lists. A
+// single-table UPDATE (mark_sent) keeps a range for any length.
+func (d *Dialect) MaxIDs(name string) int {
+	if d.name != MySQL {
+		return 0
+	}
+	switch name {
+	case "delete_sent", "retention_archive", "retention_delete":
+		return MySQLMaxIDs
+	}
+	return 0
+}
+
+// Chunks splits n ids into consecutive [start, end) ranges of at most
+// max ids (one range if max is 0).
+func Chunks(n, max int) [][2]int {
+	if max <= 0 || n <= max {
+		return [][2]int{{0, n}}
+	}
+	out := make([][2]int, 0, (n+max-1)/max)
+	for s := 0; s < n; s += max {
+		out = append(out, [2]int{s, min(s+max, n)})
+	}
+	return out
+}
+
 // MarkSent returns the statement marking ids sent and its arguments,
 // fenced by owner's leases unless owner is "".
 func (d *Dialect) MarkSent(ids []int64, owner string) (string, []any) {

@@ -2,6 +2,7 @@ package dialect
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -161,5 +162,47 @@ func TestClaimReadsTheClockOnce(t *testing.T) {
 	pg, _ := New(Postgres, "t")
 	if q := pg.Claim(nil); strings.Contains(q, "clock_timestamp()") || !strings.Contains(q, "statement_timestamp()") {
 		t.Errorf("postgres claim must use the one statement_timestamp(), not clock_timestamp() reads:\n%s", q)
+	}
+}
+
+func TestChunks(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		n, max int
+		want   [][2]int
+	}{
+		{0, 0, [][2]int{{0, 0}}},
+		{5, 0, [][2]int{{0, 5}}},
+		{5, 5, [][2]int{{0, 5}}},
+		{5, 2, [][2]int{{0, 2}, {2, 4}, {4, 5}}},
+		{1000, 500, [][2]int{{0, 500}, {500, 1000}}},
+	} {
+		if got := Chunks(c.n, c.max); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("Chunks(%d, %d) = %v, want %v", c.n, c.max, got, c.want)
+		}
+	}
+}
+
+// TestMaxIDs: on MySQL/MariaDB the id-list statements that MariaDB would
+// turn into a derived-table join at 1,000 ids are split below that.
+func TestMaxIDs(t *testing.T) {
+	t.Parallel()
+	for _, name := range []Name{Postgres, MySQL, SQLite} {
+		d, err := New(name, "outbox_message")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []string{"mark_sent", "delete_sent", "retention_archive", "retention_delete"} {
+			want := 0
+			if name == MySQL && q != "mark_sent" {
+				want = MySQLMaxIDs
+			}
+			if got := d.MaxIDs(q); got != want {
+				t.Errorf("%s MaxIDs(%s) = %d, want %d", name, q, got, want)
+			}
+		}
+	}
+	if MySQLMaxIDs >= 1000 {
+		t.Fatalf("MySQLMaxIDs = %d, must stay below MariaDB's in_predicate_conversion_threshold (1,000)", MySQLMaxIDs)
 	}
 }

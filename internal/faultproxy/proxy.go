@@ -1,7 +1,8 @@
 // Package faultproxy is a TCP proxy for fault tests: it sits between a
 // client and a database or broker on loopback and can cut every
-// connection, or cut one when the client sends a given byte pattern,
-// either before or after forwarding it.
+// connection, cut one when the client sends a given byte pattern (either
+// before or after forwarding it) or hold that connection there until
+// released, and stall every connection.
 package faultproxy
 
 import (
@@ -21,6 +22,12 @@ const (
 	// CutAfter forwards the chunk, then closes both sides before any reply
 	// reaches the client: the server acts, the client never learns.
 	CutAfter
+	// HoldBefore keeps the chunk holding the pattern, and everything the
+	// client sends after it on that connection, from the server until
+	// Release, then forwards it all in order: a client paused (or a
+	// network stalled) just before a statement, with its connection and
+	// its transaction open. Other connections flow on.
+	HoldBefore
 )
 
 // Proxy forwards connections from its own loopback port to a target.
@@ -34,7 +41,8 @@ type Proxy struct {
 	conns   map[net.Conn]struct{}
 	refuse  bool
 	stalled atomic.Bool
-	// Tripped counts connections cut by a pattern.
+	held    chan struct{} // closed by Release
+	// Tripped counts connections cut or held by a pattern.
 	Tripped atomic.Int64
 	// Refused counts connections closed at once while refusing.
 	Refused atomic.Int64
@@ -46,7 +54,7 @@ func Start(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, held: make(chan struct{})}
 	go p.accept()
 	return p, nil
 }
@@ -59,6 +67,18 @@ func (p *Proxy) Arm(pattern []byte, action Action) {
 	p.mu.Lock()
 	p.pattern, p.action = append([]byte(nil), pattern...), action
 	p.mu.Unlock()
+}
+
+// Release forwards what HoldBefore held and lets held connections flow
+// again. Close releases too.
+func (p *Proxy) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.held:
+	default:
+		close(p.held)
+	}
 }
 
 // Refuse makes the proxy cut every open connection and close new ones at
@@ -90,6 +110,7 @@ func (p *Proxy) CutAll() {
 func (p *Proxy) Close() error {
 	err := p.ln.Close()
 	p.CutAll()
+	p.Release()
 	return err
 }
 
@@ -160,6 +181,9 @@ func (p *Proxy) accept() {
 					}
 					p.mu.Unlock()
 					switch act {
+					case HoldBefore:
+						p.Tripped.Add(1)
+						<-p.held // the client's later bytes wait in the socket
 					case CutBefore:
 						p.Tripped.Add(1)
 						once.Do(cut)

@@ -36,28 +36,37 @@ LIMIT ?
 
 -- name: mark_sent
 -- The id list ({{"{{IDS}}"}}) is expanded to one placeholder per id.
-UPDATE {{.Table}}
-SET status = 1, attempts = attempts + 1, sent_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6),
-    next_retry_at = NULL
-WHERE id IN ({{"{{IDS}}"}}) AND status = 0 {{"{{FENCE}}"}}
+-- FORCE INDEX (PRIMARY) makes it one primary-key lookup per id (EXPLAIN:
+-- type=range, key=PRIMARY, rows = ids), so it locks exactly its batch's
+-- rows, in id order. Left to itself, MariaDB 10.11 scans the whole PRIMARY
+-- index (type=index) for a few hundred ids, or for fewer in a small
+-- table, and under REPEATABLE READ such a scan locks every row it reads:
+-- it waits on any uncommitted writer's row, however unrelated, and blocks
+-- the relay until that commit completes. Single-table UPDATE keeps an IN
+-- list of any length a range (no in_predicate_conversion_threshold).
+UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
+SET o.status = 1, o.attempts = o.attempts + 1, o.sent_at = UTC_TIMESTAMP(6), o.updated_at = UTC_TIMESTAMP(6),
+    o.next_retry_at = NULL
+WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 0 {{"{{FENCE}}"}}
 
 -- name: mark_retry
-UPDATE {{.Table}}
-SET attempts = attempts + 1, next_retry_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
-    last_error = ?, updated_at = UTC_TIMESTAMP(6)
-WHERE id = ? AND status = 0 {{"{{FENCE}}"}}
+-- One row by primary key (FORCE INDEX as in mark_sent: it locks that row only).
+UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
+SET o.attempts = o.attempts + 1, o.next_retry_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
+    o.last_error = ?, o.updated_at = UTC_TIMESTAMP(6)
+WHERE o.id = ? AND o.status = 0 {{"{{FENCE}}"}}
 
 -- name: mark_dead
 -- Dead rows keep next_retry_at = "never" so that they hold their aggregate.
-UPDATE {{.Table}}
-SET status = 2, attempts = attempts + 1, next_retry_at = '9999-12-31 23:59:59.999999', last_error = ?, updated_at = UTC_TIMESTAMP(6)
-WHERE id = ? AND status = 0 {{"{{FENCE}}"}}
+UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
+SET o.status = 2, o.attempts = o.attempts + 1, o.next_retry_at = '9999-12-31 23:59:59.999999', o.last_error = ?, o.updated_at = UTC_TIMESTAMP(6)
+WHERE o.id = ? AND o.status = 0 {{"{{FENCE}}"}}
 
 -- name: mark_dead_released
 -- Dead, but not holding its aggregate (DeadLetterPolicy SkipDead).
-UPDATE {{.Table}}
-SET status = 2, attempts = attempts + 1, next_retry_at = NULL, last_error = ?, updated_at = UTC_TIMESTAMP(6)
-WHERE id = ? AND status = 0 {{"{{FENCE}}"}}
+UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
+SET o.status = 2, o.attempts = o.attempts + 1, o.next_retry_at = NULL, o.last_error = ?, o.updated_at = UTC_TIMESTAMP(6)
+WHERE o.id = ? AND o.status = 0 {{"{{FENCE}}"}}
 
 -- name: insert
 -- Multi-row INSERT written by the commit hook: the row template below is
@@ -82,25 +91,43 @@ WHERE status = 2 AND {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
 
+-- name: dead_ids
+-- Ids of the dead letters matching the selector (as dead_list; a plain
+-- read, it locks nothing), for dead_retry and dead_skip. Updating by the
+-- selector itself scanned the whole PRIMARY index when most rows were
+-- dead (type=index), or every row of the aggregate (index_merge with
+-- aggregate_idx), and under REPEATABLE READ waited on any uncommitted
+-- writer's row there.
+SELECT id FROM {{.Table}}
+WHERE status = 2 AND {{"{{WHERE}}"}}
+ORDER BY id
+
 -- name: dead_retry
 -- Back to pending with a fresh attempt budget. Its id is lower than any
 -- event it held, so the claim hands it out first: order is kept.
-UPDATE {{.Table}}
-SET status = 0, attempts = 0, next_retry_at = NULL, updated_at = UTC_TIMESTAMP(6)
-WHERE status = 2 AND {{"{{WHERE}}"}}
+-- {{"{{IDS}}"}}: ids from dead_ids, by primary key as mark_sent.
+UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
+SET o.status = 0, o.attempts = 0, o.next_retry_at = NULL, o.updated_at = UTC_TIMESTAMP(6)
+WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 2
 
 -- name: dead_skip
--- Stays failed, but releases its aggregate.
-UPDATE {{.Table}}
-SET next_retry_at = NULL, updated_at = UTC_TIMESTAMP(6)
-WHERE status = 2 AND next_retry_at IS NOT NULL AND {{"{{WHERE}}"}}
+-- Stays failed, but releases its aggregate. {{"{{IDS}}"}}: ids from dead_ids.
+UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
+SET o.next_retry_at = NULL, o.updated_at = UTC_TIMESTAMP(6)
+WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 2 AND o.next_retry_at IS NOT NULL
 
 -- name: fence
--- Appended to the relay's writes when leases are on: the row's partition
--- must still be leased to this instance (? = instance ID), unexpired by the
--- database clock. A stale owner's outcomes are rejected.
+-- Appended to the relay's writes when leases are on (the outbox table is
+-- aliased o in them): the row's partition must still be leased to this
+-- instance (? = instance ID), unexpired by the database clock. A stale
+-- owner's outcomes are rejected. Under REPEATABLE READ InnoDB reads the
+-- lease rows of a writing statement with shared locks, taken in the order
+-- of the statement's rows' partitions; lease writes (lease_renew,
+-- lease_acquire, lease_release) therefore each change one lease row by
+-- primary key, so none holds one lease row while waiting for another and
+-- none can close a deadlock cycle with this fence.
 AND EXISTS (SELECT 1 FROM {{.Lease}} l
-            WHERE l.partition_key = {{.Table}}.partition_key AND l.owner = ? AND l.expires_at > UTC_TIMESTAMP(6))
+            WHERE l.partition_key = o.partition_key AND l.owner = ? AND l.expires_at > UTC_TIMESTAMP(6))
 
 -- name: lease_init
 -- One row per partition, created once; {{"{{ROWS}}"}} is "(?, 0)" per partition.
@@ -118,9 +145,13 @@ SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > UTC_TIMESTAMP(6)
 DELETE FROM {{.Members}} WHERE instance_id = ?
 
 -- name: lease_renew
--- ? = TTL in microseconds, instance ID.
+-- One partition by primary key: ? = TTL in microseconds, partition,
+-- instance ID. (Renewing all of an owner's rows in one statement scanned
+-- the lease table under REPEATABLE READ and locked every row, its own in
+-- ascending order and everyone else's: it deadlocked with the fence of a
+-- mark-sent, which holds shared locks on lease rows in its rows' order.)
 UPDATE {{.Lease}} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE owner = ? AND expires_at > UTC_TIMESTAMP(6)
+WHERE partition_key = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)
 
 -- name: lease_mine
 SELECT partition_key, epoch FROM {{.Lease}}
@@ -169,15 +200,25 @@ ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
 
 -- name: retention_archive
--- Copies one batch of sent rows ({{"{{IDS}}"}}) to the archive table.
-INSERT INTO {{.Archive}} SELECT * FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1
+-- Copies one chunk of sent rows ({{"{{IDS}}"}}, at most Dialect.MaxIDs) to the
+-- archive table, by primary key: INSERT ... SELECT reads with shared locks
+-- under REPEATABLE READ, and without FORCE INDEX MariaDB read every sent
+-- row through the status index (type=ref) or the whole table (type=ALL).
+INSERT INTO {{.Archive}} SELECT * FROM {{.Table}} FORCE INDEX (PRIMARY) WHERE id IN ({{"{{IDS}}"}}) AND status = 1
 
 -- name: retention_delete
-DELETE FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1
+-- By primary key (multi-table syntax: MariaDB 10.11's single-table DELETE
+-- takes no index hint); without it MariaDB scanned the whole table
+-- (type=ALL) for a few hundred ids, locking every row and gap: writers'
+-- INSERTs waited for retention, retention for any uncommitted writer. At
+-- most Dialect.MaxIDs ids: at 1,000 (in_predicate_conversion_threshold)
+-- MariaDB turns the list into a join with a derived table and scans again.
+DELETE o FROM {{.Table}} AS o FORCE INDEX (PRIMARY) WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 1
 
 -- name: delete_sent
--- Mark-sent for DeleteOnPublish: acknowledged rows are deleted at once.
-DELETE FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 0 {{"{{FENCE}}"}}
+-- Mark-sent for DeleteOnPublish: acknowledged rows are deleted at once, by
+-- primary key and at most Dialect.MaxIDs at a time, as retention_delete.
+DELETE o FROM {{.Table}} AS o FORCE INDEX (PRIMARY) WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 0 {{"{{FENCE}}"}}
 
 -- name: partitions
 -- The stored relay partition count (schema version with the meta table).

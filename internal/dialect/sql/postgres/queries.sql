@@ -93,18 +93,26 @@ WHERE status = 2 AND {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
 
+-- name: dead_ids
+-- Ids of the dead letters matching the selector (as dead_list), for
+-- dead_retry and dead_skip, which then act on those rows by primary key.
+SELECT id FROM {{.Table}}
+WHERE status = 2 AND {{"{{WHERE}}"}}
+ORDER BY id
+
 -- name: dead_retry
 -- Back to pending with a fresh attempt budget. Its id is lower than any
 -- event it held, so the claim hands it out first: order is kept.
+-- {{"{{IDS}}"}}: ids from dead_ids.
 UPDATE {{.Table}}
 SET status = 0, attempts = 0, next_retry_at = NULL, updated_at = clock_timestamp()
-WHERE status = 2 AND {{"{{WHERE}}"}}
+WHERE id IN ({{"{{IDS}}"}}) AND status = 2
 
 -- name: dead_skip
--- Stays failed, but releases its aggregate.
+-- Stays failed, but releases its aggregate. {{"{{IDS}}"}}: ids from dead_ids.
 UPDATE {{.Table}}
 SET next_retry_at = NULL, updated_at = clock_timestamp()
-WHERE status = 2 AND next_retry_at IS NOT NULL AND {{"{{WHERE}}"}}
+WHERE id IN ({{"{{IDS}}"}}) AND status = 2 AND next_retry_at IS NOT NULL
 
 -- name: fence
 -- Appended to the relay's writes when leases are on: the row's partition
@@ -129,9 +137,11 @@ SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > clock_timestamp()
 DELETE FROM {{.Members}} WHERE instance_id = ?
 
 -- name: lease_renew
--- ? = TTL in microseconds, instance ID.
+-- One partition by primary key (as on MySQL, where renewing all of an
+-- owner's rows at once deadlocked with the fence): ? = TTL in
+-- microseconds, partition, instance ID.
 UPDATE {{.Lease}} SET expires_at = clock_timestamp() + (?::bigint * interval '1 microsecond')
-WHERE owner = ? AND expires_at > clock_timestamp()
+WHERE partition_key = ? AND owner = ? AND expires_at > clock_timestamp()
 
 -- name: lease_mine
 SELECT partition_key, epoch FROM {{.Lease}}
