@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	sqldriver "database/sql/driver"
+	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -117,4 +119,74 @@ func pkgOf(v any) string {
 		ty = ty.Elem()
 	}
 	return ty.PkgPath()
+}
+
+// TestPreparedControlStatementUsesConnectionChecker: a savepoint command
+// prepared through the wrapper gets the wrapper's statement type; its
+// arguments are still checked by the driver's connection when the driver's
+// statement has no checker, as database/sql does without the wrapper. (It
+// answered driver.ErrSkip, so database/sql's default conversion rejected
+// what the connection's checker accepts.)
+func TestPreparedControlStatementUsesConnectionChecker(t *testing.T) {
+	t.Parallel()
+	ob, err := driver.New(driver.Config{Dialect: driver.Postgres})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]sqldriver.Connector{
+		"driver":  checkerConnector{},
+		"wrapped": ob.WrapConnector(checkerConnector{}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			db := sql.OpenDB(c)
+			defer db.Close()
+			for _, q := range []string{"SELECT $1", "RELEASE SAVEPOINT x"} {
+				st, err := db.Prepare(q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := st.Exec(checkedValue{}); err != nil {
+					t.Errorf("%s: %v", q, err)
+				}
+				st.Close()
+			}
+		})
+	}
+}
+
+// checkedValue is a type only checkerConn's CheckNamedValue accepts.
+type checkedValue struct{}
+
+type checkerConnector struct{}
+
+func (checkerConnector) Connect(context.Context) (sqldriver.Conn, error) { return checkerConn{}, nil }
+func (checkerConnector) Driver() sqldriver.Driver                        { return nil }
+
+// checkerConn checks arguments; its statements do not.
+type checkerConn struct{}
+
+func (checkerConn) Prepare(string) (sqldriver.Stmt, error) { return checkerStmt{}, nil }
+func (checkerConn) Close() error                           { return nil }
+func (checkerConn) Begin() (sqldriver.Tx, error)           { return nil, errors.New("no transactions") }
+
+func (checkerConn) CheckNamedValue(nv *sqldriver.NamedValue) error {
+	if _, ok := nv.Value.(checkedValue); ok {
+		nv.Value = "checked"
+		return nil
+	}
+	return sqldriver.ErrSkip
+}
+
+type checkerStmt struct{}
+
+func (checkerStmt) Close() error  { return nil }
+func (checkerStmt) NumInput() int { return 1 }
+func (checkerStmt) Exec(args []sqldriver.Value) (sqldriver.Result, error) {
+	if len(args) != 1 || args[0] != "checked" {
+		return nil, fmt.Errorf("args %v not converted by the connection's checker", args)
+	}
+	return sqldriver.RowsAffected(0), nil
+}
+func (checkerStmt) Query([]sqldriver.Value) (sqldriver.Rows, error) {
+	return nil, errors.New("no queries")
 }
