@@ -97,9 +97,8 @@ const (
 // driverSuite is one driver's own test suite and how to point it at the
 // wrapper.
 type driverSuite struct {
-	name    string // "pq", "mysql": the subtest, and outbox-<name> the wrapped driver
+	name    string // the subtest: "pq", "mysql"
 	module  string // module path; its root package is the suite
-	pkg     string // the package clause of the driver's package
 	zz      string // the added test file
 	edits   []edit
 	forbid  []string // no test file may still contain these after the edits
@@ -135,7 +134,6 @@ var driverSuites = []driverSuite{
 	{
 		name:   "pq",
 		module: "github.com/lib/pq",
-		pkg:    "pq",
 		zz:     pqSuiteFile,
 		edits: []edit{
 			// pqtest.DB, behind pqtest.MustDB: most of the suite's databases.
@@ -159,7 +157,6 @@ var driverSuites = []driverSuite{
 	{
 		name:   "mysql",
 		module: "github.com/go-sql-driver/mysql",
-		pkg:    "mysql",
 		zz:     mysqlSuiteFile,
 		edits: []edit{
 			// runTests and most helpers open driverNameTest (set with -X);
