@@ -160,8 +160,8 @@
 // cache, pointed at the wrapper by a generated overlay) once on the driver
 // and once through the wrapper, without an emit scope, and requires every
 // test that passes on the driver to pass through the wrapper (about 750
-// tests and subtests of lib/pq, 400 of mysql, including mysql's
-// TestExecMultipleResults). The only exceptions are mysql's TestPing and
+// tests and subtests of lib/pq, with and without binary_parameters, and
+// 400 of mysql, including its TestExecMultipleResults). The only exceptions are mysql's TestPing and
 // TestQueryMultipleResults, which assert the driver's unexported
 // connection type inside Raw; with Unwrap applied there they pass too.
 //

@@ -28,8 +28,9 @@ import (
 // TestDriverSuitesPassThrough runs lib/pq's and go-sql-driver/mysql's own
 // test suites, from the module cache, once on the driver itself and once
 // through this package's wrapper (at the same time, each in a private
-// database), and requires every test and subtest that passes on the driver
-// to pass through the wrapper. None of the drivers' suites uses an emit
+// database; lib/pq's in both configurations its CI uses), and requires
+// every test and subtest that passes on the driver to pass through the
+// wrapper. None of the drivers' suites uses an emit
 // scope, so for them the wrapper has to be a pure pass-through.
 //
 // The exceptions are listed per suite with the reason (driverSuite.allow):
@@ -84,7 +85,9 @@ func TestDriverSuitesPassThrough(t *testing.T) {
 			s.run(t, goBin)
 		})
 	}
-	t.Cleanup(func() { t.Logf("both suites, three modes: %v wall time", time.Since(start).Round(time.Second)) })
+	t.Cleanup(func() {
+		t.Logf("both suites, every mode and variant: %v wall time", time.Since(start).Round(time.Second))
+	})
 }
 
 // Suite modes, set in the generated file's OutboxSuiteMode with -X.
@@ -114,6 +117,15 @@ type driverSuite struct {
 	// require: tests that must pass through the wrapper (in modeUnwrap if
 	// allowed) whatever they do on the driver: the ones issue 11 named.
 	require []string
+	// variants: the suite's own configurations, each compared on its own
+	// (one run of each mode per variant); none: one, "default".
+	variants []suiteVariant
+}
+
+// suiteVariant is a configuration a suite documents, set by environment.
+type suiteVariant struct {
+	name string
+	env  []string
 }
 
 // edit replaces old with new in the files that match: file names a file
@@ -153,6 +165,9 @@ var driverSuites = []driverSuite{
 		forbid:  []string{`sql.Open("postgres"`, `sql.OpenDB(`},
 		ldflags: func(mode string) string { return "-X github.com/lib/pq.OutboxSuiteMode=" + mode },
 		setup:   pqSuiteSetup,
+		// lib/pq's CI runs its suite both ways: binary_parameters=yes
+		// sends arguments through the connection's CheckNamedValue.
+		variants: []suiteVariant{{"default", nil}, {"binary_parameters", []string{"PQTEST_BINARY_PARAMETERS=yes"}}},
 	},
 	{
 		name:   "mysql",
@@ -203,6 +218,21 @@ func (s *driverSuite) run(t *testing.T, goBin string) {
 	for _, name := range sortedKeys(s.skip) {
 		t.Run("skipped/"+name, func(t *testing.T) { t.Skipf("SKIP: not run in any mode: %s", s.skip[name]) })
 	}
+	variants := s.variants
+	if len(variants) == 0 {
+		variants = []suiteVariant{{"default", nil}}
+	}
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			env := func(t *testing.T) []string { return append(newDB(t), v.env...) }
+			s.compare(t, b, env)
+		})
+	}
+}
+
+// compare runs the suite on the driver and through the wrapper, each in a
+// private database (newEnv), and compares.
+func (s *driverSuite) compare(t *testing.T, b *suiteBuild, newEnv func(t *testing.T) []string) {
 	// The allowed tests' type assertions are unchecked: through the
 	// wrapper they panic, which ends the test binary. They run through the
 	// wrapper only with Raw's argument unwrapped (modeUnwrap).
@@ -211,7 +241,7 @@ func (s *driverSuite) run(t *testing.T, goBin string) {
 
 	var raw, wrapped *suiteRun
 	var wg sync.WaitGroup
-	rawEnv, wrappedEnv := newDB(t), newDB(t)
+	rawEnv, wrappedEnv := newEnv(t), newEnv(t)
 	wg.Add(2)
 	go func() { defer wg.Done(); raw = b.exec(t, modeRaw, rawEnv, "", rawSkip) }()
 	go func() { defer wg.Done(); wrapped = b.exec(t, modeWrapped, wrappedEnv, "", wrappedSkip) }()
@@ -723,7 +753,10 @@ func TestOutboxSuiteProbe(t *testing.T) {
 		}
 		err = sc.Raw(func(dc any) error {
 			_, own := dc.(*conn)
-			_, unwrapped := outboxdriver.Unwrap(dc).(*conn)
+			inner, unwrapped := outboxdriver.Unwrap(dc).(*conn)
+			if unwrapped && name == "pqtest.MustDB" && inner.cfg.BinaryParameters != pqtest.ForceBinaryParameters() {
+				t.Errorf("binary_parameters = %v, PQTEST_BINARY_PARAMETERS says %v", inner.cfg.BinaryParameters, pqtest.ForceBinaryParameters())
+			}
 			switch {
 			case !unwrapped:
 				t.Errorf("%s: Unwrap(%T) is not lib/pq's *conn", name, dc)
