@@ -200,13 +200,18 @@ func (s *ctlStmt) QueryContext(ctx context.Context, args []sqldriver.NamedValue)
 	return emptyRows{}, nil
 }
 
-// CheckNamedValue forwards to the driver's statement, or defers to the
-// connection's checker (driver.ErrSkip) where it has none.
+// CheckNamedValue forwards to the driver's statement or, where it has no
+// checker, to the driver's connection, as database/sql does for the
+// driver's own statement. (driver.ErrSkip from here would not reach the
+// connection's checker: database/sql asks a statement's checker instead
+// of the connection's, and on ErrSkip applies its default conversion,
+// which rejects what only the connection's checker accepts, such as
+// lib/pq's slices.)
 func (s *ctlStmt) CheckNamedValue(nv *sqldriver.NamedValue) error {
 	if ch, ok := s.parent.(sqldriver.NamedValueChecker); ok {
 		return ch.CheckNamedValue(nv)
 	}
-	return sqldriver.ErrSkip
+	return s.c.CheckNamedValue(nv)
 }
 
 // quoteStmt quotes a statement for an error message, cut to 80 bytes.
