@@ -256,9 +256,8 @@ func column(t *testing.T, e *testdb.Env, q string, args ...any) []string {
 // startRelay runs a relay on e's table publishing to pub until cleanup.
 func startRelay(t *testing.T, e *testdb.Env, pub relay.Publisher) {
 	t.Helper()
-	r, err := relay.New(e.RelayDB, relay.Config{
-		Dialect: e.Target.Dialect, Table: e.Table, Publisher: pub,
-		Wakeup: e.Outbox.Wakeup(), PollInterval: 50 * time.Millisecond,
+	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{
+		Publisher: pub, PollInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
