@@ -95,7 +95,7 @@ func (o *Outbox) insertSQL(rows int, notify bool) (string, int) {
 // parameter limit and dialect.MaxStatementBytes allow (one for a typical
 // transaction), through the connection's statement cache when it has one.
 func (o *Outbox) write(ctx context.Context, c *conn, events []emit.Event) error {
-	parts, err := o.commitPartitions(ctx, c.parent)
+	parts, err := o.commitPartitions(ctx, c)
 	if err != nil {
 		return err
 	}

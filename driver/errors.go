@@ -159,50 +159,59 @@ func (o *Outbox) duplicateID(ctx context.Context, c *conn, events []emit.Event, 
 	return de
 }
 
-// queryOne runs a query returning at most one value on the wrapped
-// connection itself (inside the commit hook, where going through
-// database/sql would deadlock) and returns it as text ("" for no row).
-func queryOne(ctx context.Context, c *conn, q string, args []sqldriver.NamedValue) (string, error) {
-	rows, err := c.queryParent(ctx, q, args)
-	if errors.Is(err, sqldriver.ErrSkip) {
-		var s sqldriver.Stmt
-		if s, err = c.prepareParent(ctx, q); err != nil {
-			return "", err
-		}
-		defer s.Close()
-		if sq, ok := s.(sqldriver.StmtQueryContext); ok {
-			rows, err = sq.QueryContext(ctx, args)
-		} else {
-			var vals []sqldriver.Value
-			if vals, err = namedToValues(args); err == nil {
-				//lint:ignore SA1019 fallback for drivers that lack StmtQueryContext
-				rows, err = s.Query(vals)
+// queryValue runs a query on the wrapped connection itself (inside the
+// commit hook, where going through database/sql would deadlock) and
+// returns the first column of its first row, nil for no row or NULL. A
+// driver that answers QueryContext with driver.ErrSkip gets prepare, query,
+// close; a driver's panic is returned as an error.
+func queryValue(ctx context.Context, c *conn, q string, args []sqldriver.NamedValue) (v sqldriver.Value, err error) {
+	err = recovered(func() error {
+		rows, err := c.queryParent(ctx, q, args)
+		if errors.Is(err, sqldriver.ErrSkip) {
+			var s sqldriver.Stmt
+			if s, err = c.prepareParent(ctx, q); err != nil {
+				return err
+			}
+			defer s.Close()
+			if sq, ok := s.(sqldriver.StmtQueryContext); ok {
+				rows, err = sq.QueryContext(ctx, args)
+			} else {
+				var vals []sqldriver.Value
+				if vals, err = namedToValues(args); err == nil {
+					//lint:ignore SA1019 fallback for drivers that lack StmtQueryContext
+					rows, err = s.Query(vals)
+				}
 			}
 		}
-	}
-	if err != nil {
-		return "", err
-	}
-	defer rows.Close()
-	dest := make([]sqldriver.Value, len(rows.Columns()))
-	if err := rows.Next(dest); err != nil {
-		if errors.Is(err, io.EOF) {
-			return "", nil
+		if err != nil {
+			return err
 		}
-		return "", err
-	}
-	if len(dest) == 0 {
-		return "", nil
-	}
-	switch v := dest[0].(type) {
-	case []byte:
-		return string(v), nil
-	case string:
-		return v, nil
+		defer rows.Close()
+		dest := make([]sqldriver.Value, max(len(rows.Columns()), 1))
+		if err := rows.Next(dest); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		v = dest[0]
+		return nil
+	})
+	return v, err
+}
+
+// queryOne is queryValue as text ("" for no row or NULL).
+func queryOne(ctx context.Context, c *conn, q string, args []sqldriver.NamedValue) (string, error) {
+	v, err := queryValue(ctx, c, q, args)
+	switch x := v.(type) {
 	case nil:
-		return "", nil
+		return "", err
+	case []byte:
+		return string(x), err
+	case string:
+		return x, err
 	default:
-		return fmt.Sprint(v), nil
+		return fmt.Sprint(x), err
 	}
 }
 

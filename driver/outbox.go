@@ -3,10 +3,8 @@ package driver
 import (
 	"context"
 	"database/sql"
-	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 
 	"github.com/sqloutbox/outbox/partition"
@@ -93,11 +91,11 @@ func (o *Outbox) accept(n int64) (int, error) {
 // connection (no second connection, no extra round trip after the first
 // commit). A failed read is not cached: the commit fails (and is rolled
 // back) and the next one reads again.
-func (o *Outbox) commitPartitions(ctx context.Context, conn any) (int, error) {
+func (o *Outbox) commitPartitions(ctx context.Context, c *conn) (int, error) {
 	if n := o.partitions.Load(); n > 0 {
 		return int(n), nil
 	}
-	v, ok, err := queryInt(ctx, conn, o.dialect.Query("partitions"))
+	v, ok, err := queryInt(ctx, c, o.dialect.Query("partitions"))
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("reading the relay partition count from %s (stored by Migrate since schema version %d; run it): %w",
@@ -108,48 +106,13 @@ func (o *Outbox) commitPartitions(ctx context.Context, conn any) (int, error) {
 	return o.accept(v)
 }
 
-// queryInt runs query (no arguments) on a driver connection and returns
-// the first column of its first row as an integer; ok is false when there
-// is no row or the value is NULL.
-func queryInt(ctx context.Context, conn any, query string) (v int64, ok bool, err error) {
-	defer func() {
-		if r := recover(); r != nil { // a wrapper's fallback may assume interfaces a driver lacks
-			err = fmt.Errorf("driver panicked: %v", r)
-		}
-	}()
-	var rows sqldriver.Rows
-	err = sqldriver.ErrSkip
-	if q, isQ := conn.(sqldriver.QueryerContext); isQ {
-		rows, err = q.QueryContext(ctx, query, nil)
-	}
-	if errors.Is(err, sqldriver.ErrSkip) {
-		pc, isP := conn.(sqldriver.ConnPrepareContext)
-		if !isP {
-			return 0, false, errors.New("driver connection supports neither QueryerContext nor ConnPrepareContext")
-		}
-		stmt, perr := pc.PrepareContext(ctx, query)
-		if perr != nil {
-			return 0, false, perr
-		}
-		defer stmt.Close()
-		sq, isSQ := stmt.(sqldriver.StmtQueryContext)
-		if !isSQ {
-			return 0, false, errors.New("driver statement does not support StmtQueryContext")
-		}
-		rows, err = sq.QueryContext(ctx, nil)
-	}
+// queryInt is queryValue as an integer; ok is false for no row or NULL.
+func queryInt(ctx context.Context, c *conn, query string) (v int64, ok bool, err error) {
+	x, err := queryValue(ctx, c, query, nil)
 	if err != nil {
 		return 0, false, err
 	}
-	defer rows.Close()
-	dest := make([]sqldriver.Value, max(len(rows.Columns()), 1))
-	if err := rows.Next(dest); err != nil {
-		if errors.Is(err, io.EOF) {
-			return 0, false, nil
-		}
-		return 0, false, err
-	}
-	switch x := dest[0].(type) {
+	switch x := x.(type) {
 	case nil:
 		return 0, false, nil
 	case int64:

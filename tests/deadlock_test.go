@@ -186,16 +186,8 @@ func TestNoDeadlocksAcrossLeaseHandovers(t *testing.T) {
 		}
 		t.Cleanup(func() { db.Close() })
 		db.SetMaxOpenConns(2)
-		cfg := relay.Config{Publisher: pub, PollInterval: 20 * time.Millisecond,
-			BatchSize: 100, LeaseTTL: 2 * time.Second, LeaseHeartbeat: 100 * time.Millisecond, InstanceID: id, Logger: quietLogger()}
-		r, err := relay.New(e.Outbox, db, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rr := &runningRelay{Relay: r, done: make(chan error, 1)}
-		go func() { rr.done <- r.Run(context.Background()) }()
-		t.Cleanup(func() { rr.stop(t) })
-		return rr
+		return startRelayOn(t, e, db, relay.Config{Publisher: pub, PollInterval: 20 * time.Millisecond,
+			BatchSize: 100, LeaseTTL: 2 * time.Second, LeaseHeartbeat: 100 * time.Millisecond, InstanceID: id, Logger: quietLogger()})
 	}
 
 	before := innodbDeadlocks(t, e.RelayDB)

@@ -53,7 +53,14 @@ func startRelay(t *testing.T, e *testdb.Env, pub relay.Publisher, mod func(*rela
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := relay.New(e.Outbox, e.RelayDB, cfg)
+	return startRelayOn(t, e, e.RelayDB, cfg)
+}
+
+// startRelayOn starts a relay with cfg on e's table through db; it is
+// stopped at cleanup.
+func startRelayOn(t *testing.T, e *testdb.Env, db *sql.DB, cfg relay.Config) *runningRelay {
+	t.Helper()
+	r, err := relay.New(e.Outbox, db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

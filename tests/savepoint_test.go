@@ -152,13 +152,7 @@ var spModes = []spMode{
 		return err
 	}},
 	{"Query", func(ctx context.Context, tx *sql.Tx, q string) error {
-		rows, err := tx.QueryContext(ctx, q)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-		}
-		return errors.Join(rows.Err(), rows.Close())
+		return drain(tx.QueryContext(ctx, q))
 	}},
 	{"Prepared", func(ctx context.Context, tx *sql.Tx, q string) error {
 		s, err := tx.PrepareContext(ctx, q)
@@ -175,14 +169,18 @@ var spModes = []spMode{
 			return err
 		}
 		defer s.Close()
-		rows, err := s.QueryContext(ctx)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-		}
-		return errors.Join(rows.Err(), rows.Close())
+		return drain(s.QueryContext(ctx))
 	}},
+}
+
+// drain reads rows to the end and closes them.
+func drain(rows *sql.Rows, err error) error {
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+	}
+	return errors.Join(rows.Err(), rows.Close())
 }
 
 // runSavepointCase runs c in one transaction on e and returns the event

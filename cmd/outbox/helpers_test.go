@@ -277,3 +277,21 @@ func relayUntil(t *testing.T, tg dbTarget, table string, wantSent, wantDead int)
 		t.Fatal(err)
 	}
 }
+
+// waitForRelay polls cond every 20 ms (no fixed sleeps) until it holds,
+// failing t if the relay command exits first (its stderr is shown) or ctx
+// ends.
+func waitForRelay(t *testing.T, ctx context.Context, exited <-chan int, stderr *testdb.SyncBuffer, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case code := <-exited:
+			t.Fatalf("relay exited %d while waiting for %s; stderr:\n%s", code, what, stderr.String())
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s; stderr:\n%s", what, stderr.String())
+		case <-tick.C:
+		}
+	}
+}

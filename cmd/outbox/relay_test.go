@@ -82,21 +82,9 @@ func TestRelayCommand(t *testing.T) {
 				"--lease-ttl", "2s", "--drain-timeout", "10s"}, &stdout, &stderr)
 		}()
 
-		// waitFor polls cond (no fixed sleeps) until it holds, the command
-		// exits, or the deadline passes.
 		waitFor := func(what string, cond func() bool) {
 			t.Helper()
-			tick := time.NewTicker(20 * time.Millisecond)
-			defer tick.Stop()
-			for !cond() {
-				select {
-				case code := <-exited:
-					t.Fatalf("relay exited %d while waiting for %s; stderr:\n%s", code, what, stderr.String())
-				case <-ctx.Done():
-					t.Fatalf("timed out waiting for %s; stderr:\n%s", what, stderr.String())
-				case <-tick.C:
-				}
-			}
+			waitForRelay(t, ctx, exited, &stderr, what, cond)
 		}
 		waitFor("/readyz 200", func() bool { code, _ := get(ctx, base+"/readyz"); return code == http.StatusOK })
 		if code, _ := get(ctx, base+"/healthz"); code != http.StatusOK {
