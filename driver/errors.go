@@ -37,6 +37,7 @@ type DuplicateIDError struct {
 	Err error
 }
 
+// Error names the reused ID (when known), the table and the driver's error.
 func (e *DuplicateIDError) Error() string {
 	id := "one of the transaction's message IDs"
 	if e.ID != "" {
