@@ -4,7 +4,8 @@
 //
 //	pub := outboxtest.NewPublisher()
 //	r, _ := relay.New(ob, db, relay.Config{Publisher: pub}) // ob: the test's *driver.Outbox
-//	go func() { errc <- r.Run(ctx) }()
+//	errc := make(chan error, 1)
+//	go func() { errc <- r.Run(ctx) }() // read errc after cancelling ctx: Run's error
 //	// ... commit a transaction that emits ...
 //	msgs, err := pub.WaitForCount(ctx, 1)
 package outboxtest
