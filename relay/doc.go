@@ -94,8 +94,11 @@
 // the relay's writes (and, with the recommended one shared connection,
 // everything) wait for it.
 //
-// Lease writes change one lease row per statement, by primary key: the
-// heartbeat renews each owned partition separately. Under REPEATABLE READ
+// On MySQL/MariaDB lease writes change one lease row per statement, by
+// primary key: the heartbeat renews each owned partition separately
+// (Dialect.RenewsLeasesOneByOne; PostgreSQL's fence is a plain read and
+// SQLite has one writer, so one statement renews all of an instance's
+// leases there). Under REPEATABLE READ
 // the fence of an outcome write holds shared locks on the lease rows of
 // its rows' partitions, in its rows' order; a renewal of all of an
 // instance's leases in one statement locked every lease row in key order
@@ -216,7 +219,7 @@
 // # Cost of an idle relay
 //
 // One claim per PollInterval, plus a lease heartbeat per LeaseHeartbeat
-// (four short statements, one renewal per owned partition, and the
-// partition check's one), plus the count of out-of-range pending rows per
+// (four short statements, on MySQL/MariaDB one renewal per owned partition
+// instead of one, and the partition check's one), plus the count of out-of-range pending rows per
 // PartitionCheckInterval.
 package relay

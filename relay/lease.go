@@ -148,18 +148,23 @@ func (l *leases) heartbeat(ctx context.Context) error {
 	if _, err := db.ExecContext(qctx, d.Lease("member_beat"), l.id, l.ttlMicros()); err != nil {
 		return fmt.Errorf("membership heartbeat: %w", err)
 	}
-	// Renew one partition per statement, by primary key: a statement
-	// renewing several would hold some lease rows while waiting for the
-	// next, and on MySQL/MariaDB the fence of a mark-sent holds shared
-	// locks on lease rows in its own order: a deadlock (see queries.sql).
-	held, err := l.mine(qctx)
-	if err != nil {
-		return err
-	}
-	for _, p := range sortedKeys(held) {
-		if _, err := db.ExecContext(qctx, d.Lease("lease_renew"), l.ttlMicros(), p, l.id); err != nil {
-			return fmt.Errorf("renewing the lease of partition %d: %w", p, err)
+	if d.RenewsLeasesOneByOne() {
+		// MySQL/MariaDB: one partition per statement, by primary key, so
+		// that no renewal holds one lease row while waiting for another
+		// (the mark-sent fence holds shared locks on lease rows in its own
+		// order; see Dialect.RenewsLeasesOneByOne). The partitions are the
+		// ones owned at the last heartbeat (acquisitions update it); the
+		// statement's owner condition never renews one lost meanwhile.
+		l.mu.Lock()
+		held := sortedKeys(l.owned)
+		l.mu.Unlock()
+		for _, p := range held {
+			if _, err := db.ExecContext(qctx, d.Lease("lease_renew_one"), l.ttlMicros(), p, l.id); err != nil {
+				return fmt.Errorf("renewing the lease of partition %d: %w", p, err)
+			}
 		}
+	} else if _, err := db.ExecContext(qctx, d.Lease("lease_renew"), l.ttlMicros(), l.id); err != nil {
+		return fmt.Errorf("renewing leases: %w", err)
 	}
 	mine, err := l.mine(qctx)
 	if err != nil {

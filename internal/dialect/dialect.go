@@ -535,6 +535,17 @@ func (d *Dialect) LeaseInit(n int) string {
 	return d.Bind(q)
 }
 
+// RenewsLeasesOneByOne reports whether the lease heartbeat must renew
+// each partition in a statement of its own (lease_renew_one: TTL,
+// partition, instance) rather than all of an instance's at once
+// (lease_renew: TTL, instance). MySQL/MariaDB: the mark-sent fence reads
+// lease rows with shared locks (an UPDATE's subquery under REPEATABLE
+// READ) in its rows' order, and a renewal holding one lease row while
+// waiting for another closed deadlock cycles with it
+// (TestNoDeadlocksAcrossLeaseHandovers). PostgreSQL's fence is a plain
+// read and SQLite has one writer: one statement serves there.
+func (d *Dialect) RenewsLeasesOneByOne() bool { return d.name == MySQL }
+
 // Lease returns a named lease query with the dialect's placeholders.
 func (d *Dialect) Lease(name string) string { return d.Bind(d.Query(name)) }
 

@@ -144,7 +144,7 @@ SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > UTC_TIMESTAMP(6)
 -- name: member_leave
 DELETE FROM {{.Members}} WHERE instance_id = ?
 
--- name: lease_renew
+-- name: lease_renew_one
 -- One partition by primary key: ? = TTL in microseconds, partition,
 -- instance ID. (Renewing all of an owner's rows in one statement scanned
 -- the lease table under REPEATABLE READ and locked every row, its own in

@@ -137,11 +137,12 @@ SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > clock_timestamp()
 DELETE FROM {{.Members}} WHERE instance_id = ?
 
 -- name: lease_renew
--- One partition by primary key (as on MySQL, where renewing all of an
--- owner's rows at once deadlocked with the fence): ? = TTL in
--- microseconds, partition, instance ID.
+-- Every lease of one instance in one statement: ? = TTL in microseconds,
+-- instance ID. (The mark-sent fence is a plain read on PostgreSQL: it
+-- takes no lock on lease rows, so this cannot deadlock with it; MySQL
+-- renews one partition per statement, see its queries.sql.)
 UPDATE {{.Lease}} SET expires_at = clock_timestamp() + (?::bigint * interval '1 microsecond')
-WHERE partition_key = ? AND owner = ? AND expires_at > clock_timestamp()
+WHERE owner = ? AND expires_at > clock_timestamp()
 
 -- name: lease_mine
 SELECT partition_key, epoch FROM {{.Lease}}

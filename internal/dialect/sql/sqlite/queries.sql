@@ -129,11 +129,11 @@ SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > CAST(unixepoch('subsec') * 
 DELETE FROM {{.Members}} WHERE instance_id = ?
 
 -- name: lease_renew
--- One partition by primary key (as on MySQL, where renewing all of an
--- owner's rows at once deadlocked with the fence): ? = TTL in
--- microseconds, partition, instance ID.
+-- Every lease of one instance in one statement: ? = TTL in microseconds,
+-- instance ID. (SQLite has one writer at a time: no deadlock is possible;
+-- MySQL renews one partition per statement, see its queries.sql.)
 UPDATE {{.Lease}} SET expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + (? / 1000)
-WHERE partition_key = ? AND owner = ? AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE owner = ? AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)
 
 -- name: lease_mine
 SELECT partition_key, epoch FROM {{.Lease}}
