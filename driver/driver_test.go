@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lib/pq"
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox"
@@ -275,22 +278,33 @@ type dsnConnector struct {
 func (c dsnConnector) Connect(context.Context) (sqldriver.Conn, error) { return c.d.Open(c.dsn) }
 func (c dsnConnector) Driver() sqldriver.Driver                        { return c.d }
 
-// oldSQLiteDriver is modernc's SQLite reporting an unsupported version
-// (3.30.1) to the version query.
-type oldSQLiteDriver struct{}
+// oldServer is a target's driver whose server reports an unsupported
+// version to the dialect's version query (PostgreSQL 9.6, MySQL 5.7,
+// SQLite 3.30.1); every other statement reaches the real server.
+type oldServer struct {
+	drv sqldriver.Driver
+	dsn string
+}
 
-func (oldSQLiteDriver) Open(name string) (sqldriver.Conn, error) {
-	c, err := (&sqlite.Driver{}).Open(name)
+func (c oldServer) Connect(context.Context) (sqldriver.Conn, error) {
+	conn, err := c.drv.Open(c.dsn)
 	if err != nil {
 		return nil, err
 	}
-	return oldConn{c.(fullConn)}, nil
+	return oldConn{conn.(fullConn)}, nil
 }
+
+func (c oldServer) Driver() sqldriver.Driver { return c.drv }
 
 type oldConn struct{ fullConn }
 
 func oldVersion(q string) string {
-	if strings.Contains(q, "sqlite_version()") {
+	switch {
+	case strings.Contains(q, "server_version_num"):
+		return "SELECT 90600"
+	case strings.Contains(q, "VERSION()"):
+		return "SELECT '5.7.44'"
+	case strings.Contains(q, "sqlite_version()"):
 		return "SELECT '3.30.1'"
 	}
 	return q
@@ -304,52 +318,64 @@ func (c oldConn) PrepareContext(ctx context.Context, q string) (sqldriver.Stmt, 
 	return c.fullConn.PrepareContext(ctx, oldVersion(q))
 }
 
-// TestUnsupportedServerRefused: Migrate refuses a server older than the
-// supported minimum before creating anything, and the commit hook refuses
-// to write events there (the relay would never publish them).
+// TestUnsupportedServerRefused: on every target, Migrate refuses a server
+// older than the supported minimum before creating anything, and the
+// commit hook refuses to write events there (the relay would never
+// publish them), rolling the transaction back.
 func TestUnsupportedServerRefused(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	dsn := testdb.SQLiteDSN(filepath.Join(t.TempDir(), "old.db"))
-	ob, err := driver.New(driver.Config{Dialect: driver.SQLite})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ob.Wrap(oldSQLiteDriver{}).(sqldriver.DriverContext).OpenConnector(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := sql.OpenDB(c)
-	defer db.Close()
-	db.SetMaxOpenConns(1)
-	if err := ob.Migrate(ctx, db); !errors.Is(err, driver.ErrUnsupportedServer) {
-		t.Fatalf("Migrate on SQLite 3.30.1 = %v, want ErrUnsupportedServer", err)
-	}
-	var n int
-	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM sqlite_master").Scan(&n); err != nil || n != 0 {
-		t.Fatalf("Migrate created %d objects (%v) before refusing", n, err)
-	}
-	// A table migrated by a supported build, written through the old one.
-	plain, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close()
-	if err := ob.Migrate(ctx, plain); err != nil {
-		t.Fatal(err)
-	}
-	sctx := outbox.NewContext(ctx)
-	tx, err := db.BeginTx(sctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: "1", Type: "t", Payload: []byte(`{}`)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); !errors.Is(err, driver.ErrUnsupportedServer) || !errors.Is(err, driver.ErrWriteEvents) {
-		t.Fatalf("commit on SQLite 3.30.1 = %v, want ErrWriteEvents and ErrUnsupportedServer", err)
-	}
-	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+driver.DefaultTable).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d events written (%v), want none", n, err)
+	for _, tg := range testdb.All {
+		t.Run(tg.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := testdb.New(t, tg, driver.Config{}) // a table migrated by a supported server
+			var drv sqldriver.Driver
+			switch tg.Name {
+			case "pq":
+				drv = &pq.Driver{}
+			case "pgx":
+				drv = stdlib.GetDefaultDriver()
+			case "mysql":
+				drv = &mysql.MySQLDriver{}
+			default:
+				drv = &sqlite.Driver{}
+			}
+			open := func(table string) (*driver.Outbox, *sql.DB) {
+				ob, err := driver.New(driver.Config{Dialect: tg.Dialect, Table: table})
+				if err != nil {
+					t.Fatal(err)
+				}
+				db := sql.OpenDB(ob.WrapConnector(oldServer{drv: drv, dsn: e.DSN}))
+				t.Cleanup(func() { db.Close() })
+				if tg.Dialect == driver.SQLite {
+					db.SetMaxOpenConns(1)
+				}
+				return ob, db
+			}
+			fresh := e.Q("never_migrated")
+			ob, db := open(fresh)
+			if err := ob.Migrate(ctx, db); !errors.Is(err, driver.ErrUnsupportedServer) {
+				t.Fatalf("Migrate on an old server = %v, want ErrUnsupportedServer", err)
+			}
+			if v, _, err := driver.SchemaVersion(ctx, e.RelayDB, driver.Config{Dialect: tg.Dialect, Table: fresh}); err != nil || v != 0 {
+				t.Fatalf("schema version %d (%v) after the refused Migrate, want 0: nothing created", v, err)
+			}
+			_, db = open(e.Table)
+			sctx := outbox.NewContext(ctx)
+			tx, err := db.BeginTx(sctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := outbox.Emit(sctx, outbox.Event{AggregateType: "a", AggregateID: "1", Type: "t", Payload: []byte(`{}`)}); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); !errors.Is(err, driver.ErrUnsupportedServer) || !errors.Is(err, driver.ErrWriteEvents) {
+				t.Fatalf("commit on an old server = %v, want ErrWriteEvents and ErrUnsupportedServer", err)
+			}
+			var n int
+			if err := e.RelayDB.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+e.Table).Scan(&n); err != nil || n != 0 {
+				t.Fatalf("%d events written (%v), want none", n, err)
+			}
+		})
 	}
 }

@@ -78,46 +78,51 @@ func TestReusedIDAcrossTransactions(t *testing.T) {
 // the scope say what happened and what to write instead.
 func TestNoTransactionErrorsNameTheFix(t *testing.T) {
 	t.Parallel()
-	e := testdb.New(t, testdb.All[3], driver.Config{})
-	ctx := testCtx(t, time.Minute)
-	check := func(what string, err error, wants ...string) {
-		t.Helper()
-		if !errors.Is(err, outbox.ErrNoTransaction) {
-			t.Fatalf("%s: %v, want ErrNoTransaction", what, err)
-		}
-		for _, w := range wants {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("%s: %q does not say %q", what, err, w)
+	forEachTarget(t, func(t *testing.T, tg testdb.Target) {
+		e := testdb.New(t, tg, driver.Config{})
+		ctx := testCtx(t, time.Minute)
+		check := func(what string, err error, wants ...string) {
+			t.Helper()
+			if !errors.Is(err, outbox.ErrNoTransaction) {
+				t.Fatalf("%s: %v, want ErrNoTransaction", what, err)
+			}
+			for _, w := range wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%s: %q does not say %q", what, err, w)
+				}
 			}
 		}
-	}
-	// Begun without the scope's context.
-	sctx := outbox.NewContext(ctx)
-	tx, err := e.DB.Begin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	check("db.Begin()", outbox.Emit(sctx, ev("a", 1)), "db.BeginTx(ctx, nil)", "not db.Begin()", "outbox.NewContext", "not opened through the outbox driver")
-	_ = tx.Rollback()
-	// A pool opened without the wrapper.
-	plain, err := sql.Open("sqlite", e.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close()
-	sctx = outbox.NewContext(ctx)
-	tx, err = plain.BeginTx(sctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	check("unwrapped pool", outbox.Emit(sctx, ev("a", 1)), "not opened through the outbox driver", "WrapConnector")
-	_ = tx.Rollback()
-	// After the scope's transaction ended.
-	sctx = outbox.NewContext(ctx)
-	if err := inTxScoped(sctx, e.DB); err != nil {
-		t.Fatal(err)
-	}
-	check("after commit", outbox.Emit(sctx, ev("a", 1)), "already committed or rolled back", "before tx.Commit")
+		// Begun without the scope's context.
+		sctx := outbox.NewContext(ctx)
+		tx, err := e.DB.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		check("db.Begin()", outbox.Emit(sctx, ev("a", 1)), "db.BeginTx(ctx, nil)", "not db.Begin()", "outbox.NewContext", "not opened through the outbox driver")
+		_ = tx.Rollback()
+		// A pool opened without the wrapper (on SQLite RelayDB is the
+		// wrapped pool itself, so open a plain one).
+		plain := e.RelayDB
+		if tg.Dialect == driver.SQLite {
+			if plain, err = sql.Open("sqlite", e.DSN); err != nil {
+				t.Fatal(err)
+			}
+			defer plain.Close()
+		}
+		sctx = outbox.NewContext(ctx)
+		tx, err = plain.BeginTx(sctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check("unwrapped pool", outbox.Emit(sctx, ev("a", 1)), "not opened through the outbox driver", "WrapConnector")
+		_ = tx.Rollback()
+		// After the scope's transaction ended.
+		sctx = outbox.NewContext(ctx)
+		if err := inTxScoped(sctx, e.DB); err != nil {
+			t.Fatal(err)
+		}
+		check("after commit", outbox.Emit(sctx, ev("a", 1)), "already committed or rolled back", "before tx.Commit")
+	})
 }
 
 func inTxScoped(sctx context.Context, db *sql.DB) error {

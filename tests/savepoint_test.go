@@ -221,21 +221,9 @@ func runSavepointCase(t *testing.T, e *testdb.Env, c spCase, mode spMode, prefix
 		t.Fatalf("commit: %v", err)
 	}
 	read := func(q string) []string {
-		r, err := e.RelayDB.QueryContext(ctx, q, prefix+"%")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Close()
-		var out []string
-		for r.Next() {
-			var s string
-			if err := r.Scan(&s); err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, strings.TrimPrefix(s, prefix))
-		}
-		if err := r.Err(); err != nil {
-			t.Fatal(err)
+		out := testdb.Column(t, ctx, e.RelayDB, q, prefix+"%")
+		for i := range out {
+			out[i] = strings.TrimPrefix(out[i], prefix)
 		}
 		return out
 	}

@@ -229,25 +229,13 @@ func names(ids map[string]string) func([]string) []string {
 	}
 }
 
-// column returns the sorted values of a one-column query on e.RelayDB
-// (unwrapped, outside any transaction).
+// column returns the sorted, trimmed values of a one-column query on
+// e.RelayDB (unwrapped, outside any transaction).
 func column(t *testing.T, e *testdb.Env, q string, args ...any) []string {
 	t.Helper()
-	rows, err := e.RelayDB.Query(q, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, strings.TrimSpace(s))
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+	out := testdb.Column(t, context.Background(), e.RelayDB, q, args...)
+	for i := range out {
+		out[i] = strings.TrimSpace(out[i])
 	}
 	slices.Sort(out)
 	return out

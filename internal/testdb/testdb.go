@@ -382,3 +382,26 @@ func Eventually(t testing.TB, ctx context.Context, what string, cond func() bool
 		}
 	}
 }
+
+// Column returns the values of a one-column query on db, in the query's
+// order, as text; it fails t on any error.
+func Column(t testing.TB, ctx context.Context, db *sql.DB, q string, args ...any) []string {
+	t.Helper()
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
