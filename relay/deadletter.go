@@ -195,6 +195,14 @@ func (dl *DeadLetters) exec(ctx context.Context, query string, sel Selector) (in
 		k, _ := res.RowsAffected()
 		n += k
 	}
+	if query == "dead_retry" && n > 0 && dl.d.HasClaimFloor() {
+		// The retried rows are pending again below the relays' scan
+		// floors: raising the floor epoch in the same transaction makes
+		// the first claim that sees them walk from the start.
+		if _, err := tx.ExecContext(ctx, dl.d.Query("floor_bump")); err != nil {
+			return 0, fmt.Errorf("outbox: dead letters %s: raising the floor epoch: %w", query, err)
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("outbox: dead letters %s: %w", query, err)
 	}

@@ -21,10 +21,7 @@
 // to the Publisher as one batch, record the outcomes, repeat. Under a
 // backlog the batch grows: a full claim doubles the next one, up to
 // MaxBatchSize and MaxBatchBytes, and a short one returns to BatchSize.
-// Each claim walks the pending index from its start, and on PostgreSQL
-// that includes the entries of rows marked sent since the last VACUUM, so
-// fewer, larger claims drain a backlog faster (BENCHMARKS.md: 44k to 67k
-// events/s over 1,000,000 rows). It waits
+// It waits
 // between cycles until whichever comes first: the post-commit wake-up
 // (driver.Outbox.Wakeup, or Notify), or the fallback poll (PollInterval,
 // default 1 s), which also finds rows written by other processes and
@@ -45,8 +42,71 @@
 // id but committed late is still published. The hold check probes an index
 // over the rows that can hold (those with a next_retry_at: retrying or
 // dead), which is empty in normal operation, so a claim's cost does not
-// grow with the backlog. Rows of the batch still being marked sent are
-// left out by id in the claim itself.
+// grow with the backlog; on PostgreSQL one test per claim skips the probes
+// altogether when nothing holds. Rows of the batch still being marked
+// sent are left out by id in the claim itself.
+//
+// # A claim whose cost does not depend on the table's state
+//
+// A claim must cost the same on a table that was never analyzed, whose
+// statistics are stale (taken when few rows were pending) or were taken
+// during a backlog, and whatever VACUUM (or InnoDB's purge) has not yet
+// cleaned up. Two things made it depend on them.
+//
+// Plans. With statistics that say few rows are pending, a planner reads
+// every pending row, sorts them and keeps the first BatchSize (PostgreSQL:
+// 226 ms per claim with a 20,000-row backlog on a never-analyzed table).
+// The plan is pinned: SQLite's claim says INDEXED BY, MySQL/MariaDB's
+// FORCE INDEX, and PostgreSQL, which has no hints, claims through a
+// function (<table>_claim, schema version 6) whose SET clauses plan its
+// statements without sequential scans, bitmap scans, sorts, hash or merge
+// joins: the only plan left is the index walk in id order that stops
+// after BatchSize rows.
+//
+// Dead index entries. PostgreSQL keeps the pending index's entries of rows
+// marked sent until VACUUM removes them, and a walk from the start of the
+// index reads them all (1,000,000 such entries: 2,944 pages per claim
+// instead of 212, TestClaimCostFlatOnPostgres). So the PostgreSQL claim
+// starts its walk at a scan floor: an id below which none of the relay's
+// partitions' rows is pending or can still become pending. The floor
+// moves up only on a proof, never on "the last id seen" (floor.go): a
+// claim reads the id sequence's last value L, then takes a transaction ID
+// Y; a later claim that finds the oldest running transaction ID at or
+// above Y knows that every row with an id up to L is committed or rolled
+// back for good, because the commit hook takes its transaction's ID
+// before it takes ids (the first row's id expression does). The floor
+// then moves to the lowest pending id of the relay's partitions, or to
+// L + 1. A commit that got a low id and stalls is still running when the
+// proof is checked, so it keeps the floor below its own id until it
+// commits or rolls back. Costs and bounds:
+//
+//   - A proof costs a transaction ID (a commit record, no WAL flush) at
+//     most every 10 ms per relay, and no round trip: its figures come back
+//     with the claim's rows.
+//   - A pending row keeps the floor at or below its id: a retry waiting
+//     (up to RetryMax), or an aggregate held by a dead letter until it is
+//     retried or skipped. Claims then walk the entries of rows sent above
+//     it since the last VACUUM.
+//   - A long-running writing transaction anywhere on the server delays
+//     the proof (the floor stays where it is); VACUUM cannot remove the
+//     entries of rows sent while it runs either.
+//   - The floor starts at 0 (one walk from the start) when a relay starts,
+//     gains partitions or sees a lease epoch change, and when the table's
+//     floor epoch (<table>_meta.floor_epoch) changes: DeadLetters.Retry
+//     raises it in its own transaction, since it makes rows pending below
+//     the floors, and the claim reads it in its own snapshot. Anything
+//     else that sets rows back to pending by hand must raise it too
+//     (UPDATE <table>_meta SET floor_epoch = floor_epoch + 1), or restart
+//     the relays.
+//   - Writers of builds before schema version 6 (during a rolling
+//     upgrade) take ids without first taking their transaction ID when
+//     the outbox INSERT is their transaction's first write; the proof then
+//     has a window of microseconds, inside that INSERT, in which a relay
+//     could move past such a row. Upgrade the writers before the relays.
+//
+// On MySQL/MariaDB and SQLite the claim walks its index from the start:
+// SQLite removes index entries at once (it has no MVCC); for MariaDB's
+// purge see BENCHMARKS.md.
 //
 // # Outcomes
 //

@@ -1,4 +1,25 @@
 package relay
 
+import (
+	"context"
+	"time"
+)
+
 // NextBatch exposes nextBatch to the external tests.
 var NextBatch = nextBatch
+
+// ClaimOnce runs one claim of up to n rows over partitions 0..count-1
+// (lease epoch 1), as the loop does, scan floor included, and returns the
+// claimed messages and the floor after the claim. Not safe beside Run.
+func (r *Relay) ClaimOnce(ctx context.Context, n, count int) ([]Message, int64, error) {
+	set := leaseSet{epochs: make(map[int]int64, count), trustedUntil: time.Now().Add(time.Hour)}
+	for p := 0; p < count; p++ {
+		set.epochs[p] = 1
+	}
+	r.batch = n
+	msgs, err := r.claim(ctx, set)
+	return msgs, r.floor.floor, err
+}
+
+// FloorEpoch is the table floor epoch the relay's floor was proven under.
+func (r *Relay) FloorEpoch() int64 { return r.floor.epoch }

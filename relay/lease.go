@@ -48,7 +48,7 @@ type leases struct {
 	owned     map[int]int64
 	trusted   time.Time
 	toRelease map[int]bool
-	changed   chan struct{} // signalled when new partitions were acquired
+	changed   chan struct{} // signalled when partitions were acquired or trusted again after a lapse
 }
 
 func newInstanceID() string {
@@ -184,6 +184,10 @@ func (l *leases) heartbeat(ctx context.Context) error {
 		}
 	}
 	l.owned = mine
+	// A cycle that ran while the trust window had lapsed claimed nothing
+	// and used up its wake-up; wake the loop once the leases are trusted
+	// again, or those commits wait for the next poll.
+	lapsed := len(mine) > 0 && !time.Now().Before(l.trusted)
 	l.trusted = started.Add(l.ttl - l.ttl/5)
 	l.r.cfg.Observer.Leases(len(mine))
 	pendingRelease := len(l.toRelease)
@@ -199,6 +203,12 @@ func (l *leases) heartbeat(ctx context.Context) error {
 	}
 	deficit := target - len(mine)
 	l.mu.Unlock()
+	if lapsed {
+		select {
+		case l.changed <- struct{}{}:
+		default:
+		}
+	}
 
 	if deficit <= 0 || pendingRelease > 0 {
 		return nil

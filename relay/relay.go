@@ -243,9 +243,10 @@ type Relay struct {
 	mu   sync.Mutex
 	hard context.CancelFunc // cancels in-flight work on a hard stop
 
-	marking *markJob // owned by the Run goroutine
-	batch   int      // the next claim's size; owned by the Run goroutine
-	leases  *leases  // set by Run
+	marking *markJob   // owned by the Run goroutine
+	floor   claimFloor // owned by the Run goroutine (PostgreSQL)
+	batch   int        // the next claim's size; owned by the Run goroutine
+	leases  *leases    // set by Run
 
 	running atomic.Bool // between start-up and the end of Run
 	watch   partitionWatch
@@ -442,7 +443,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		case <-poll.C:
 		case <-r.notify:
 		case <-wakeup:
-		case <-r.leases.changed: // partitions acquired: they may hold a backlog
+		case <-r.leases.changed: // partitions acquired (they may hold a backlog), or trusted again
 		}
 	}
 }
@@ -696,20 +697,45 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 		parts = append(parts, p)
 	}
 	sort.Ints(parts)
-	q, extra := r.d.ClaimSkipping(parts, skip)
-	rows, err := r.db.QueryContext(qctx, q, append([]any{r.batch}, extra...)...)
+	var rows *sql.Rows
+	var err error
+	floored := r.d.HasClaimFloor()
+	if floored {
+		r.floor.cover(set.epochs)
+		check, want := r.floor.args(time.Now())
+		rows, err = r.db.QueryContext(qctx, r.d.ClaimFloor(), r.floor.floor, r.floor.epoch, r.batch,
+			dialect.IDArray(skip), dialect.IntArray(parts), check, want)
+	} else {
+		q, extra := r.d.ClaimSkipping(parts, skip)
+		rows, err = r.db.QueryContext(qctx, q, append([]any{r.batch}, extra...)...)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claiming from %s: %w", r.table, err)
 	}
 	defer rows.Close()
 	var msgs []Message // not preallocated to r.batch: a quiet claim returns one or two rows
 	bytes := 0
+	var rep floorReport
+	reported := false
 	for rows.Next() {
 		var m Message
 		var headers string
 		var ageMicros int64
-		if err := rows.Scan(&m.ID, &m.MessageID, &m.AggregateType, &m.AggregateID, &m.EventType,
-			&m.Topic, &m.Partition, &m.ContentType, &m.Payload, &headers, &m.Attempts, &ageMicros); err != nil {
+		var err error
+		if floored {
+			var kind int16
+			err = rows.Scan(&kind, &m.ID, &m.MessageID, &m.AggregateType, &m.AggregateID, &m.EventType,
+				&m.Topic, &m.Partition, &m.ContentType, &m.Payload, &headers, &m.Attempts, &ageMicros,
+				&rep.epoch, &rep.resolved, &rep.pendingMin, &rep.seqLast, &rep.xid)
+			if err == nil && kind == 0 {
+				reported = true
+				continue
+			}
+		} else {
+			err = rows.Scan(&m.ID, &m.MessageID, &m.AggregateType, &m.AggregateID, &m.EventType,
+				&m.Topic, &m.Partition, &m.ContentType, &m.Payload, &headers, &m.Attempts, &ageMicros)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("reading claimed row: %w", err)
 		}
 		if m.Payload == nil {
@@ -727,6 +753,12 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claiming from %s: %w", r.table, err)
+	}
+	if floored {
+		if !reported {
+			return nil, fmt.Errorf("claiming from %s: the claim function returned no floor report", r.table)
+		}
+		r.floor.update(rep, time.Now())
 	}
 	r.batch = nextBatch(r.cfg, r.batch, len(msgs), bytes)
 	return msgs, nil

@@ -352,9 +352,16 @@ func TestMigrateStoresPartitionCount(t *testing.T) {
 				}
 				// Back to the previous version: no meta table, and the
 				// lease rows its relays created.
-				latest := d.LatestVersion()
+				// (PostgreSQL's version 6 comes after the meta table's
+				// and is applied again with it.)
+				latest, meta := d.LatestVersion(), 0
+				for _, m := range d.Migrations() {
+					if m.Name == "meta" {
+						meta = m.Version
+					}
+				}
 				mustExec(t, e.RelayDB, "DROP TABLE "+e.Table+"_meta")
-				mustExec(t, e.RelayDB, d.Bind("DELETE FROM "+e.Table+"_migrations WHERE version = ?"), latest)
+				mustExec(t, e.RelayDB, d.Bind("DELETE FROM "+e.Table+"_migrations WHERE version >= ?"), meta)
 				if c.leases > 0 {
 					args := make([]any, c.leases)
 					for i := range args {
@@ -363,8 +370,8 @@ func TestMigrateStoresPartitionCount(t *testing.T) {
 					mustExec(t, e.RelayDB, d.LeaseInit(c.leases), args...)
 				}
 				cfg := driver.Config{Dialect: tg.Dialect, Table: e.Table, Partitions: c.partitions}
-				if v, l, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != latest-1 || l != latest {
-					t.Fatalf("SchemaVersion = %d, %d, %v; want %d, %d", v, l, err, latest-1, latest)
+				if v, l, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != meta-1 || l != latest {
+					t.Fatalf("SchemaVersion = %d, %d, %v; want %d, %d", v, l, err, meta-1, latest)
 				}
 				// This build refuses the old schema loudly.
 				fresh, db := e.OpenWriter(t, driver.Config{})

@@ -53,16 +53,17 @@ var files embed.FS
 // Dialect is the SQL of one dialect rendered for one table. It is immutable
 // and safe for concurrent use.
 type Dialect struct {
-	name       Name
-	table      string // as configured, e.g. "public.outbox_message"
-	schema     string
-	base       string
-	quoted     string
-	queries    map[string]string
-	migrations []Migration
-	insertHead string
-	insertRow  string // with ? placeholders
-	partitions int    // the count the meta migration stores on a fresh install
+	name        Name
+	table       string // as configured, e.g. "public.outbox_message"
+	schema      string
+	base        string
+	quoted      string
+	queries     map[string]string
+	migrations  []Migration
+	insertHead  string
+	insertRow   string // with ? placeholders
+	insertFirst string // the first row's template (insert_row_first), or insertRow
+	partitions  int    // the count the meta migration stores on a fresh install
 }
 
 // Migration is one schema version.
@@ -156,6 +157,17 @@ func (t templateData) Members() string { return t.d.qualify(t.d.base + "_relay")
 // partition count).
 func (t templateData) Meta() string { return t.d.qualify(t.d.base + "_meta") }
 
+// Sequence is the quoted, schema-qualified id sequence (PostgreSQL: the
+// identity column's, named <table>_id_seq by schema version 6).
+func (t templateData) Sequence() string { return t.d.qualify(t.d.base + "_id_seq") }
+
+// SequenceName is the id sequence's name without schema, unquoted.
+func (t templateData) SequenceName() string { return t.d.base + "_id_seq" }
+
+// ClaimFunction is the quoted, schema-qualified claim function
+// (PostgreSQL, schema version 6).
+func (t templateData) ClaimFunction() string { return t.d.qualify(t.d.base + "_claim") }
+
 // Partitions is the relay partition count a fresh install stores.
 func (t templateData) Partitions() int { return t.d.partitions }
 
@@ -231,17 +243,31 @@ func (d *Dialect) load() error {
 	sort.Slice(d.migrations, func(i, j int) bool { return d.migrations[i].Version < d.migrations[j].Version })
 	d.insertHead = d.queries["insert"]
 	d.insertRow = d.queries["insert_row"]
+	d.insertFirst = d.insertRow
+	if q, ok := d.queries["insert_row_first"]; ok {
+		d.insertFirst = q
+	}
 	return nil
 }
 
 // splitStatements splits a migration on semicolons that end a line, after
-// dropping comment lines.
+// dropping comment lines, except inside a dollar-quoted body ($$ ... $$:
+// a function's or a DO block's).
 func splitStatements(text string) []string {
 	var out []string
-	for _, s := range strings.Split(stripComments(text), ";\n") {
-		if s = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(s), ";")); s != "" {
+	var cur strings.Builder
+	for _, part := range strings.SplitAfter(stripComments(text), ";\n") {
+		cur.WriteString(part)
+		if strings.Count(cur.String(), "$$")%2 == 1 {
+			continue // inside a body: the statement goes on
+		}
+		if s := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(cur.String()), ";")); s != "" {
 			out = append(out, s)
 		}
+		cur.Reset()
+	}
+	if s := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(cur.String()), ";")); s != "" {
+		out = append(out, s)
 	}
 	return out
 }
@@ -324,10 +350,14 @@ func (d *Dialect) Insert(rows int) string {
 	b.WriteString(head)
 	n := 0
 	for r := 0; r < rows; r++ {
+		row := d.insertRow
+		if r == 0 {
+			row = d.insertFirst
+		}
 		if r > 0 {
 			b.WriteString(", ")
 		}
-		n = d.writePlaceholders(&b, d.insertRow, n)
+		n = d.writePlaceholders(&b, row, n)
 	}
 	return b.String()
 }
@@ -469,8 +499,9 @@ func (d *Dialect) Fenced(name string, fenced bool) string {
 }
 
 // Claim returns the claim restricted to the given relay partitions, or
-// unrestricted when partitions is nil, skipping no rows. Its arguments are
-// the batch size and, on PostgreSQL, the empty array '{}' ($2).
+// unrestricted when partitions is nil, skipping no rows (MySQL/MariaDB and
+// SQLite; PostgreSQL claims through ClaimFloor). Its one argument is the
+// batch size.
 func (d *Dialect) Claim(partitions []int) string {
 	q, _ := d.ClaimSkipping(partitions, nil)
 	return q
@@ -479,11 +510,10 @@ func (d *Dialect) Claim(partitions []int) string {
 // ClaimSkipping is Claim that also leaves out the rows with the given ids
 // (a batch whose mark-sent is still running: pending in the table, but
 // already published), so the database neither reads nor returns them.
-// It returns the statement and its arguments after the batch size: on
-// PostgreSQL one bigint[] literal ($2, so the statement text stays the
-// same and its prepared form is reused); elsewhere none, the ids being
-// written into the text as integer literals (go-sql-driver/mysql and
-// SQLite prepare every statement anyway).
+// It returns the statement and its arguments after the batch size: none,
+// the ids being written into the text as integer literals
+// (go-sql-driver/mysql and SQLite prepare every statement anyway). Not on
+// PostgreSQL (see HasClaimFloor).
 func (d *Dialect) ClaimSkipping(partitions []int, skip []int64) (string, []any) {
 	q := d.Query("claim")
 	var b strings.Builder
@@ -497,15 +527,43 @@ func (d *Dialect) ClaimSkipping(partitions []int, skip []int64) (string, []any) 
 		}
 		b.WriteString(")")
 	}
-	if d.name == Postgres {
-		return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1), []any{int64Array(skip)}
-	}
 	if len(skip) > 0 {
 		b.WriteString(" AND o.id NOT IN (")
 		writeIDs(&b, skip)
 		b.WriteString(")")
 	}
 	return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1), nil
+}
+
+// HasClaimFloor reports whether the relay claims through ClaimFloor, the
+// claim function whose index walk starts at a proven scan floor
+// (PostgreSQL, schema version 6). Elsewhere it uses ClaimSkipping.
+func (d *Dialect) HasClaimFloor() bool { return d.name == Postgres }
+
+// ClaimFloor returns the claim-function call (PostgreSQL only; see
+// HasClaimFloor). Its arguments, in order: floor (int64), floor epoch
+// (int64), batch size, the ids to leave out (IDArray), the relay's
+// partitions (IntArray), the pending proof's transaction ID (int64, or nil
+// for none), whether to take a new proof (bool). It returns rows of
+// kind (0: the proof's figures, once; 1: a claimed message) and the
+// columns of 0006_claim_floor.sql.
+func (d *Dialect) ClaimFloor() string { return d.Query("claim_floor") }
+
+// IDArray is ids as a PostgreSQL bigint[] literal: '{1,2,3}'.
+func IDArray(ids []int64) string { return int64Array(ids) }
+
+// IntArray is ns as a PostgreSQL integer[] literal: '{1,2,3}'.
+func IntArray(ns []int) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, n := range ns {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(n))
+	}
+	b.WriteByte('}')
+	return b.String()
 }
 
 // int64Array is ids as a PostgreSQL array literal: '{1,2,3}'.

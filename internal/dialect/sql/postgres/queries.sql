@@ -4,35 +4,6 @@ SELECT clock_timestamp()
 -- name: version
 SELECT current_setting('server_version_num')::int
 
--- name: claim
--- Pending rows whose retry is due, in id order, except rows behind an
--- earlier row of the same aggregate that holds it: one waiting for a retry
--- (next_retry_at in the future) or dead (next_retry_at = never). Each
--- candidate costs one probe of held_idx, which holds only rows with a
--- next_retry_at (retrying or dead: few), so the cost does not grow with
--- history, with the backlog or with one aggregate's backlog. The
--- redundant "h.status <> 1" lets the planner prove the partial index
--- applies (next_retry_at > now implies IS NOT NULL); "h.id + 0" keeps it from walking the primary key instead (a
--- walk over all earlier rows, history included, when nothing holds). "statement_timestamp()" is evaluated once per statement (an
--- InitPlan), so it can bound the index scan; bare clock_timestamp() is
--- volatile and could only filter. $1 = batch size; $2 = ids to leave out
--- (the batch still being marked sent), a bigint[] literal, often '{}'.
-SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
-       COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
-       COALESCE(o.headers, ''), o.attempts,
-       (EXTRACT(EPOCH FROM (statement_timestamp() - o.created_at)) * 1000000)::bigint
-FROM {{.Table}} o
-WHERE o.status = 0
-  AND (o.next_retry_at IS NULL OR o.next_retry_at <= statement_timestamp())
-  AND NOT EXISTS (
-        SELECT 1 FROM {{.Table}} h
-        WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-          AND h.status <> 1 AND h.next_retry_at > statement_timestamp() AND h.id + 0 < o.id)
-  AND o.id <> ALL($2::bigint[])
-  {{"{{PARTITIONS}}"}}
-ORDER BY o.id
-LIMIT $1
-
 -- name: mark_sent
 -- $1 = ids as a PostgreSQL array literal '{1,2,3}'. The statement's own
 -- transaction commits without waiting for the WAL flush
@@ -73,12 +44,22 @@ WHERE id = $2 AND status = 0 {{"{{FENCE}}"}}
 -- name: insert
 -- Multi-row INSERT written by the commit hook: the row template below is
 -- repeated once per event ({{"{{ROWS}}"}}); its ? become the dialect's placeholders.
-INSERT INTO {{.Table}} (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key,
+INSERT INTO {{.Table}} (id, message_id, aggregate_type, aggregate_id, event_type, topic, partition_key,
                         content_type, payload, headers, created_at, updated_at)
 VALUES {{"{{ROWS}}"}}
 
+-- name: insert_row_first
+-- The first row takes the transaction's ID (txid_current() assigns one if
+-- the transaction has none yet) before it takes an id from the sequence:
+-- CASE evaluates its condition first, and neither call is folded at plan
+-- time (both are volatile). The claim's floor proof relies on it (schema
+-- version 6): a transaction that holds an id always shows as running in
+-- the snapshots taken after it allocated that id. Later rows follow the
+-- first, so they take their ids after the transaction ID too.
+(CASE WHEN txid_current() IS NOT NULL THEN nextval('{{.Sequence}}') END, ?, ?, ?, ?, ?, ?, ?, ?, ?, clock_timestamp(), clock_timestamp())
+
 -- name: insert_row
-(?, ?, ?, ?, ?, ?, ?, ?, ?, clock_timestamp(), clock_timestamp())
+(DEFAULT, ?, ?, ?, ?, ?, ?, ?, ?, ?, clock_timestamp(), clock_timestamp())
 
 -- name: dead_list
 -- Dead letters matching the selector (built in Go from column
@@ -225,3 +206,20 @@ SELECT COUNT(*) FROM {{.Table}} WHERE status = 0 AND (partition_key >= ? OR part
 -- name: set_partitions
 -- relay.Repartition, the one way to change the stored count. ? = count.
 UPDATE {{.Meta}} SET partitions = ?, updated_at = clock_timestamp() WHERE id = 1
+
+-- name: claim_floor
+-- The claim (schema version 6): the claim function, which plans its
+-- statements independently of statistics and starts its index walk at
+-- the relay's proven floor (see 0006_claim_floor.sql and relay/floor.go).
+-- $1 floor, $2 floor epoch, $3 batch size, $4 ids to leave out (the batch
+-- still being marked sent), $5 the relay's partitions, $6 the transaction
+-- ID of the pending floor proof (NULL: none), $7 take a new proof.
+SELECT kind, id, message_id, aggregate_type, aggregate_id, event_type, topic, partition_key,
+       content_type, payload, headers, attempts, age_us,
+       floor_epoch, resolved, pending_min, seq_last, xid
+FROM {{.ClaimFunction}}($1::bigint, $2::bigint, $3::integer, $4::bigint[], $5::integer[], $6::bigint, $7::boolean)
+
+-- name: floor_bump
+-- Raised in the transaction of any change that makes rows pending again
+-- (DeadLetters.Retry): relays then discard their scan floors.
+UPDATE {{.Meta}} SET floor_epoch = floor_epoch + 1 WHERE id = 1

@@ -1,0 +1,212 @@
+package relay_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// TestClaimCostFlatOnPostgres is the regression test for a PostgreSQL
+// claim whose cost depended on the table's state: with no planner
+// statistics (or statistics taken when few rows were pending) the planner
+// read every pending row, sorted them and kept the first BatchSize (226 ms
+// per claim with a 20,000-row backlog), and its index walk read the
+// entries of every row marked sent since the last VACUUM (1.8-3.4 ms per
+// claim at 1,000 events/s; without bound as they pile up). Each case
+// builds one state on a table of its own with autovacuum disabled for it
+// (asserted: never analyzed unless the case says so, n_dead_tup at the
+// target), lets a relay prove its scan floor, and counts the buffers the
+// relay's claim reads (EXPLAIN (ANALYZE, BUFFERS) of the claim function:
+// its Function Scan node counts every page the statements inside read).
+// The same claim from floor 0, what the relay did before, is measured
+// beside it: where rows were marked sent, it must cost far more, so the
+// measurement can tell the two apart.
+func TestClaimCostFlatOnPostgres(t *testing.T) {
+	t.Parallel()
+	const batch = 100
+	cases := []struct {
+		name          string
+		sent, pending int
+		stats         string // "", "stale" (ANALYZE when all rows were sent), "backlog" (ANALYZE with the backlog)
+		writers       int
+	}{
+		{name: "fresh_table", pending: 1000},
+		{name: "no_stats_large_backlog", pending: 1000000},
+		{name: "sent_1m_since_vacuum", sent: 1000000, pending: 1000},
+		{name: "stale_stats", sent: 100000, pending: 100000, stats: "stale"},
+		{name: "stats_during_backlog", sent: 100000, pending: 100000, stats: "backlog"},
+		{name: "writers_64", sent: 100000, pending: 1000, writers: 64},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := testdb.New(t, testdb.All[0], driver.Config{})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
+			exec := func(q string) {
+				t.Helper()
+				if _, err := e.RelayDB.ExecContext(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			exec("ALTER TABLE " + e.Table + " SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
+			insert := func(from, n int) {
+				exec(fmt.Sprintf("INSERT INTO %s (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers) "+
+					"SELECT 'm-' || g, 'order', 'agg-' || (g %% 100), 'created', 't', g %% 32, 'application/json', convert_to(repeat('x', 200), 'UTF8'), '' "+
+					"FROM generate_series(%d, %d) g", e.Table, from, from+n-1))
+			}
+			if c.sent > 0 {
+				insert(1, c.sent)
+				exec("UPDATE " + e.Table + " SET status = 1, sent_at = clock_timestamp()")
+			}
+			if c.stats == "stale" {
+				exec("ANALYZE " + e.Table)
+			}
+			insert(c.sent+1, c.pending)
+			if c.stats == "backlog" {
+				exec("ANALYZE " + e.Table)
+			}
+			// The state, asserted before measuring.
+			testdb.Eventually(t, ctx, fmt.Sprintf("n_dead_tup >= %d", c.sent), func() bool {
+				var dead int
+				var analyzed bool
+				if err := e.RelayDB.QueryRowContext(ctx, "SELECT n_dead_tup, last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL FROM pg_stat_user_tables WHERE relid = $1::regclass", e.Table).Scan(&dead, &analyzed); err != nil {
+					t.Fatal(err)
+				}
+				if analyzed != (c.stats != "") {
+					t.Fatalf("table analyzed: %v, want %v", analyzed, c.stats != "")
+				}
+				return dead >= c.sent
+			})
+			var firstPending int64
+			if err := e.RelayDB.QueryRowContext(ctx, "SELECT MIN(id) FROM "+e.Table+" WHERE status = 0").Scan(&firstPending); err != nil {
+				t.Fatal(err)
+			}
+
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			var written atomic.Int64
+			for w := 0; w < c.writers; w++ {
+				wg.Add(1)
+				go func(w int) {
+					defer wg.Done()
+					for i := 0; !stop.Load(); i++ {
+						err := inTx(ctx, e.DB, func(ctx context.Context) error {
+							return outbox.Emit(ctx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("w-%d", w), Type: "created", Payload: []byte(`{}`)})
+						})
+						if err != nil {
+							if !stop.Load() {
+								t.Error(err)
+							}
+							return
+						}
+						written.Add(1)
+					}
+				}(w)
+			}
+			defer func() { stop.Store(true); wg.Wait() }()
+			if c.writers > 0 {
+				testdb.Eventually(t, ctx, "writers committing", func() bool { return written.Load() >= int64(c.writers) })
+			}
+
+			r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: outboxtest.NewPublisher(), Logger: quiet()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var floor int64
+			testdb.Eventually(t, ctx, "the relay's floor proven up to the first pending row", func() bool {
+				msgs, f, err := r.ClaimOnce(ctx, batch, 32)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(msgs) != batch || msgs[0].ID != firstPending {
+					t.Fatalf("claim returned %d rows from id %d, want %d from %d", len(msgs), msgs[0].ID, batch, firstPending)
+				}
+				floor = f
+				return f == firstPending
+			})
+			d, err := dialect.New(dialect.Postgres, e.Table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			withFloor := claimBuffers(t, ctx, e.RelayDB, d, floor, batch)
+			fromStart := claimBuffers(t, ctx, e.RelayDB, d, 0, batch)
+			t.Logf("%s: claim of %d with %d sent since VACUUM, %d pending, %d writers: %d buffers from the floor (%d), %d from the start",
+				c.name, batch, c.sent, c.pending, c.writers, withFloor, floor, fromStart)
+			// 100 rows of this size fill 3-4 heap pages; their index
+			// entries 1-2; the hold probes 100 more (one page per probe,
+			// the hold index being empty); the meta row and the sequence a
+			// few. Twice that leaves room; a walk of 100,000 index
+			// entries reads several hundred more.
+			if withFloor > 250 {
+				t.Errorf("claim read %d buffers: its cost depends on the table's state", withFloor)
+			}
+			if c.sent >= 100000 && fromStart < 2*withFloor {
+				t.Errorf("from the start the claim read %d buffers, from the floor %d: the measurement cannot tell a floor from none", fromStart, withFloor)
+			}
+		})
+	}
+}
+
+// claimBuffers is the pages the claim function reads for one claim of
+// batch rows from floor (the second of two runs on one connection: the
+// first compiles the function and loads the catalog).
+func claimBuffers(t *testing.T, ctx context.Context, db *sql.DB, d *dialect.Dialect, floor int64, batch int) int {
+	t.Helper()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	parts := make([]int, 32)
+	for i := range parts {
+		parts[i] = i
+	}
+	q := strings.NewReplacer("$1", fmt.Sprint(floor), "$2", "0", "$3", fmt.Sprint(batch), "$4", "'{}'",
+		"$5", "'"+dialect.IntArray(parts)+"'", "$6", "NULL", "$7", "false").Replace(d.ClaimFloor())
+	var buffers int
+	for i := 0; i < 2; i++ {
+		var text string
+		if err := conn.QueryRowContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+q).Scan(&text); err != nil {
+			t.Fatal(err)
+		}
+		var plan []struct{ Plan map[string]any }
+		if err := json.Unmarshal([]byte(text), &plan); err != nil {
+			t.Fatal(err)
+		}
+		hit, _ := plan[0].Plan["Shared Hit Blocks"].(float64)
+		read, _ := plan[0].Plan["Shared Read Blocks"].(float64)
+		buffers = int(hit + read)
+		if rows, _ := plan[0].Plan["Actual Rows"].(float64); int(rows) != batch+1 {
+			t.Fatalf("claim returned %v rows, want %d and the floor report", rows, batch)
+		}
+	}
+	return buffers
+}
+
+// inTx runs f in a transaction of db with an outbox scope.
+func inTx(ctx context.Context, db *sql.DB, f func(ctx context.Context) error) error {
+	ctx = outbox.NewContext(ctx)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f(ctx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
