@@ -485,12 +485,21 @@ func globalStatusValue(t *testing.T, db *sql.DB, name string) int64 {
 	return v
 }
 
+// manyWriters serializes the runs with many writers (one connection
+// each) of the tests in this file: two at once, beside the rest of the
+// suite, would come close to MariaDB's default max_connections (151).
+var manyWriters sync.Mutex
+
 // startWriters runs n writers through e's wrapped driver (one event per
 // transaction, each writer its own aggregates) until the returned stop is
 // called; stop waits for them, fails t on a writer's error and returns the
 // number of committed events.
 func startWriters(t *testing.T, ctx context.Context, e *testdb.Env, n int) (stop func() int) {
 	t.Helper()
+	if n > 16 {
+		manyWriters.Lock()
+		t.Cleanup(manyWriters.Unlock)
+	}
 	e.DB.SetMaxOpenConns(n)
 	var halt atomic.Bool
 	var committed atomic.Int64
