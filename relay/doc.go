@@ -60,7 +60,8 @@
 // never marked, so no range holds it (TestMySQLClaimCostUnderWriters:
 // about 4 pages per claimed row under 16 writers instead of 16).
 // AUTO_INCREMENT ids are never reused on the supported servers except
-// after TRUNCATE TABLE: restart relays after truncating their table.
+// after TRUNCATE TABLE: restart relays after truncating their table (or
+// after setting sent rows back to pending by hand).
 //
 // # Outcomes
 //

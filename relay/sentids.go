@@ -33,7 +33,8 @@ const maxSentRanges = 64
 // AUTO_INCREMENT ids are never reused on the supported servers (MySQL 8
 // and MariaDB 10.6 persist the counter), except after TRUNCATE TABLE,
 // which resets it: restart relays after truncating their table, or their
-// remembered ranges would leave new rows with reused ids unclaimed.
+// remembered ranges would leave new rows with reused ids unclaimed. The
+// same goes for sent rows an operator sets back to pending by hand.
 type sentRanges struct {
 	mu sync.Mutex
 	r  [][2]int64 // sorted, disjoint
