@@ -250,6 +250,8 @@ type Relay struct {
 
 	running atomic.Bool // between start-up and the end of Run
 	watch   partitionWatch
+
+	sent sentRanges // ids this relay marked sent, for the MySQL claim (sentids.go)
 }
 
 // New returns a relay of ob's table (ob is the writers' Outbox, or, in a
@@ -706,7 +708,7 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 		rows, err = r.db.QueryContext(qctx, r.d.ClaimFloor(), r.floor.floor, r.floor.epoch, r.batch,
 			dialect.IDArray(skip), dialect.IntArray(parts), check, want)
 	} else {
-		q, extra := r.d.ClaimSkipping(parts, skip)
+		q, extra := r.d.ClaimExcluding(parts, skip, r.sent.ranges())
 		rows, err = r.db.QueryContext(qctx, q, append([]any{r.batch}, extra...)...)
 	}
 	if err != nil {
@@ -800,10 +802,13 @@ func (r *Relay) markSent(ctx context.Context, msgs []Message) error {
 	for _, c := range dialect.Chunks(len(ids), r.d.MaxIDs(name)) {
 		q, args := mark(ids[c[0]:c[1]], r.cfg.InstanceID)
 		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-		_, err := r.db.ExecContext(qctx, q, args...)
+		res, err := r.db.ExecContext(qctx, q, args...)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("marking %d messages sent (they will be re-sent): %w", len(ids)-c[0], err)
+		}
+		if n, err := res.RowsAffected(); err == nil && n == int64(c[1]-c[0]) {
+			r.sent.add(ids[c[0]:c[1]]) // every id of the chunk is sent now (sentids.go)
 		}
 	}
 	return nil

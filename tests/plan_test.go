@@ -272,7 +272,7 @@ func pgClaimBuffers(t *testing.T, ctx context.Context, db *sql.DB, d *dialect.Di
 	var buffers int
 	for i := 0; i < 2; i++ {
 		var text string
-		if err := conn.QueryRowContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+pgClaimSQL(d, floor, batch, allPartitions, skip)).Scan(&text); err != nil {
+		if err := conn.QueryRowContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+pgClaimSQL(d, floor, batch, allPartitions(), skip)).Scan(&text); err != nil {
 			t.Fatal(err)
 		}
 		var plan []struct{ Plan map[string]any }
@@ -288,9 +288,6 @@ func pgClaimBuffers(t *testing.T, ctx context.Context, db *sql.DB, d *dialect.Di
 	}
 	return buffers
 }
-
-// allPartitions is every relay partition of the default count.
-var allPartitions = []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31}
 
 // pgClaimSQL is the relay's PostgreSQL claim with its arguments written
 // in as literals: from floor (floor epoch 0), up to limit rows of the
@@ -368,7 +365,7 @@ func runClaim(t *testing.T, ctx context.Context, e *testdb.Env, d *dialect.Diale
 	var err error
 	if d.HasClaimFloor() {
 		if partitions == nil {
-			partitions = allPartitions
+			partitions = allPartitions()
 		}
 		res, err = e.RelayDB.QueryContext(ctx, pgClaimSQL(d, 0, limit, partitions, skip))
 	} else {

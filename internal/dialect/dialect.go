@@ -515,6 +515,29 @@ func (d *Dialect) Claim(partitions []int) string {
 // (go-sql-driver/mysql and SQLite prepare every statement anyway). Not on
 // PostgreSQL (see HasClaimFloor).
 func (d *Dialect) ClaimSkipping(partitions []int, skip []int64) (string, []any) {
+	return d.ClaimExcluding(partitions, skip, nil)
+}
+
+// ClaimExcluding is ClaimSkipping that also leaves out the id ranges in
+// sent (inclusive [lo, hi] pairs): ranges in which the caller's own
+// mark-sent (or delete-on-publish) changed every row, so none of their
+// ids can be pending again. Only MySQL/MariaDB uses them (PostgreSQL
+// claims through ClaimFloor): there a row
+// marked sent leaves a delete-marked entry in the pending range of the
+// status index until InnoDB's purge removes it, and a claim walks every
+// such entry, each with a primary-key lookup while the page is recent
+// (hundreds per claim under 16 writers, every row sent since a long
+// transaction began when purge is held back). Excluded ranges become gaps
+// in the scan's index range, so those entries are not visited at all.
+// PostgreSQL and SQLite ignore sent.
+//
+// On MySQL/MariaDB and SQLite the excluded ids are written as ranges of
+// consecutive ids (NOT BETWEEN) and single ids (<>), never as one long
+// IN list: MariaDB turns an IN list of 1,000 or more values
+// (in_predicate_conversion_threshold) into a join with a derived table,
+// which reads every skipped row by primary key instead of leaving it out
+// of the index range. Not on PostgreSQL (see HasClaimFloor).
+func (d *Dialect) ClaimExcluding(partitions []int, skip []int64, sent [][2]int64) (string, []any) {
 	q := d.Query("claim")
 	var b strings.Builder
 	if partitions != nil {
@@ -527,10 +550,15 @@ func (d *Dialect) ClaimSkipping(partitions []int, skip []int64) (string, []any) 
 		}
 		b.WriteString(")")
 	}
-	if len(skip) > 0 {
-		b.WriteString(" AND o.id NOT IN (")
-		writeIDs(&b, skip)
-		b.WriteString(")")
+	if d.name != MySQL {
+		sent = nil
+	}
+	for _, r := range IDRanges(skip, sent) {
+		if r[0] == r[1] {
+			fmt.Fprintf(&b, " AND o.id <> %d", r[0])
+		} else {
+			fmt.Fprintf(&b, " AND o.id NOT BETWEEN %d AND %d", r[0], r[1])
+		}
 	}
 	return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1), nil
 }
@@ -564,6 +592,31 @@ func IntArray(ns []int) string {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// IDRanges returns the union of ids and ranges (inclusive [lo, hi] pairs,
+// lo <= hi) as sorted, disjoint, non-adjacent inclusive ranges: exactly
+// the same ids, written compactly.
+func IDRanges(ids []int64, ranges [][2]int64) [][2]int64 {
+	if len(ids) == 0 && len(ranges) == 0 {
+		return nil
+	}
+	all := make([][2]int64, 0, len(ids)+len(ranges))
+	for _, id := range ids {
+		all = append(all, [2]int64{id, id})
+	}
+	all = append(all, ranges...)
+	sort.Slice(all, func(i, j int) bool { return all[i][0] < all[j][0] })
+	out := all[:1]
+	for _, r := range all[1:] {
+		last := &out[len(out)-1]
+		if r[0] <= last[1]+1 {
+			last[1] = max(last[1], r[1])
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // int64Array is ids as a PostgreSQL array literal: '{1,2,3}'.

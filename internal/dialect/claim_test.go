@@ -1,0 +1,69 @@
+package dialect
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func TestIDRanges(t *testing.T) {
+	cases := []struct {
+		ids    []int64
+		ranges [][2]int64
+		want   string
+	}{
+		{nil, nil, "[]"},
+		{[]int64{5}, nil, "[[5 5]]"},
+		{[]int64{3, 1, 2, 7, 9, 8}, nil, "[[1 3] [7 9]]"},
+		{[]int64{4}, [][2]int64{{1, 3}, {5, 6}}, "[[1 6]]"},
+		{[]int64{10}, [][2]int64{{1, 3}}, "[[1 3] [10 10]]"},
+		{nil, [][2]int64{{5, 9}, {1, 6}}, "[[1 9]]"},
+		{[]int64{2, 2, 3}, [][2]int64{{1, 1}}, "[[1 3]]"},
+	}
+	for _, c := range cases {
+		if got := fmt.Sprint(IDRanges(c.ids, c.ranges)); got != c.want {
+			t.Errorf("IDRanges(%v, %v) = %s, want %s", c.ids, c.ranges, got, c.want)
+		}
+	}
+}
+
+// TestClaimExcluding: skipped ids and sent ranges are left out exactly, as
+// ranges and single ids, never as an IN list (MariaDB turns one of 1,000
+// values into a derived table); PostgreSQL keeps its array argument and
+// ignores sent ranges, SQLite ignores them too.
+func TestClaimExcluding(t *testing.T) {
+	my, err := New(MySQL, "outbox_message")
+	if err != nil {
+		t.Fatal(err)
+	}
+	skip := make([]int64, 0, 2000)
+	for id := int64(1001); id <= 3000; id++ {
+		if id != 1500 {
+			skip = append(skip, id)
+		}
+	}
+	q, args := my.ClaimExcluding([]int{0, 1}, skip, [][2]int64{{1, 1000}, {4000, 4000}})
+	if args != nil {
+		t.Fatalf("MySQL claim arguments %v, want none", args)
+	}
+	want := "AND o.partition_key IN (0,1) AND o.id NOT BETWEEN 1 AND 1499 AND o.id NOT BETWEEN 1501 AND 3000 AND o.id <> 4000"
+	if !strings.Contains(q, want) || strings.Contains(q, "NOT IN") {
+		t.Fatalf("MySQL claim does not exclude exactly %q:\n%s", want, q)
+	}
+	lite, err := New(SQLite, "outbox_message")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, _ = lite.ClaimExcluding(nil, []int64{7, 8}, [][2]int64{{1, 5}})
+	if !strings.Contains(q, "AND o.id NOT BETWEEN 7 AND 8") || strings.Contains(q, "BETWEEN 1 AND 5") {
+		t.Fatalf("SQLite claim must leave out the skipped ids only:\n%s", q)
+	}
+	pg, err := New(Postgres, "outbox_message")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, args = pg.ClaimExcluding(nil, []int64{7, 8}, [][2]int64{{1, 5}})
+	if fmt.Sprint(args) != "[{7,8}]" || strings.Contains(q, "BETWEEN") {
+		t.Fatalf("PostgreSQL claim: args %v\n%s", args, q)
+	}
+}
