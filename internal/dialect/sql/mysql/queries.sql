@@ -81,17 +81,12 @@ WHERE o.id = ? AND o.status = 0 {{"{{FENCE}}"}}
 -- name: insert
 -- Multi-row INSERT written by the commit hook: the row template below is
 -- repeated once per event ({{"{{ROWS}}"}}); its ? become the dialect's placeholders.
--- sent_at gets a placeholder, 1970-01-01 (it means something only once
--- status = 1): with NULL, mark_sent grew every row by 8 bytes, and InnoDB
--- cannot update a record in place when its size changes (it deletes and
--- reinserts it in the page), which made mark_sent cost 22-25 µs of server
--- CPU per row instead of 13 (BenchmarkMySQLStatementCost).
 INSERT INTO {{.Table}} (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key,
-                        content_type, payload, headers, created_at, updated_at, sent_at)
+                        content_type, payload, headers, created_at, updated_at)
 VALUES {{"{{ROWS}}"}}
 
 -- name: insert_row
-(?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '1970-01-01 00:00:00.000000')
+(?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 
 -- name: dead_list
 -- Dead letters matching the selector (built in Go from column
