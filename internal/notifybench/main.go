@@ -112,7 +112,10 @@ func run(o options) error {
 		return err
 	}
 	defer admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
-	table := schema + ".outbox_message"
+	// A table name of its own: the NOTIFY channel is "<table name>_wakeup",
+	// and other jobs on the server use the default name.
+	base := "nb_" + hex.EncodeToString(b)
+	table := schema + "." + base
 	if _, err := admin.ExecContext(ctx, "CREATE TABLE "+schema+".orders (id bigserial PRIMARY KEY, writer int NOT NULL, n bigint NOT NULL)"); err != nil {
 		return err
 	}
@@ -129,7 +132,7 @@ func run(o options) error {
 			modes = []bool{false, true}
 		}
 		for _, notify := range modes {
-			r, err := measure(ctx, o, admin, schema, table, notify)
+			r, err := measure(ctx, o, admin, schema, table, base+"_wakeup", notify)
 			if err != nil {
 				return err
 			}
@@ -185,7 +188,7 @@ func connector(o options) (sqldriver.Connector, error) {
 }
 
 // measure runs one mode: fresh tables, a fresh pool, warm-up, measurement.
-func measure(ctx context.Context, o options, admin *sql.DB, schema, table string, notify bool) (result, error) {
+func measure(ctx context.Context, o options, admin *sql.DB, schema, table, channel string, notify bool) (result, error) {
 	res := result{mode: "notify"}
 	if !notify {
 		res.mode = "nonotify"
@@ -225,7 +228,7 @@ func measure(ctx context.Context, o options, admin *sql.DB, schema, table string
 			return
 		}
 		defer lc.Close(context.Background())
-		if _, err := lc.Exec(runCtx, "LISTEN outbox_message_wakeup").ReadAll(); err != nil {
+		if _, err := lc.Exec(runCtx, "LISTEN "+channel).ReadAll(); err != nil {
 			listening <- err
 			return
 		}
