@@ -61,7 +61,7 @@ const notifyTimeout = 5 * time.Second
 
 // closeFlushTimeout bounds how long Close waits for the NOTIFY owed at
 // Close to be sent.
-const closeFlushTimeout = 5 * time.Second
+const closeFlushTimeout = time.Second
 
 // notifier sends the wake-up NOTIFY for the commits of one wrapped
 // connector; see the comment above. The zero value is not usable: make it

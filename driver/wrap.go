@@ -111,7 +111,7 @@ func (c *wrappedConnector) Driver() sqldriver.Driver {
 }
 
 // Close stops the connector's wake-up notifier (after sending the NOTIFY
-// still owed, waiting at most 5 s; see notifier.go), then closes the
+// still owed, waiting at most 1 s; see notifier.go), then closes the
 // wrapped connector if it is an io.Closer. database/sql calls it from
 // DB.Close.
 func (c *wrappedConnector) Close() error {
