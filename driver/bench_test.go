@@ -43,7 +43,10 @@ var benchCommitPayload = []byte(`{"order_id":"o-000000","status":"paid","amount_
 //   - emit1, emit10: outbox.Emit of 1 or 10 events through the wrapped
 //     driver, written by its commit hook;
 //   - emit1_nonotify (PostgreSQL only): emit1 with driver.Config.DisableNotify,
-//     on the same table;
+//     on the same table. Since the NOTIFY left the writers' transactions
+//     (issue 12) the difference is what signalling the notifier, and its
+//     NOTIFY on another connection running beside the next transaction,
+//     cost one writer;
 //   - emit1_nocache, emit10_nocache (not on pgx, which the statement cache
 //     leaves to its own): emit1 and emit10 with
 //     driver.Config.DisableStatementCache (the INSERT sent, and on

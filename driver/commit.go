@@ -16,10 +16,13 @@ import (
 // commit is the commit hook, run by tx.Commit: it writes the buffered
 // events on the transaction's own connection (database/sql holds that
 // connection's lock for the whole of Commit, so nothing else can use it
-// meanwhile), then COMMITs, then wakes relays. If the INSERT fails it rolls
-// back and returns ErrWriteEvents: business changes are never committed
-// without their events. A transaction that emitted nothing commits with no
-// extra statement.
+// meanwhile), then COMMITs, then wakes relays: those in this process
+// through Wakeup, those in others (PostgreSQL) through the connector's
+// notifier, which sends the NOTIFY on a connection of its own so that the
+// writers' transactions never queue one (notifier.go). If the INSERT
+// fails it rolls back and returns ErrWriteEvents: business changes are
+// never committed without their events. A transaction that emitted nothing
+// commits with no extra statement.
 func (o *Outbox) commit(t *tx) error {
 	events := t.b.batch.Take()
 	if len(events) == 0 {
@@ -41,15 +44,18 @@ func (o *Outbox) commit(t *tx) error {
 	if err := t.parent.Commit(); err != nil {
 		// COMMIT failed, or its outcome is unknown (connection lost after
 		// sending it): the relay publishes the rows exactly if they exist.
+		// Other processes' relays are woken all the same (a spurious
+		// NOTIFY costs one empty claim; a missing one, a poll interval).
+		t.c.wake.signal()
 		return err
 	}
 	o.notify()
+	t.c.wake.signal()
 	return nil
 }
 
 // insertCache keeps rendered multi-row INSERTs for small row counts,
-// keyed by rows*2 (+1 with NOTIFY); a connection's statement cache uses
-// the same keys.
+// keyed by row count; a connection's statement cache uses the same keys.
 type insertCache struct {
 	mu sync.RWMutex
 	m  map[int]string
@@ -57,31 +63,21 @@ type insertCache struct {
 
 const cachedInsertRows = 256
 
-// insertSQL returns the multi-row INSERT for rows events, with the
-// PostgreSQL NOTIFY folded in when notify is set, and its cache key (-1
-// above cachedInsertRows rows: neither the text nor a prepared statement is
-// kept).
-func (o *Outbox) insertSQL(rows int, notify bool) (string, int) {
-	render := func() string {
-		if notify {
-			return o.dialect.InsertNotify(rows)
-		}
-		return o.dialect.Insert(rows)
-	}
+// insertSQL returns the multi-row INSERT for rows events and its cache key
+// (-1 above cachedInsertRows rows: neither the text nor a prepared
+// statement is kept).
+func (o *Outbox) insertSQL(rows int) (string, int) {
 	if rows > cachedInsertRows {
-		return render(), -1
+		return o.dialect.Insert(rows), -1
 	}
-	key := rows * 2
-	if notify {
-		key++
-	}
+	key := rows
 	o.inserts.mu.RLock()
 	q, ok := o.inserts.m[key]
 	o.inserts.mu.RUnlock()
 	if ok {
 		return q, key
 	}
-	q = render()
+	q = o.dialect.Insert(rows)
 	o.inserts.mu.Lock()
 	if o.inserts.m == nil {
 		o.inserts.m = map[int]string{}
@@ -142,9 +138,7 @@ func (o *Outbox) write(ctx context.Context, c *conn, events []emit.Event) error 
 				args = append(args, sqldriver.NamedValue{Ordinal: len(args) + 1, Value: v})
 			}
 		}
-		// One NOTIFY per transaction, folded into its last INSERT.
-		notify := end == len(events) && o.cfg.Dialect == Postgres && !o.cfg.DisableNotify
-		q, key := o.insertSQL(end-start, notify)
+		q, key := o.insertSQL(end - start)
 		var err error
 		if c.cache != nil && key >= 0 {
 			err = c.cache.exec(ctx, c, key, q, args)

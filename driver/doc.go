@@ -41,7 +41,11 @@
 //  5. COMMITs; only once COMMIT returned success does it signal Wakeup
 //     subscribers. If COMMIT fails the rows were never committed; if its
 //     outcome is unknown (connection lost after COMMIT was sent) the rows
-//     decide: the relay publishes exactly what is in the table.
+//     decide: the relay publishes exactly what is in the table;
+//  6. on PostgreSQL (unless Config.DisableNotify), signals the wrapped
+//     connector's notifier, which sends a NOTIFY on the table's channel
+//     for relay.ListenPostgres from a connection of its own, coalescing
+//     commits that return while one is in flight (see below).
 //
 // Rollback, explicit or by database/sql when the BeginTx context ends,
 // discards the buffer. Read-only transactions are not bound. At the first
@@ -95,10 +99,32 @@
 // may run it inside one on the same connection; plain statements are the
 // driver's own.
 //
+// # The wake-up NOTIFY (PostgreSQL)
+//
+// Relays in other processes learn of commits through LISTEN/NOTIFY
+// (relay.ListenPostgres). The writers' transactions do not queue the
+// NOTIFY: PostgreSQL serializes the commits of every transaction that
+// queued one on a database-wide lock held through its WAL flush, which with
+// 64 writers and synchronous_commit on cut commit throughput by two thirds
+// (BENCHMARKS.md, "NOTIFY and commit throughput"). Instead, after COMMIT
+// returns, the hook signals a notifier owned by the wrapped connector (one
+// per *sql.DB): one goroutine and one connection, opened from the same
+// connector at the first commit that wrote events, outside the pool's
+// limits, closed by DB.Close after it sent the NOTIFY still owed. It sends
+// a pg_notify on "<table name>_wakeup" in an autocommit statement of its
+// own (synchronous_commit off for that statement only); every commit that
+// returns while one is in flight is covered by exactly one more. A failed NOTIFY is retried at once on a new connection, then with
+// backoff (100 ms doubling to 10 s), logged to Config.Logger; relays'
+// polls cover the gap. It also signals after a COMMIT that returned an
+// error, whose outcome may be unknown: a spurious wake-up costs one empty
+// claim. Connections opened through the driver's Open (not OpenConnector;
+// database/sql never does that) share one notifier per DSN for the
+// process's lifetime.
+//
 // # The statement cache
 //
 // Each connection the wrapper opens keeps the hook's INSERTs prepared,
-// keyed by shape (row count, and on PostgreSQL NOTIFY or not), at most
+// keyed by row count, at most
 // StatementCacheSize of them, least recently used out; INSERTs of more than
 // 256 rows are not kept. Measured with BenchmarkCommit (BENCHMARKS.md), it
 // saves the SQL parse of the multi-row INSERT on SQLite and a round trip on

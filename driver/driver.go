@@ -6,6 +6,7 @@ import (
 	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 
@@ -79,12 +80,23 @@ type Config struct {
 	// defaults).
 	Limits emit.Limits
 	// DisableNotify turns off the PostgreSQL NOTIFY that wakes relays in
-	// other processes (relay.ListenPostgres). On by default for Postgres: the
-	// commit hook's INSERT also queues a NOTIFY on the table's channel, in the
-	// same statement, delivered only if the transaction commits. Turn it off
-	// when every relay runs in the writing process, or if very high commit
-	// rates contend on PostgreSQL's notification queue lock.
+	// other processes (relay.ListenPostgres). On by default for Postgres:
+	// after a COMMIT that wrote events returns, the wrapped connector's
+	// notifier sends a NOTIFY on the table's channel (dialect's
+	// "<table name>_wakeup") from one connection of its own, opened from
+	// the same connector at the first such commit, outside the pool (so
+	// not counted by SetMaxOpenConns), and closed by DB.Close. Commits
+	// that return while a NOTIFY is in flight share the next one. The
+	// writers' own transactions queue no NOTIFY, so they do not serialize
+	// on PostgreSQL's notification lock (BENCHMARKS.md, "NOTIFY and commit
+	// throughput"). Turn it off when every relay runs in the writing
+	// process (they are woken by Wakeup) or no relay listens: no
+	// notifier is started and no connection opened.
 	DisableNotify bool
+	// Logger receives the warnings of the PostgreSQL wake-up notifier (a
+	// NOTIFY that failed and is being retried; never the DSN). Default
+	// slog.Default().
+	Logger *slog.Logger
 	// DisableStatementCache turns off the per-connection cache of prepared
 	// event INSERTs (StatementCacheSize statements per connection). With
 	// the cache, a commit that emits events executes one statement
@@ -219,10 +231,13 @@ func (o *Outbox) Wrap(drv sqldriver.Driver) sqldriver.Driver {
 
 // WrapConnector returns c wrapped by o, for sql.OpenDB: for example
 // sql.OpenDB(ob.WrapConnector(stdlib.GetConnector(pgxConfig))) or
-// sql.OpenDB(ob.WrapConnector(mysqlConnector)). The wrapped connector's
-// Close closes c if c is an io.Closer.
+// sql.OpenDB(ob.WrapConnector(mysqlConnector)). On PostgreSQL (unless
+// Config.DisableNotify) each wrapped connector has its own wake-up
+// notifier, holding one connection opened with c.Connect (see
+// Config.DisableNotify). The wrapped connector's Close stops the notifier
+// and closes c if c is an io.Closer.
 func (o *Outbox) WrapConnector(c sqldriver.Connector) sqldriver.Connector {
-	return &wrappedConnector{parent: c, o: o}
+	return o.wrapConnector(c, nil)
 }
 
 // Config returns o's configuration with defaults filled in (Partitions

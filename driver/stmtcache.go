@@ -10,9 +10,8 @@ import (
 
 // StatementCacheSize is how many prepared event INSERTs one connection
 // keeps (least recently used first out). A statement is keyed by its row
-// count (and, on PostgreSQL, whether it carries the NOTIFY), so a workload
-// whose transactions emit 1 to 8 events uses at most 16; INSERTs of more
-// than 256 rows are never cached. An evicted statement is closed (one round
+// count, so a workload whose transactions emit 1 to 16 events uses at most
+// 16; INSERTs of more than 256 rows are never cached. An evicted statement is closed (one round
 // trip on lib/pq and pgx; go-sql-driver/mysql's close is not answered).
 const StatementCacheSize = 16
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/sqloutbox/outbox/emit"
 )
@@ -23,6 +24,11 @@ import (
 type wrappedDriver struct {
 	parent sqldriver.Driver
 	o      *Outbox
+
+	// notifiers serve connections opened with Open, by DSN (name ->
+	// *notifier): database/sql never calls Open on a DriverContext, but a
+	// wrapper in front of ours may. They live as long as the process.
+	notifiers sync.Map
 }
 
 var (
@@ -36,7 +42,14 @@ func (d *wrappedDriver) Open(name string) (sqldriver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return d.o.wrapConn(c), nil
+	var n *notifier
+	if v, ok := d.notifiers.Load(name); ok {
+		n = v.(*notifier)
+	} else if n = d.o.newNotifier(dsnConnector{name: name, drv: d.parent}.Connect); n != nil {
+		v, _ := d.notifiers.LoadOrStore(name, n)
+		n = v.(*notifier)
+	}
+	return d.o.wrapConn(c, n), nil
 }
 
 // OpenConnector returns a connector for name: the wrapped driver's own if
@@ -47,9 +60,9 @@ func (d *wrappedDriver) OpenConnector(name string) (sqldriver.Connector, error) 
 		if err != nil {
 			return nil, err
 		}
-		return &wrappedConnector{parent: c, o: d.o, drv: d}, nil
+		return d.o.wrapConnector(c, d), nil
 	}
-	return &wrappedConnector{parent: dsnConnector{name: name, drv: d.parent}, o: d.o, drv: d}, nil
+	return d.o.wrapConnector(dsnConnector{name: name, drv: d.parent}, d), nil
 }
 
 // dsnConnector is database/sql's fallback connector for drivers without
@@ -67,6 +80,12 @@ type wrappedConnector struct {
 	parent sqldriver.Connector
 	o      *Outbox
 	drv    sqldriver.Driver // what Driver reports; nil: the parent's, wrapped
+	wake   *notifier        // the wake-up NOTIFY of its connections' commits; nil without
+}
+
+// wrapConnector wraps c; drv is what its Driver reports (nil: c's, wrapped).
+func (o *Outbox) wrapConnector(c sqldriver.Connector, drv sqldriver.Driver) *wrappedConnector {
+	return &wrappedConnector{parent: c, o: o, drv: drv, wake: o.newNotifier(c.Connect)}
 }
 
 var (
@@ -80,7 +99,7 @@ func (c *wrappedConnector) Connect(ctx context.Context) (sqldriver.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
-	return c.o.wrapConn(conn), nil
+	return c.o.wrapConn(conn, c.wake), nil
 }
 
 // Driver returns the wrapped driver (database/sql's DB.Driver).
@@ -91,9 +110,12 @@ func (c *wrappedConnector) Driver() sqldriver.Driver {
 	return &wrappedDriver{parent: c.parent.Driver(), o: c.o}
 }
 
-// Close closes the wrapped connector if it is an io.Closer (database/sql
-// closes a DB's connector when it has Close).
+// Close stops the connector's wake-up notifier (after sending the NOTIFY
+// still owed, waiting at most 1 s; see notifier.go), then closes the
+// wrapped connector if it is an io.Closer. database/sql calls it from
+// DB.Close.
 func (c *wrappedConnector) Close() error {
+	c.wake.close()
 	if cl, ok := c.parent.(io.Closer); ok {
 		return cl.Close()
 	}
@@ -116,6 +138,7 @@ type conn struct {
 	o      *Outbox
 	cache  *stmtCache // nil when the statement cache does not apply
 	tx     *boundTx   // the bound transaction open on this connection
+	wake   *notifier  // signalled after commits with events; nil: none
 }
 
 var (
@@ -130,8 +153,8 @@ var (
 	_ sqldriver.NamedValueChecker  = (*conn)(nil)
 )
 
-func (o *Outbox) wrapConn(c sqldriver.Conn) *conn {
-	w := &conn{parent: c, o: o}
+func (o *Outbox) wrapConn(c sqldriver.Conn, wake *notifier) *conn {
+	w := &conn{parent: c, o: o, wake: wake}
 	if o.cacheable(c) {
 		w.cache = &stmtCache{finalize: o.cfg.Dialect == SQLite}
 	}

@@ -285,9 +285,12 @@
 // # Waking relays in other processes
 //
 // The post-commit signal reaches relays in the writing process. On
-// PostgreSQL the commit hook also queues a NOTIFY in its INSERT statement
-// (delivered only on commit), and ListenPostgres, on a connection of its
-// own, turns it into Relay.Notify for relays elsewhere. On MySQL/MariaDB
+// PostgreSQL the writing process's driver also sends a NOTIFY on the
+// table's channel after each COMMIT that wrote events has returned (from a
+// connection of its own, outside the writers' transactions, coalescing
+// the commits that return while one is in flight: see driver.Config's
+// DisableNotify), and ListenPostgres, on a connection of its own, turns it
+// into Relay.Notify for relays elsewhere. On MySQL/MariaDB
 // and SQLite the poll is adaptive: MinPollInterval after a cycle that found
 // work, doubling to PollInterval when idle.
 //

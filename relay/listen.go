@@ -15,9 +15,10 @@ import (
 // ListenPostgres wakes a relay in another process than the writers: it
 // holds one PostgreSQL connection of its own (outside any pool that could
 // recycle it), LISTENs on the table's channel, and calls wake for every
-// notification the outbox driver's commit hook sends (driver.Config's
-// NOTIFY, on by default for Postgres). Notifications are delivered only
-// for committed transactions; wake should coalesce (Relay.Notify does).
+// notification the writers' outbox driver sends (driver.Config's
+// DisableNotify: on by default for Postgres, sent after COMMIT returned,
+// one for all the commits that returned while the previous one was in
+// flight). wake should coalesce (Relay.Notify does).
 //
 //	go relay.ListenPostgres(ctx, ob, dsn, r.Notify, logger)
 //

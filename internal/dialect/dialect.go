@@ -667,17 +667,11 @@ func (d *Dialect) MetaTable() string { return templateData{d}.Meta() }
 func (d *Dialect) LeaseTable() string { return templateData{d}.Lease() }
 
 // Channel is the PostgreSQL LISTEN/NOTIFY channel relays of this table
-// listen on: "<table name>_wakeup" (unquoted; the name is an identifier of
-// letters, digits and underscores). Tables of the same name in different
-// schemas share it, which costs only a spurious wake-up.
+// listen on and the driver's notifier sends on after commits:
+// "<table name>_wakeup" (unquoted; the name is an identifier of letters,
+// digits and underscores). Tables of the same name in different schemas
+// share it, which costs only a spurious wake-up.
 func (d *Dialect) Channel() string { return d.base + "_wakeup" }
-
-// InsertNotify is Insert that also queues a NOTIFY on Channel in the same
-// statement (PostgreSQL only): the notification is delivered when, and
-// only if, the transaction commits, at no extra round trip.
-func (d *Dialect) InsertNotify(rows int) string {
-	return "WITH ins AS (" + d.Insert(rows) + " RETURNING 1) SELECT pg_notify('" + d.Channel() + "', '') FROM (SELECT 1 FROM ins LIMIT 1) AS x"
-}
 
 // WithIDs returns the named statement with {{IDS}} expanded to n
 // placeholders in the dialect's style.

@@ -31,6 +31,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/lib/pq"
 	"modernc.org/sqlite"
@@ -403,5 +404,52 @@ func Column(t testing.TB, ctx context.Context, db *sql.DB, q string, args ...any
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
+	return out
+}
+
+// Connector returns the target driver's own connector for e's database,
+// not wrapped by the outbox (nil on SQLite), for tests that wrap it
+// themselves.
+func (e *Env) Connector() sqldriver.Connector { return e.connector }
+
+// RandomName returns prefix followed by 12 random hex digits: a table name
+// of a test's own, so that its PostgreSQL NOTIFY channel
+// ("<name>_wakeup") is not shared with tests running beside it.
+func RandomName(prefix string) string { return randomName(prefix) }
+
+// Listen LISTENs on channel on a PostgreSQL connection of its own (pgconn)
+// and returns once the LISTEN is active; every notification's payload is
+// sent on the returned channel (buffered; a full buffer blocks the
+// listener). The connection closes when ctx ends or at cleanup.
+func Listen(t testing.TB, ctx context.Context, dsn, channel string) <-chan string {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan string, 1<<14)
+	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+		if n.Channel == channel {
+			out <- n.Payload
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	c, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "LISTEN "+channel).ReadAll(); err != nil {
+		c.Close(context.Background())
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer c.Close(context.Background())
+		for c.WaitForNotification(ctx) == nil {
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
 	return out
 }
