@@ -209,7 +209,11 @@ func TestSoak(t *testing.T) {
 			var out bytes.Buffer
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			if err := run(ctx, []string{"-soak", "2s", "-soak-interval", "1s", "-writers", "8", "-json", "-db", dsn}, &out); err != nil {
+			args := []string{"-soak", "2s", "-soak-interval", "1s", "-writers", "8", "-json", "-db", dsn}
+			if tc.name == "postgres" {
+				args = append(args, "-nonotify") // the smoke covers the default
+			}
+			if err := run(ctx, args, &out); err != nil {
 				t.Fatal(err)
 			}
 			var r Result
@@ -221,6 +225,9 @@ func TestSoak(t *testing.T) {
 				s.RecvP50Ms <= 0 || s.RecvP99Ms < s.RecvP50Ms || s.RecvP999Ms < s.RecvP99Ms || s.RecvMaxMs < s.RecvP999Ms ||
 				s.Claims <= 0 || s.ClaimMaxMs < s.ClaimP99Ms || s.ClaimP99Ms < s.ClaimP50Ms {
 				t.Fatalf("soak: %+v", s)
+			}
+			if pg := tc.name == "postgres"; r.NoNotify != pg || strings.Contains(s.Relay, "without NOTIFY") != pg {
+				t.Errorf("nonotify %v, relay %q on %s", r.NoNotify, s.Relay, tc.name)
 			}
 			checkTableState(t, tc.name, "soak before", s.TableState, variantNeverAnalyzed)
 			events, under, worst := 0, true, 0.0

@@ -41,6 +41,9 @@ type database struct {
 	// pgDriver is the PostgreSQL driver of the bench's pools (-pgdriver:
 	// pq or pgx); the admin pool is always pgx.
 	pgDriver string
+	// noNotify is -nonotify: the in-process relay's and the soak's
+	// outboxes do not NOTIFY (PostgreSQL; driver.Config.DisableNotify).
+	noNotify bool
 }
 
 func randomHex(n int) string {
@@ -188,13 +191,19 @@ type outboxEnv struct {
 }
 
 func (db *database) newOutbox(ctx context.Context, name string, appConns int) (*outboxEnv, error) {
+	return db.newOutboxNotify(ctx, name, appConns, true)
+}
+
+// newOutboxNotify is newOutbox; without notify the commit hook does not
+// NOTIFY on PostgreSQL (driver.Config.DisableNotify).
+func (db *database) newOutboxNotify(ctx context.Context, name string, appConns int, notify bool) (*outboxEnv, error) {
 	e := &outboxEnv{table: db.table(name)}
 	// With -pgdriver pgx the bench's pgx connections reach the wrapper
 	// inside the round-trip counter, which hides them from the statement
 	// cache's pgx check; a pgx user's connections do not, so the cache is
 	// off here as it is for them (pgx caches statements itself). On lib/pq
 	// the cache is on, as for a lib/pq user.
-	ob, err := driver.New(driver.Config{Dialect: db.dialect, Table: e.table, DisableStatementCache: db.dialect == driver.Postgres && db.pgDriver == "pgx"})
+	ob, err := driver.New(driver.Config{Dialect: db.dialect, Table: e.table, DisableNotify: !notify, DisableStatementCache: db.dialect == driver.Postgres && db.pgDriver == "pgx"})
 	if err != nil {
 		return nil, err
 	}

@@ -426,8 +426,8 @@ type latencyRig struct {
 
 // newLatencyRig sets up ob_<name>, orders_<name> and a topic named
 // topicPrefix-<random>; close undoes it.
-func newLatencyRig(ctx context.Context, db *database, brokers []string, name, topicPrefix string, writers int) (*latencyRig, error) {
-	env, err := db.newOutbox(ctx, "ob_"+name, writers)
+func newLatencyRig(ctx context.Context, db *database, brokers []string, name, topicPrefix string, writers int, notify bool) (*latencyRig, error) {
+	env, err := db.newOutboxNotify(ctx, "ob_"+name, writers, notify)
 	if err != nil {
 		return nil, err
 	}
@@ -466,6 +466,15 @@ func runInBackground(ctx context.Context, acks *ackLog, what string, run func(co
 	return func() { cancel(); <-runErr }
 }
 
+// notifyNote says, on PostgreSQL with -nonotify, that the writers did not
+// NOTIFY.
+func notifyNote(db *database) string {
+	if db.dialect == driver.Postgres && db.noNotify {
+		return "; writers without NOTIFY (-nonotify: driver.Config.DisableNotify)"
+	}
+	return ""
+}
+
 // leasedObserver returns an observer calling o's funcs, and a channel
 // closed once the relay runs and owns every partition (one relay on a
 // fresh table takes them all in its first heartbeat).
@@ -498,7 +507,7 @@ func settleFor(dur time.Duration) time.Duration { return 60*time.Second + 2*dur 
 // runLatency measures part 2 with the in-process relay, woken by the
 // driver's post-commit signal (driver.Outbox.Wakeup).
 func runLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int) (*LatencyResult, error) {
-	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("latency_%d", run), "lat", writers)
+	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("latency_%d", run), "lat", writers, !db.noNotify)
 	if err != nil {
 		return nil, err
 	}
@@ -522,7 +531,7 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 		return nil, err
 	}
 
-	res := &LatencyResult{Relay: "in-process relay.Relay, woken by driver.Outbox.Wakeup() after each commit",
+	res := &LatencyResult{Relay: "in-process relay.Relay, woken by driver.Outbox.Wakeup() after each commit" + notifyNote(db),
 		Writers: writers, Seconds: dur.Seconds(), Run: run}
 	l := &load{writers: writers, dur: dur, prefix: "lat", write: emitWriter(env, rig.insOrder), acks: acks, cons: rig.cons, settle: settleFor(dur), phases: phases}
 	return res, l.measure(ctx, db, env.table, res, rates)
@@ -532,7 +541,7 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 // same open-loop load; the writers write the seed's way: one hand-written
 // outbox INSERT in the transaction, on a pool without the outbox wrapper.
 func runSeedLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int, skipped string) (*LatencyResult, error) {
-	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("seedlat_%d", run), "seedlat", writers)
+	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("seedlat_%d", run), "seedlat", writers, true)
 	if err != nil {
 		return nil, err
 	}

@@ -60,6 +60,7 @@ type options struct {
 	pgDriver   string
 	soak       time.Duration
 	soakEvery  time.Duration
+	noNotify   bool
 }
 
 // Result is the -json output: one object.
@@ -72,6 +73,8 @@ type Result struct {
 	Parts     []string `json:"parts"`
 	// PGDriver is the PostgreSQL driver of the bench's pools (-pgdriver).
 	PGDriver string `json:"pgdriver,omitempty"`
+	// NoNotify is -nonotify (PostgreSQL).
+	NoNotify bool `json:"nonotify,omitempty"`
 	// Runs is how many times the latency and drain parts ran (-runs),
 	// each run on tables of its own; latency*, drain and drain_analyzed
 	// are the medians of those runs, figure by figure, and the *_runs
@@ -138,6 +141,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.pgDriver, "pgdriver", "pq", "PostgreSQL driver of the bench's pools: pq (lib/pq) or pgx")
 	fs.DurationVar(&o.soak, "soak", 0, "soak mode instead of the parts: 1,000 events/s for this long (e.g. 10m) with -writers writers, in-process relay, table never analyzed")
 	fs.DurationVar(&o.soakEvery, "soak-interval", time.Minute, "soak mode: one line per interval")
+	fs.BoolVar(&o.noNotify, "nonotify", false, "PostgreSQL: the writers of the in-process relay's latency part and of the soak do not NOTIFY (driver.Config.DisableNotify); the standalone relay's keep it")
 	fs.IntVar(&o.history, "history", 1_000_000, "sent rows of history for part 4 (compared with 10,000)")
 	fs.BoolVar(&o.smoke, "smoke", false, "tiny sizes, finishes in seconds (CI)")
 	fs.StringVar(&o.only, "only", "", "comma list of parts: "+strings.Join(allParts, ","))
@@ -197,13 +201,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer db.close()
+	db.noNotify = o.noNotify
 	if o.soak > 0 {
 		parts = []string{"soak"}
 		want = map[string]bool{}
 	}
 	res := &Result{Database: db.label, GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), Smoke: o.smoke, Parts: parts, Runs: o.runs}
 	if db.dialect == driver.Postgres {
-		res.PGDriver = o.pgDriver
+		res.PGDriver, res.NoNotify = o.pgDriver, o.noNotify
 	}
 	var brokers []string
 	if o.brokers != "" {

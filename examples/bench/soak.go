@@ -147,7 +147,7 @@ func (c *soakConsumer) Close() {
 // in-process relay, on a fresh table, and reports every interval (line
 // gets each interval's line as it ends).
 func runSoak(ctx context.Context, db *database, brokers []string, rate int, dur, every time.Duration, writers int, line func(string)) (*SoakResult, error) {
-	env, err := db.newOutbox(ctx, "ob_soak", writers)
+	env, err := db.newOutboxNotify(ctx, "ob_soak", writers, !db.noNotify)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +171,7 @@ func runSoak(ctx context.Context, db *database, brokers []string, rate int, dur,
 		return nil, err
 	}
 	defer pub.Close()
-	res := &SoakResult{Relay: "in-process relay.Relay, woken by driver.Outbox.Wakeup() after each commit",
+	res := &SoakResult{Relay: "in-process relay.Relay, woken by driver.Outbox.Wakeup() after each commit" + notifyNote(db),
 		Rate: rate, Writers: writers, Seconds: dur.Seconds(), IntervalSeconds: every.Seconds(), Events: n, ClaimP99Under1msEvery: true}
 	if res.TableState, err = db.tableState(ctx, env.table, variantNeverAnalyzed); err != nil {
 		return nil, err

@@ -336,7 +336,7 @@ func (c *childRelay) Close() {
 // runStandalone measures part 2 with a standalone relay in a child process
 // (startChildRelay), the writers in this one.
 func runStandalone(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int) (*LatencyResult, error) {
-	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("standalone_%d", run), "alone", writers)
+	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("standalone_%d", run), "alone", writers, true)
 	if err != nil {
 		return nil, err
 	}
