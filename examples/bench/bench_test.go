@@ -62,7 +62,9 @@ func TestSmoke(t *testing.T) {
 			var out bytes.Buffer
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			if err := run(ctx, []string{"-smoke", "-json", "-db", dsn}, &out); err != nil {
+			// 8 writers, not 32: the servers are shared with other jobs
+			// (PostgreSQL's max_connections).
+			if err := run(ctx, []string{"-smoke", "-json", "-writers", "8", "-db", dsn}, &out); err != nil {
 				t.Fatal(err)
 			}
 			checkResult(t, tc.name, out.Bytes())
@@ -77,7 +79,8 @@ func checkResult(t *testing.T, name string, raw []byte) {
 	if err := json.Unmarshal(raw, &m); err != nil {
 		t.Fatalf("output is not one JSON object: %v\n%s", err, raw)
 	}
-	for _, k := range []string{"database", "broker", "cpus", "commit", "latency", "latency_standalone", "latency_seed", "drain", "history", "baseline", "targets", "total_seconds"} {
+	for _, k := range []string{"database", "broker", "cpus", "runs", "commit", "latency", "latency_standalone", "latency_seed",
+		"latency_runs", "latency_standalone_runs", "latency_seed_runs", "drain", "drain_analyzed", "drain_runs", "history", "baseline", "targets", "total_seconds"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("JSON lacks %q", k)
 		}
@@ -106,8 +109,23 @@ func checkResult(t *testing.T, name string, raw []byte) {
 	if r.Commit.RatioEmit1 <= 0 || r.Commit.RatioEmit10 <= 0 || r.Commit.Emit10VsMultirow <= 0 || r.Commit.MultirowVsHandwritten <= 0 {
 		t.Errorf("commit ratios: %+v", r.Commit)
 	}
-	if d := r.Drain; d == nil || d.Rows != 2000 || d.EventsPerSec <= 0 || d.Seconds <= 0 || d.PeakRSSMB <= 0 || d.SpeedupBaseline <= 0 {
-		t.Errorf("drain: %+v", r.Drain)
+	if r.Runs != 1 {
+		t.Errorf("runs = %d, want 1 (-smoke)", r.Runs)
+	}
+	if (r.PGDriver == "pq") != (name == "postgres") {
+		t.Errorf("pgdriver = %q on %s, want pq on postgres only", r.PGDriver, name)
+	}
+	checkDrain(t, name, "drain", r.Drain, variantNeverAnalyzed, 0, r.Runs)
+	checkDrain(t, name, "drain_analyzed", r.DrainAnalyzed, variantAnalyzed, 0, r.Runs)
+	if len(r.DrainRuns) != 2*r.Runs {
+		t.Errorf("%d drain runs, want %d", len(r.DrainRuns), 2*r.Runs)
+	}
+	for i, d := range r.DrainRuns {
+		variant := variantNeverAnalyzed
+		if i%2 == 1 {
+			variant = variantAnalyzed
+		}
+		checkDrain(t, name, "drain_runs", d, variant, i/2+1, 0)
 	}
 	if b := r.Baseline; b == nil || b.Sent <= 0 || b.EventsPerSec <= 0 {
 		t.Errorf("baseline: %+v", r.Baseline)
@@ -121,17 +139,37 @@ func checkResult(t *testing.T, name string, raw []byte) {
 			}
 		}
 	}
-	checkLatency(t, "latency", r.Latency, latencyRates, true)
-	checkLatency(t, "latency_standalone", r.LatencyStandalone, latencyRates, true)
-	checkLatency(t, "latency_seed", r.LatencySeed, seedRates, false)
+	checkLatency(t, name, "latency", r.Latency, latencyRates, true, true, 0, r.Runs)
+	checkLatency(t, name, "latency_standalone", r.LatencyStandalone, latencyRates, true, false, 0, r.Runs)
+	checkLatency(t, name, "latency_seed", r.LatencySeed, seedRates, false, false, 0, r.Runs)
+	for field, runs := range map[string][]*LatencyResult{"latency_runs": r.LatencyRuns, "latency_standalone_runs": r.LatencyStandaloneRuns, "latency_seed_runs": r.LatencySeedRuns} {
+		if len(runs) != r.Runs {
+			t.Errorf("%s: %d runs, want %d", field, len(runs), r.Runs)
+		}
+		for i, l := range runs {
+			rates := latencyRates
+			if field == "latency_seed_runs" {
+				rates = seedRates
+			}
+			checkLatency(t, name, field, l, rates, field != "latency_seed_runs", field == "latency_runs", i+1, 0)
+		}
+	}
 	if r.LatencySeed != nil && r.LatencySeed.Skipped == "" {
 		t.Errorf("latency_seed does not say why 5000/s was not offered")
 	}
-	if len(r.Targets) != 8 {
+	// commit 2, drain 2, in-process 3, standalone 2, history 1.
+	if len(r.Targets) != 10 {
 		t.Errorf("%d targets: %+v", len(r.Targets), r.Targets)
 	}
 	standalone := 0
 	for _, tg := range r.Targets {
+		if strings.HasPrefix(tg.Name, "in-process ") && name == "sqlite" {
+			// The latency goals are PostgreSQL's and MariaDB's.
+			if tg.Met != nil || !tg.Informational || tg.Got <= 0 {
+				t.Errorf("target %+v on sqlite: want informational", tg)
+			}
+			continue
+		}
 		if !strings.HasPrefix(tg.Name, "standalone ") {
 			if tg.Met == nil || tg.Informational {
 				t.Errorf("target %+v: want met set, not informational", tg)
@@ -150,20 +188,142 @@ func checkResult(t *testing.T, name string, raw []byte) {
 	}
 }
 
+// TestSoak runs the soak mode for a few seconds on each database and
+// checks every field (not the speed: the claim verdict is only checked to
+// agree with the intervals).
+func TestSoak(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		dsn  func(t *testing.T) string
+	}{
+		{"sqlite", func(*testing.T) string { return "" }},
+		{"postgres", func(t *testing.T) string {
+			return serverDSN(t, "OUTBOX_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "pgx")
+		}},
+		{"mysql", func(t *testing.T) string {
+			return serverDSN(t, "OUTBOX_TEST_MYSQL", "root@tcp(127.0.0.1:3306)/test", "mysql")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dsn := tc.dsn(t)
+			var out bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			args := []string{"-soak", "2s", "-soak-interval", "1s", "-writers", "8", "-json", "-db", dsn}
+			if tc.name == "postgres" {
+				args = append(args, "-nonotify") // the smoke covers the default
+			}
+			if err := run(ctx, args, &out); err != nil {
+				t.Fatal(err)
+			}
+			var r Result
+			if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+				t.Fatalf("%v\n%s", err, out.Bytes())
+			}
+			s := r.Soak
+			if s == nil || !slices.Equal(r.Parts, []string{"soak"}) || s.Rate != 1000 || s.Writers != 8 || s.Seconds != 2 || s.IntervalSeconds != 1 || s.Events != 2000 || len(s.Intervals) != 2 ||
+				s.RecvP50Ms <= 0 || s.RecvP99Ms < s.RecvP50Ms || s.RecvP999Ms < s.RecvP99Ms || s.RecvMaxMs < s.RecvP999Ms ||
+				s.Claims <= 0 || s.ClaimMaxMs < s.ClaimP99Ms || s.ClaimP99Ms < s.ClaimP50Ms {
+				t.Fatalf("soak: %+v", s)
+			}
+			if pg := tc.name == "postgres"; r.NoNotify != pg || strings.Contains(s.Relay, "without NOTIFY") != pg {
+				t.Errorf("nonotify %v, relay %q on %s", r.NoNotify, s.Relay, tc.name)
+			}
+			checkTableState(t, tc.name, "soak before", s.TableState, variantNeverAnalyzed)
+			events, under, worst := 0, true, 0.0
+			for i, iv := range s.Intervals {
+				events += iv.Events
+				under = under && iv.Claims > 0 && iv.ClaimP99Ms < 1
+				// An interval may have no claim: under load its events
+				// can be claimed in the next (claims go by wall clock).
+				worst = max(worst, iv.ClaimP99Ms)
+				if iv.Index != i+1 || iv.EndSeconds != float64(i+1) || iv.Events != 1000 || iv.RecvP50Ms <= 0 || iv.RecvMaxMs < iv.RecvP999Ms ||
+					iv.CommitP50Ms <= 0 || iv.Claims < 0 || iv.ClaimMaxMs < iv.ClaimP99Ms {
+					t.Errorf("interval %+v", iv)
+				}
+				checkTableState(t, tc.name, "soak interval", iv.TableState, variantNeverAnalyzed)
+			}
+			if events != s.Events || under != s.ClaimP99Under1msEvery || worst != s.WorstClaimP99Ms {
+				t.Errorf("soak summary %+v disagrees with its intervals", s)
+			}
+			if len(r.Targets) != 1 || r.Targets[0].Met == nil || *r.Targets[0].Met != s.ClaimP99Under1msEvery {
+				t.Errorf("targets %+v", r.Targets)
+			}
+		})
+	}
+}
+
+// checkDrain checks one drain result: a run (run > 0, with its table
+// states) or a median of runs (runs > 0, without).
+func checkDrain(t *testing.T, db, field string, d *DrainResult, variant string, run, runs int) {
+	t.Helper()
+	if d == nil || d.Variant != variant || d.Run != run || d.Runs != runs || d.Rows != 2000 || d.Aggregates != 100 || d.EventsPerSec <= 0 || d.Seconds <= 0 ||
+		d.PeakRSSMB <= 0 || d.SpeedupBaseline <= 0 || d.Batches <= 0 || d.ClaimMedianMicros <= 0 || d.ClaimP99Micros < d.ClaimMedianMicros || d.ClaimMaxMicros < d.ClaimP99Micros {
+		t.Errorf("%s: %+v", field, d)
+		return
+	}
+	if run == 0 {
+		if d.TableState != nil || d.TableStateAfter != nil {
+			t.Errorf("%s: a median with table states: %+v", field, d)
+		}
+		return
+	}
+	checkTableState(t, db, field+" before", d.TableState, variant)
+	checkTableState(t, db, field+" after", d.TableStateAfter, variant)
+}
+
+// checkTableState checks a table state read on db for variant.
+func checkTableState(t *testing.T, db, what string, s *TableState, variant string) {
+	t.Helper()
+	if s == nil || s.Table == "" {
+		t.Errorf("%s: no table state", what)
+		return
+	}
+	switch db {
+	case "postgres":
+		if s.ServerAutovacuum == "" || !strings.Contains(s.RelOptions, "autovacuum_enabled=false") || s.LastAutoanalyze != nil ||
+			(s.LastAnalyze != nil) != (variant == variantAnalyzed) || s.NLiveTup < 0 || s.NDeadTup < 0 || len(s.Relations) < 4 {
+			t.Errorf("%s: %+v", what, s)
+		}
+		for _, rel := range s.Relations {
+			if rel.Name == "" || rel.Bytes < 0 {
+				t.Errorf("%s: relation %+v", what, rel)
+			}
+		}
+	case "mysql":
+		if s.HistoryListLength < 0 || len(s.Relations) != 1 || s.Relations[0].Bytes <= 0 {
+			t.Errorf("%s: %+v", what, s)
+		}
+	default:
+		if s.LastAnalyze != nil || s.ServerAutovacuum != "" || len(s.Relations) != 0 {
+			t.Errorf("%s: %+v", what, s)
+		}
+	}
+}
+
 // checkLatency checks one latency result of a smoke run: one point per
 // rate with every event measured, sane quantiles, and (withSeed) ratios
 // against the seed's points at its rates.
-func checkLatency(t *testing.T, field string, l *LatencyResult, rates []int, withSeed bool) {
+func checkLatency(t *testing.T, db, field string, l *LatencyResult, rates []int, withSeed, withClaims bool, run, runs int) {
 	t.Helper()
-	if l == nil || len(l.Points) != len(rates) || l.Relay == "" || l.Writers <= 0 || l.Seconds <= 0 {
+	if l == nil || len(l.Points) != len(rates) || l.Relay == "" || l.Writers != 8 || l.Seconds <= 0 || l.Run != run || l.Runs != runs {
 		t.Errorf("%s: %+v", field, l)
 		return
 	}
+	if run > 0 {
+		checkTableState(t, db, field+" before", l.TableState, variantNeverAnalyzed)
+		checkTableState(t, db, field+" after", l.TableStateAfter, variantNeverAnalyzed)
+	} else if l.TableState != nil || l.TableStateAfter != nil {
+		t.Errorf("%s: a median with table states", field)
+	}
 	for i, p := range l.Points {
 		if p.OfferedPerSec != rates[i] || p.Events != int(float64(rates[i])*l.Seconds) || p.AchievedPerSec <= 0 || p.CommitP50Ms <= 0 ||
-			p.AckP50Ms <= 0 || p.AckP99Ms < p.AckP50Ms || p.AckP999Ms < p.AckP99Ms ||
-			p.RecvP50Ms <= 0 || p.RecvP99Ms < p.RecvP50Ms || p.RecvP999Ms < p.RecvP99Ms {
+			p.AckP50Ms <= 0 || p.AckP99Ms < p.AckP50Ms || p.AckP999Ms < p.AckP99Ms || p.AckMaxMs < p.AckP999Ms ||
+			p.RecvP50Ms <= 0 || p.RecvP99Ms < p.RecvP50Ms || p.RecvP999Ms < p.RecvP99Ms || p.RecvMaxMs < p.RecvP999Ms {
 			t.Errorf("%s point %+v", field, p)
+		}
+		if claims := p.Claims > 0 && p.ClaimMaxMs > 0 && p.ClaimP99Ms >= p.ClaimP50Ms && p.ClaimMaxMs >= p.ClaimP99Ms; claims != withClaims {
+			t.Errorf("%s point at %d/s: claims %v, want %v: %+v", field, p.OfferedPerSec, claims, withClaims, p)
 		}
 		seeded := withSeed && slices.Contains(seedRates, p.OfferedPerSec)
 		if got := p.SeedRatioAckP50 > 0 && p.SeedRatioAckP99 > 0 && p.SeedRatioRecvP50 > 0 && p.SeedRatioRecvP99 > 0; got != seeded {

@@ -14,6 +14,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lib/pq"
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
@@ -37,6 +38,12 @@ type database struct {
 	// child process connects with (childConnector). Never printed.
 	dsn  string
 	file string
+	// pgDriver is the PostgreSQL driver of the bench's pools (-pgdriver:
+	// pq or pgx); the admin pool is always pgx.
+	pgDriver string
+	// noNotify is -nonotify: the in-process relay's and the soak's
+	// outboxes do not NOTIFY (PostgreSQL; driver.Config.DisableNotify).
+	noNotify bool
 }
 
 func randomHex(n int) string {
@@ -45,16 +52,35 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func openDatabase(ctx context.Context, dsn string) (*database, error) {
-	db := &database{cnt: &counter{}, dsn: dsn}
+// pgConnector returns a connector of the named PostgreSQL driver (pq or
+// pgx) for dsn.
+func pgConnector(name, dsn string) (sqldriver.Connector, error) {
+	switch name {
+	case "pq":
+		return pq.NewConnector(dsn)
+	case "pgx":
+		pc, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			return nil, err
+		}
+		return stdlib.GetConnector(*pc), nil
+	}
+	return nil, fmt.Errorf("-pgdriver %q: want pq or pgx", name)
+}
+
+func openDatabase(ctx context.Context, dsn, pgDriver string) (*database, error) {
+	db := &database{cnt: &counter{}, dsn: dsn, pgDriver: pgDriver}
 	switch {
 	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
 		pc, err := pgx.ParseConfig(dsn)
 		if err != nil {
 			return nil, fmt.Errorf("parsing -db: %w", err)
 		}
+		if _, err := pgConnector(pgDriver, dsn); err != nil {
+			return nil, err
+		}
 		db.dialect, db.label = driver.Postgres, "postgres"
-		db.raw = func() (sqldriver.Connector, error) { return stdlib.GetConnector(*pc), nil }
+		db.raw = func() (sqldriver.Connector, error) { return pgConnector(pgDriver, dsn) }
 		db.admin = sql.OpenDB(stdlib.GetConnector(*pc))
 		db.schema = "bench_" + randomHex(4)
 		if _, err := db.admin.ExecContext(ctx, "CREATE SCHEMA "+db.schema); err != nil {
@@ -115,17 +141,14 @@ func sqliteConnector(file string) sqldriver.Connector {
 
 // childConnector returns, in a child process of the bench, a connector of
 // the real driver for the run's namespace: dsn is the -db value, schema
-// the run's MySQL database, file the SQLite file.
-func childConnector(dsn, schema, file string) (driver.Dialect, sqldriver.Connector, error) {
+// the run's MySQL database, file the SQLite file, pgDriver -pgdriver.
+func childConnector(dsn, schema, file, pgDriver string) (driver.Dialect, sqldriver.Connector, error) {
 	switch {
 	case file != "":
 		return driver.SQLite, sqliteConnector(file), nil
 	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
-		pc, err := pgx.ParseConfig(dsn)
-		if err != nil {
-			return "", nil, err
-		}
-		return driver.Postgres, stdlib.GetConnector(*pc), nil
+		c, err := pgConnector(pgDriver, dsn)
+		return driver.Postgres, c, err
 	default:
 		mc, err := conninfo.MySQL(dsn)
 		if err != nil {
@@ -168,12 +191,19 @@ type outboxEnv struct {
 }
 
 func (db *database) newOutbox(ctx context.Context, name string, appConns int) (*outboxEnv, error) {
+	return db.newOutboxNotify(ctx, name, appConns, true)
+}
+
+// newOutboxNotify is newOutbox; without notify the commit hook does not
+// NOTIFY on PostgreSQL (driver.Config.DisableNotify).
+func (db *database) newOutboxNotify(ctx context.Context, name string, appConns int, notify bool) (*outboxEnv, error) {
 	e := &outboxEnv{table: db.table(name)}
-	// On PostgreSQL the bench's pgx connections reach the wrapper inside
-	// the round-trip counter, which hides them from the statement cache's
-	// pgx check; a pgx user's connections do not, so the cache is off here
-	// as it is for them (pgx caches statements itself).
-	ob, err := driver.New(driver.Config{Dialect: db.dialect, Table: e.table, DisableStatementCache: db.dialect == driver.Postgres})
+	// With -pgdriver pgx the bench's pgx connections reach the wrapper
+	// inside the round-trip counter, which hides them from the statement
+	// cache's pgx check; a pgx user's connections do not, so the cache is
+	// off here as it is for them (pgx caches statements itself). On lib/pq
+	// the cache is on, as for a lib/pq user.
+	ob, err := driver.New(driver.Config{Dialect: db.dialect, Table: e.table, DisableNotify: !notify, DisableStatementCache: db.dialect == driver.Postgres && db.pgDriver == "pgx"})
 	if err != nil {
 		return nil, err
 	}
@@ -214,6 +244,10 @@ func (db *database) newOutbox(ctx context.Context, name string, appConns int) (*
 	if err := ob.Migrate(ctx, e.app); err != nil {
 		e.close()
 		return nil, fmt.Errorf("migrating %s: %w", e.table, err)
+	}
+	if err := db.conditionTables(ctx); err != nil {
+		e.close()
+		return nil, err
 	}
 	return e, nil
 }

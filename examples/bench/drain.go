@@ -22,8 +22,9 @@ import (
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
 
-// aggregates is how many aggregate IDs preloaded rows are spread over.
-const aggregates = 256
+// historyAggregates is how many aggregate IDs part 4's preloaded rows are
+// spread over (the drain's: -drain-aggregates).
+const historyAggregates = 256
 
 // observer is a relay.Observer calling optional funcs.
 type observer struct {
@@ -51,13 +52,17 @@ func (o *observer) Up(bool)                                       {}
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // preload inserts n rows (pending, or sent history) into env's table with
-// one set-based statement per chunk, spread over `aggregates` aggregate
-// IDs whose relay partitions are computed in Go (partition.Of) and joined
-// in from a helper table.
-func preload(ctx context.Context, db *database, env *outboxEnv, n int, sent bool, prefix string) error {
+// one set-based statement per chunk, spread over aggregates aggregate IDs
+// whose relay partitions are computed in Go (partition.Of) and joined in
+// from a helper table. It does not analyze the table (the drain's
+// analyzed variant does, after it).
+func preload(ctx context.Context, db *database, env *outboxEnv, n, aggregates int, sent bool, prefix string) error {
 	agg := env.table + "_agg"
 	if _, err := db.admin.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+agg+" (i INTEGER PRIMARY KEY, aggregate_id VARCHAR(64) NOT NULL, p INTEGER NOT NULL)"); err != nil {
 		return fmt.Errorf("creating %s: %w", agg, err)
+	}
+	if err := db.conditionTables(ctx); err != nil {
+		return err
 	}
 	var cnt int
 	if err := db.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+agg).Scan(&cnt); err != nil {
@@ -104,24 +109,7 @@ func preload(ctx context.Context, db *database, env *outboxEnv, n int, sent bool
 			return fmt.Errorf("preloading %s: %w", env.table, err)
 		}
 	}
-	return analyze(ctx, db, env.table)
-}
-
-func analyze(ctx context.Context, db *database, table string) error {
-	var q string
-	switch db.dialect {
-	case driver.Postgres:
-		q = "ANALYZE " + table
-	case driver.MySQL:
-		q = "ANALYZE TABLE " + table
-	default:
-		q = "ANALYZE"
-	}
-	rows, err := db.admin.QueryContext(ctx, q)
-	if err != nil {
-		return fmt.Errorf("analyze %s: %w", table, err)
-	}
-	return rows.Close()
+	return nil
 }
 
 func pending(ctx context.Context, db *sql.DB, table string) (int, error) {
@@ -150,9 +138,18 @@ func publisherFor(ctx context.Context, brokers []string, name string) (*kafka.Pu
 	return newPublisher(brokers, topic)
 }
 
-// DrainResult is part 3 (and part 5's drain).
+// DrainResult is part 3: one run of one variant, or (Runs > 0) the
+// medians of a variant's runs, each figure on its own.
 type DrainResult struct {
+	// Variant is never_analyzed (the table as the preload left it) or
+	// analyzed (ANALYZE right after the preload).
+	Variant string `json:"variant"`
+	// Run is this run's number (1...), 0 in a median; Runs the number of
+	// runs a median is of.
+	Run          int     `json:"run,omitempty"`
+	Runs         int     `json:"runs,omitempty"`
 	Rows         int     `json:"rows"`
+	Aggregates   int     `json:"aggregates"`
 	Seconds      float64 `json:"seconds"`
 	EventsPerSec float64 `json:"events_per_sec"`
 	// PeakRSSMB is VmHWM of the bench process, reset (clear_refs) just
@@ -167,24 +164,44 @@ type DrainResult struct {
 	// median duration; CycleMillis the mean wall time per batch.
 	Batches           int     `json:"batches"`
 	ClaimMedianMicros float64 `json:"claim_median_us"`
+	ClaimP99Micros    float64 `json:"claim_p99_us"`
+	ClaimMaxMicros    float64 `json:"claim_max_us"`
 	CycleMillis       float64 `json:"cycle_ms"`
 	BaselinePerSec    float64 `json:"baseline_events_per_sec,omitempty"`
 	SpeedupBaseline   float64 `json:"speedup_vs_baseline,omitempty"`
+	// TableState is the table right before the relay started (asserted
+	// for the variant: tableState); TableStateAfter once it was drained.
+	// Absent in a median.
+	TableState      *TableState `json:"table_state,omitempty"`
+	TableStateAfter *TableState `json:"table_state_after,omitempty"`
 }
 
-// runDrain measures part 3: rows pending rows, one relay, events/s until
-// the table has no pending row, and the relay's peak RSS.
-func runDrain(ctx context.Context, db *database, brokers []string, rows, batch int, cpuprofile string) (*DrainResult, error) {
-	env, err := db.newOutbox(ctx, "ob_drain", 1)
+// runDrain measures part 3, one run of one variant on a table of its own:
+// rows pending rows over aggs aggregates, one relay, events/s until the
+// table has no pending row, and the relay's peak RSS.
+func runDrain(ctx context.Context, db *database, brokers []string, rows, aggs, batch int, cpuprofile, variant string, run int) (*DrainResult, error) {
+	name := "ob_drain_na"
+	if variant == variantAnalyzed {
+		name = "ob_drain_an"
+	}
+	env, err := db.newOutbox(ctx, fmt.Sprintf("%s_%d", name, run), 1)
 	if err != nil {
 		return nil, err
 	}
 	defer env.close()
 	t0 := time.Now()
-	if err := preload(ctx, db, env, rows, false, "d-"); err != nil {
+	if err := preload(ctx, db, env, rows, aggs, false, "d-"); err != nil {
 		return nil, err
 	}
-	res := &DrainResult{Rows: rows, BatchSize: batch, PreloadSeconds: round2(time.Since(t0).Seconds())}
+	if variant == variantAnalyzed {
+		if err := analyze(ctx, db, env.table); err != nil {
+			return nil, err
+		}
+	}
+	res := &DrainResult{Variant: variant, Run: run, Rows: rows, Aggregates: aggs, BatchSize: batch, PreloadSeconds: round2(time.Since(t0).Seconds())}
+	if res.TableState, err = db.tableState(ctx, env.table, variant); err != nil {
+		return nil, err
+	}
 	pub, err := publisherFor(ctx, brokers, "drain-"+randomHex(3))
 	if err != nil {
 		return nil, err
@@ -260,9 +277,17 @@ func runDrain(ctx context.Context, db *database, brokers []string, rows, batch i
 	cmu.Lock()
 	res.Batches = len(claims)
 	res.ClaimMedianMicros = micros(quantile(claims, 0.5))
+	res.ClaimP99Micros = micros(quantile(claims, 0.99))
+	res.ClaimMaxMicros = micros(quantile(claims, 1))
 	cmu.Unlock()
 	if res.Batches > 0 {
 		res.CycleMillis = round2(el.Seconds() * 1000 / float64(res.Batches))
+	}
+	cancel()
+	<-runErr
+	runErr <- nil // for the deferred stop
+	if res.TableStateAfter, err = db.tableState(ctx, env.table, ""); err != nil {
+		return nil, err
 	}
 	return res, nil
 }

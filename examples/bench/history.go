@@ -53,10 +53,10 @@ func historyPoint(ctx context.Context, db *database, brokers []string, hist, pen
 		return nil, err
 	}
 	defer env.close()
-	if err := preload(ctx, db, env, hist, true, "h-"); err != nil {
+	if err := preload(ctx, db, env, hist, historyAggregates, true, "h-"); err != nil {
 		return nil, err
 	}
-	if err := preload(ctx, db, env, pendingRows, false, "p-"); err != nil {
+	if err := preload(ctx, db, env, pendingRows, historyAggregates, false, "p-"); err != nil {
 		return nil, err
 	}
 	pt := &HistoryPoint{SentRows: hist}

@@ -9,6 +9,7 @@ import (
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/kafkatest"
+	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
 )
 
@@ -22,10 +23,15 @@ type LatencyPoint struct {
 	AckP50Ms  float64 `json:"ack_p50_ms"`
 	AckP99Ms  float64 `json:"ack_p99_ms"`
 	AckP999Ms float64 `json:"ack_p999_ms"`
-	// Recv: Commit returned -> a consumer received the record.
+	AckMaxMs  float64 `json:"ack_max_ms"`
+	// Recv: Commit returned -> a consumer in the bench process received
+	// the record (kafkatest.Record.Received), for every event offered,
+	// the ones committed last (the tail after the writers stopped) too.
+	// These are the issue's latency.
 	RecvP50Ms  float64 `json:"recv_p50_ms"`
 	RecvP99Ms  float64 `json:"recv_p99_ms"`
 	RecvP999Ms float64 `json:"recv_p999_ms"`
+	RecvMaxMs  float64 `json:"recv_max_ms"`
 	// CommitP50Ms is the writers' commit time at this load.
 	CommitP50Ms float64 `json:"commit_p50_ms"`
 	// SeedRatio*: the seed relay's latency at the same offered load divided
@@ -40,8 +46,12 @@ type LatencyPoint struct {
 	// Publish call to the broker (until every record of the batch was
 	// acknowledged), per cycle, at this load; PublishBatchAvg is the mean
 	// messages per Publish.
+	// Claims counts the claims of the point (relay.Observer.Claimed reports
+	// claims that returned rows, not empty ones).
+	Claims          int     `json:"claims,omitempty"`
 	ClaimP50Ms      float64 `json:"claim_p50_ms,omitempty"`
 	ClaimP99Ms      float64 `json:"claim_p99_ms,omitempty"`
+	ClaimMaxMs      float64 `json:"claim_max_ms,omitempty"`
 	PublishP50Ms    float64 `json:"publish_p50_ms,omitempty"`
 	PublishP99Ms    float64 `json:"publish_p99_ms,omitempty"`
 	PublishBatchAvg float64 `json:"publish_batch_avg,omitempty"`
@@ -66,7 +76,8 @@ func (p *phaseLog) fill(pt *LatencyPoint) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.claims) > 0 {
-		pt.ClaimP50Ms, pt.ClaimP99Ms = ms(quantile(p.claims, 0.5)), ms(quantile(p.claims, 0.99))
+		pt.Claims = len(p.claims)
+		pt.ClaimP50Ms, pt.ClaimP99Ms, pt.ClaimMaxMs = ms3(quantile(p.claims, 0.5)), ms3(quantile(p.claims, 0.99)), ms3(quantile(p.claims, 1))
 	}
 	if len(p.pubs) > 0 {
 		pt.PublishP50Ms, pt.PublishP99Ms = ms(quantile(p.pubs, 0.5)), ms(quantile(p.pubs, 0.99))
@@ -93,18 +104,31 @@ func (t timedPublisher) Publish(ctx context.Context, msgs []relay.Message) error
 }
 
 // LatencyResult is part 2 for one kind of relay: in-process (latency),
-// standalone (latency_standalone) or the seed's (latency_seed).
+// standalone (latency_standalone) or the seed's (latency_seed); one run
+// on a table of its own, or (Runs > 0) the medians of every run, point by
+// point and figure by figure.
 type LatencyResult struct {
 	// Relay says which relay delivered and how it was woken.
-	Relay   string         `json:"relay"`
+	Relay string `json:"relay"`
+	// Run is this run's number (1...), 0 in a median; Runs the number of
+	// runs a median is of.
+	Run     int            `json:"run,omitempty"`
+	Runs    int            `json:"runs,omitempty"`
 	Writers int            `json:"writers"`
 	Seconds float64        `json:"seconds_per_load"`
 	Points  []LatencyPoint `json:"points"`
 	// Skipped names offered loads not run, and why.
 	Skipped string `json:"skipped,omitempty"`
+	// TableState is the outbox table before the first load (asserted
+	// never analyzed); TableStateAfter after the last. Absent in a median.
+	TableState      *TableState `json:"table_state,omitempty"`
+	TableStateAfter *TableState `json:"table_state_after,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return round2(float64(d) / float64(time.Millisecond)) }
+
+// ms3 is d in milliseconds to the microsecond (claims take well under one).
+func ms3(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // latencyRates are part 2's offered loads; seedRates the seed relay's.
 var (
@@ -320,10 +344,24 @@ offering:
 	return LatencyPoint{
 		OfferedPerSec: rate, Events: n,
 		AchievedPerSec: round2(float64(n) / last.Sub(start).Seconds()),
-		AckP50Ms:       ms(quantile(ack, 0.5)), AckP99Ms: ms(quantile(ack, 0.99)), AckP999Ms: ms(quantile(ack, 0.999)),
-		RecvP50Ms: ms(quantile(rcv, 0.5)), RecvP99Ms: ms(quantile(rcv, 0.99)), RecvP999Ms: ms(quantile(rcv, 0.999)),
+		AckP50Ms:       ms(quantile(ack, 0.5)), AckP99Ms: ms(quantile(ack, 0.99)), AckP999Ms: ms(quantile(ack, 0.999)), AckMaxMs: ms(quantile(ack, 1)),
+		RecvP50Ms: ms(quantile(rcv, 0.5)), RecvP99Ms: ms(quantile(rcv, 0.99)), RecvP999Ms: ms(quantile(rcv, 0.999)), RecvMaxMs: ms(quantile(rcv, 1)),
 		CommitP50Ms: ms(quantile(commitTook, 0.5)),
 	}, nil
+}
+
+// measure asserts that table was never analyzed, offers every rate in
+// turn (run), and reads table's state again after the last.
+func (l *load) measure(ctx context.Context, db *database, table string, res *LatencyResult, rates []int) error {
+	var err error
+	if res.TableState, err = db.tableState(ctx, table, variantNeverAnalyzed); err != nil {
+		return err
+	}
+	if err := l.run(ctx, res, rates); err != nil {
+		return err
+	}
+	res.TableStateAfter, err = db.tableState(ctx, table, "")
+	return err
 }
 
 // run offers every rate in turn.
@@ -350,6 +388,9 @@ func latencyOrders(ctx context.Context, db *database, env *outboxEnv, name strin
 	orders := db.table("orders_" + name)
 	if _, err := env.plainApp.ExecContext(ctx, "CREATE TABLE "+orders+
 		" (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL, amount_cents BIGINT NOT NULL)"); err != nil {
+		return "", err
+	}
+	if err := db.conditionTables(ctx); err != nil {
 		return "", err
 	}
 	return "INSERT INTO " + orders + " (id, status, amount_cents) VALUES (" + db.ph(1) + ", 'paid', " + db.ph(2) + ")", nil
@@ -385,8 +426,8 @@ type latencyRig struct {
 
 // newLatencyRig sets up ob_<name>, orders_<name> and a topic named
 // topicPrefix-<random>; close undoes it.
-func newLatencyRig(ctx context.Context, db *database, brokers []string, name, topicPrefix string, writers int) (*latencyRig, error) {
-	env, err := db.newOutbox(ctx, "ob_"+name, writers)
+func newLatencyRig(ctx context.Context, db *database, brokers []string, name, topicPrefix string, writers int, notify bool) (*latencyRig, error) {
+	env, err := db.newOutboxNotify(ctx, "ob_"+name, writers, notify)
 	if err != nil {
 		return nil, err
 	}
@@ -425,13 +466,48 @@ func runInBackground(ctx context.Context, acks *ackLog, what string, run func(co
 	return func() { cancel(); <-runErr }
 }
 
+// notifyNote says, on PostgreSQL with -nonotify, that the writers did not
+// NOTIFY.
+func notifyNote(db *database) string {
+	if db.dialect == driver.Postgres && db.noNotify {
+		return "; writers without NOTIFY (-nonotify: driver.Config.DisableNotify)"
+	}
+	return ""
+}
+
+// leasedObserver returns an observer calling o's funcs, and a channel
+// closed once the relay runs and owns every partition (one relay on a
+// fresh table takes them all in its first heartbeat).
+func leasedObserver(o observer) (relay.Observer, <-chan struct{}) {
+	up := make(chan struct{})
+	var once sync.Once
+	return &upObserver{observer: o, up: func() { once.Do(func() { close(up) }) }, partitions: partition.DefaultCount}, up
+}
+
+// waitUp waits until up is closed: the load starts once the relay owns
+// every partition, so that no event waits for the relay's first leases.
+func waitUp(ctx context.Context, up <-chan struct{}, acks *ackLog) error {
+	t := time.NewTimer(60 * time.Second)
+	defer t.Stop()
+	select {
+	case <-up:
+		return nil
+	case <-acks.dead:
+		return acks.failure()
+	case <-t.C:
+		return fmt.Errorf("the relay did not own every partition within 60 s")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // settleFor bounds the wait for the last records of a load of dur.
 func settleFor(dur time.Duration) time.Duration { return 60*time.Second + 2*dur }
 
 // runLatency measures part 2 with the in-process relay, woken by the
 // driver's post-commit signal (driver.Outbox.Wakeup).
-func runLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers int) (*LatencyResult, error) {
-	rig, err := newLatencyRig(ctx, db, brokers, "latency", "lat", writers)
+func runLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int) (*LatencyResult, error) {
+	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("latency_%d", run), "lat", writers, !db.noNotify)
 	if err != nil {
 		return nil, err
 	}
@@ -444,25 +520,28 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 	defer pub.Close()
 	acks := newAckLog()
 	phases := &phaseLog{}
-	obs := &observer{published: func(m relay.Message) { acks.add(m.MessageID, time.Now()) }, claimed: phases.claimed}
+	obs, up := leasedObserver(observer{published: func(m relay.Message) { acks.add(m.MessageID, time.Now()) }, claimed: phases.claimed})
 	r, err := relay.New(env.ob, env.relay, relay.Config{Publisher: timedPublisher{pub, phases},
 		Observer: obs, Logger: quietLogger})
 	if err != nil {
 		return nil, err
 	}
 	defer runInBackground(ctx, acks, "in-process relay", r.Run)()
+	if err := waitUp(ctx, up, acks); err != nil {
+		return nil, err
+	}
 
-	res := &LatencyResult{Relay: "in-process relay.Relay, woken by driver.Outbox.Wakeup() after each commit",
-		Writers: writers, Seconds: dur.Seconds()}
+	res := &LatencyResult{Relay: "in-process relay.Relay, woken by driver.Outbox.Wakeup() after each commit" + notifyNote(db),
+		Writers: writers, Seconds: dur.Seconds(), Run: run}
 	l := &load{writers: writers, dur: dur, prefix: "lat", write: emitWriter(env, rig.insOrder), acks: acks, cons: rig.cons, settle: settleFor(dur), phases: phases}
-	return res, l.run(ctx, res, rates)
+	return res, l.measure(ctx, db, env.table, res, rates)
 }
 
 // runSeedLatency measures part 2 with the seed's relay (part 5) under the
 // same open-loop load; the writers write the seed's way: one hand-written
 // outbox INSERT in the transaction, on a pool without the outbox wrapper.
-func runSeedLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers int, skipped string) (*LatencyResult, error) {
-	rig, err := newLatencyRig(ctx, db, brokers, "seedlat", "seedlat", writers)
+func runSeedLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int, skipped string) (*LatencyResult, error) {
+	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("seedlat_%d", run), "seedlat", writers, true)
 	if err != nil {
 		return nil, err
 	}
@@ -501,9 +580,9 @@ func runSeedLatency(ctx context.Context, db *database, brokers []string, rates [
 		return err
 	}
 	res := &LatencyResult{Relay: "seed relay in the bench process (part 5: poll, 1 s sleep after a batch of fewer than 100, per event one synchronous send then one UPDATE); writers: hand-written outbox INSERT without the outbox wrapper",
-		Writers: writers, Seconds: dur.Seconds(), Skipped: skipped}
+		Writers: writers, Seconds: dur.Seconds(), Skipped: skipped, Run: run}
 	l := &load{writers: writers, dur: dur, prefix: "seed", write: write, acks: acks, cons: rig.cons, settle: settleFor(dur)}
-	return res, l.run(ctx, res, rates)
+	return res, l.measure(ctx, db, env.table, res, rates)
 }
 
 // seedRatios fills each point's SeedRatio* from the seed's point at the

@@ -7,6 +7,7 @@
 //	go run ./examples/bench -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //	go run ./examples/bench -db 'root@tcp(127.0.0.1:3306)/test' -json
 //	go run ./examples/bench -smoke -json             # seconds; CI
+//	go run ./examples/bench -soak 10m -db ...        # the soak
 //
 // Parts (-only, comma separated): commit (1: commit overhead and round
 // trips), latency (2: commit -> ack / -> consumer at offered loads, with
@@ -14,6 +15,12 @@
 // standalone (2: the same with the relay in a child process), drain (3:
 // drain throughput and peak RSS), history (4: claim cost with sent
 // history), baseline (5: the seed's relay draining the same preload).
+// -runs repeats the latency parts and the drain (never analyzed, then
+// analyzed) on fresh tables and reports every run and the medians. -soak
+// is a mode of its own: 1,000 events/s for that long, one line per
+// -soak-interval. Every table is created with autovacuum off for it
+// (PostgreSQL) and is analyzed only by the drain's analyzed variant; each
+// measurement asserts and reports its table's state (tablestate.go).
 // Every run uses its own schema (PostgreSQL), database (MySQL) or file
 // (SQLite), dropped at the end.
 package main
@@ -30,6 +37,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/sqloutbox/outbox/driver"
 )
 
 type options struct {
@@ -46,27 +55,51 @@ type options struct {
 	loadSecs   float64
 	writers    int
 	baseCap    time.Duration
+	drainAggs  int
+	runs       int
+	pgDriver   string
+	soak       time.Duration
+	soakEvery  time.Duration
+	noNotify   bool
 }
 
 // Result is the -json output: one object.
 type Result struct {
-	Database  string         `json:"database"`
-	Broker    string         `json:"broker"`
-	GoVersion string         `json:"go_version"`
-	CPUs      int            `json:"cpus"`
-	Smoke     bool           `json:"smoke"`
-	Parts     []string       `json:"parts"`
-	Commit    *CommitResult  `json:"commit,omitempty"`
-	Latency   *LatencyResult `json:"latency,omitempty"`
+	Database  string   `json:"database"`
+	Broker    string   `json:"broker"`
+	GoVersion string   `json:"go_version"`
+	CPUs      int      `json:"cpus"`
+	Smoke     bool     `json:"smoke"`
+	Parts     []string `json:"parts"`
+	// PGDriver is the PostgreSQL driver of the bench's pools (-pgdriver).
+	PGDriver string `json:"pgdriver,omitempty"`
+	// NoNotify is -nonotify (PostgreSQL).
+	NoNotify bool `json:"nonotify,omitempty"`
+	// Runs is how many times the latency and drain parts ran (-runs),
+	// each run on tables of its own; latency*, drain and drain_analyzed
+	// are the medians of those runs, figure by figure, and the *_runs
+	// fields every run.
+	Runs    int            `json:"runs"`
+	Commit  *CommitResult  `json:"commit,omitempty"`
+	Latency *LatencyResult `json:"latency,omitempty"`
 	// LatencyStandalone is part 2 with the relay in a child process.
 	LatencyStandalone *LatencyResult `json:"latency_standalone,omitempty"`
 	// LatencySeed is part 2 with the seed's relay (run with latency).
-	LatencySeed *LatencyResult  `json:"latency_seed,omitempty"`
-	Drain       *DrainResult    `json:"drain,omitempty"`
-	History     *HistoryResult  `json:"history,omitempty"`
-	Baseline    *BaselineResult `json:"baseline,omitempty"`
-	Targets     []Target        `json:"targets"`
-	TotalSecs   float64         `json:"total_seconds"`
+	LatencySeed           *LatencyResult   `json:"latency_seed,omitempty"`
+	LatencyRuns           []*LatencyResult `json:"latency_runs,omitempty"`
+	LatencyStandaloneRuns []*LatencyResult `json:"latency_standalone_runs,omitempty"`
+	LatencySeedRuns       []*LatencyResult `json:"latency_seed_runs,omitempty"`
+	// Drain is part 3 on a never-analyzed table, DrainAnalyzed after
+	// ANALYZE; DrainRuns every run of both, in the order they ran.
+	Drain         *DrainResult    `json:"drain,omitempty"`
+	DrainAnalyzed *DrainResult    `json:"drain_analyzed,omitempty"`
+	DrainRuns     []*DrainResult  `json:"drain_runs,omitempty"`
+	History       *HistoryResult  `json:"history,omitempty"`
+	Baseline      *BaselineResult `json:"baseline,omitempty"`
+	// Soak is the -soak mode's result (then the only part).
+	Soak      *SoakResult `json:"soak,omitempty"`
+	Targets   []Target    `json:"targets"`
+	TotalSecs float64     `json:"total_seconds"`
 }
 
 // Target is one of the issue's targets, checked against this run. Met is
@@ -102,7 +135,13 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.db, "db", "", "database: empty = embedded SQLite temp file; a postgres:// URL; a MySQL DSN (user@tcp(host:port)/db)")
 	fs.StringVar(&o.brokers, "brokers", "", "Kafka bootstrap brokers (comma separated); empty = in-process kfake broker in a child process")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of tables")
-	fs.IntVar(&o.rows, "rows", 100_000, "pending rows preloaded for the drain (part 3)")
+	fs.IntVar(&o.rows, "rows", 20_000, "pending rows preloaded for the drain (part 3; part 5 drains min(rows, 50,000))")
+	fs.IntVar(&o.drainAggs, "drain-aggregates", 100, "aggregate IDs the drain's (and part 5's) preloaded rows are spread over")
+	fs.IntVar(&o.runs, "runs", 3, "runs of the latency and drain parts, each on tables of its own; every run is printed, and the medians (1 with -smoke)")
+	fs.StringVar(&o.pgDriver, "pgdriver", "pq", "PostgreSQL driver of the bench's pools: pq (lib/pq) or pgx")
+	fs.DurationVar(&o.soak, "soak", 0, "soak mode instead of the parts: 1,000 events/s for this long (e.g. 10m) with -writers writers, in-process relay, table never analyzed")
+	fs.DurationVar(&o.soakEvery, "soak-interval", time.Minute, "soak mode: one line per interval")
+	fs.BoolVar(&o.noNotify, "nonotify", false, "PostgreSQL: the writers of the in-process relay's latency part and of the soak do not NOTIFY (driver.Config.DisableNotify); the standalone relay's keep it")
 	fs.IntVar(&o.history, "history", 1_000_000, "sent rows of history for part 4 (compared with 10,000)")
 	fs.BoolVar(&o.smoke, "smoke", false, "tiny sizes, finishes in seconds (CI)")
 	fs.StringVar(&o.only, "only", "", "comma list of parts: "+strings.Join(allParts, ","))
@@ -110,13 +149,24 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.iters, "iters", 2000, "transactions per variant for part 1")
 	fs.IntVar(&o.batch, "batch", 0, "relay BatchSize for the drain (0 = relay default)")
 	fs.Float64Var(&o.loadSecs, "load-seconds", 5, "seconds per offered load in part 2 (in-process, standalone and seed relay)")
-	fs.IntVar(&o.writers, "writers", 16, "writer goroutines in part 2")
+	fs.IntVar(&o.writers, "writers", 32, "writer goroutines in part 2 and the soak (one event per transaction)")
 	fs.DurationVar(&o.baseCap, "baseline-cap", 10*time.Second, "how long the seed's relay drains in part 5")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	runsSet := false
+	fs.Visit(func(f *flag.Flag) { runsSet = runsSet || f.Name == "runs" })
 	if o.smoke {
 		o.rows, o.history, o.iters, o.loadSecs, o.baseCap = 2_000, 20_000, 30, 0.5, time.Second
+		if !runsSet {
+			o.runs = 1
+		}
+	}
+	if o.runs < 1 || o.drainAggs < 1 || o.writers < 1 || o.rows < 1 {
+		return nil, fmt.Errorf("-runs, -drain-aggregates, -writers and -rows must be at least 1")
+	}
+	if o.soak < 0 || o.soakEvery <= 0 {
+		return nil, fmt.Errorf("-soak must not be negative and -soak-interval must be positive")
 	}
 	return o, nil
 }
@@ -146,12 +196,20 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		want[p] = true
 	}
 	began := time.Now()
-	db, err := openDatabase(ctx, o.db)
+	db, err := openDatabase(ctx, o.db, o.pgDriver)
 	if err != nil {
 		return err
 	}
 	defer db.close()
-	res := &Result{Database: db.label, GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), Smoke: o.smoke, Parts: parts}
+	db.noNotify = o.noNotify
+	if o.soak > 0 {
+		parts = []string{"soak"}
+		want = map[string]bool{}
+	}
+	res := &Result{Database: db.label, GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), Smoke: o.smoke, Parts: parts, Runs: o.runs}
+	if db.dialect == driver.Postgres {
+		res.PGDriver, res.NoNotify = o.pgDriver, o.noNotify
+	}
 	var brokers []string
 	if o.brokers != "" {
 		brokers = strings.Split(o.brokers, ",")
@@ -170,6 +228,25 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...)
 		}
 	}
+	if o.soak > 0 {
+		logf("soak: %d events/s for %s, %d writers, in-process relay, one line per %s", soakRate, o.soak, o.writers, o.soakEvery)
+		line := func(string) {}
+		if !o.json {
+			line = func(l string) { fmt.Fprintln(out, l) }
+		}
+		if res.Soak, err = runSoak(ctx, db, brokers, soakRate, o.soak, o.soakEvery, o.writers, line); err != nil {
+			return fmt.Errorf("soak: %w", err)
+		}
+		res.Targets = targets(res)
+		res.TotalSecs = round2(time.Since(began).Seconds())
+		if o.json {
+			enc := json.NewEncoder(out)
+			enc.SetIndent("", "  ")
+			return enc.Encode(res)
+		}
+		printSoakSummary(out, res.Soak)
+		return nil
+	}
 	// -cpuprofile profiles part 1 when it runs alone, else the drain.
 	commitProfile, drainProfile := "", o.cpuprofile
 	if strings.TrimSpace(o.only) == "commit" {
@@ -182,20 +259,40 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	if want["drain"] {
-		logf("part 3: drain of %d preloaded rows", o.rows)
-		if res.Drain, err = runDrain(ctx, db, brokers, o.rows, o.batch, drainProfile); err != nil {
-			return fmt.Errorf("drain: %w", err)
+		var never, analyzed []*DrainResult
+		for run := 1; run <= o.runs; run++ {
+			for _, variant := range []string{variantNeverAnalyzed, variantAnalyzed} {
+				logf("part 3: drain of %d preloaded rows over %d aggregates, %s, run %d of %d", o.rows, o.drainAggs, variant, run, o.runs)
+				prof := ""
+				if run == 1 && variant == variantNeverAnalyzed {
+					prof = drainProfile
+				}
+				d, err := runDrain(ctx, db, brokers, o.rows, o.drainAggs, o.batch, prof, variant, run)
+				if err != nil {
+					return fmt.Errorf("drain (%s, run %d): %w", variant, run, err)
+				}
+				logf("  before: %s", d.TableState)
+				res.DrainRuns = append(res.DrainRuns, d)
+				if variant == variantAnalyzed {
+					analyzed = append(analyzed, d)
+				} else {
+					never = append(never, d)
+				}
+			}
 		}
+		res.Drain, res.DrainAnalyzed = medianDrain(never), medianDrain(analyzed)
 	}
 	if want["baseline"] {
 		rows := min(o.rows, 50_000)
 		logf("part 5: seed relay on %d preloaded rows, at most %s", rows, o.baseCap)
-		if res.Baseline, err = runBaseline(ctx, db, brokers, rows, o.baseCap); err != nil {
+		if res.Baseline, err = runBaseline(ctx, db, brokers, rows, o.drainAggs, o.baseCap); err != nil {
 			return fmt.Errorf("baseline: %w", err)
 		}
-		if res.Drain != nil && res.Baseline.EventsPerSec > 0 {
-			res.Drain.BaselinePerSec = res.Baseline.EventsPerSec
-			res.Drain.SpeedupBaseline = ratio(res.Drain.EventsPerSec, res.Baseline.EventsPerSec)
+		for _, d := range append(append([]*DrainResult{}, res.DrainRuns...), res.Drain, res.DrainAnalyzed) {
+			if d != nil && res.Baseline.EventsPerSec > 0 {
+				d.BaselinePerSec = res.Baseline.EventsPerSec
+				d.SpeedupBaseline = ratio(d.EventsPerSec, res.Baseline.EventsPerSec)
+			}
 		}
 	}
 	if want["history"] {
@@ -213,28 +310,45 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	dur := time.Duration(o.loadSecs * float64(time.Second))
-	if want["latency"] {
-		logf("part 2: latency, in-process relay, at %v events/s, %.1f s each", latencyRates, o.loadSecs)
-		if res.Latency, err = runLatency(ctx, db, brokers, latencyRates, dur, o.writers); err != nil {
-			return fmt.Errorf("latency: %w", err)
+	for run := 1; run <= o.runs; run++ {
+		if want["latency"] {
+			logf("part 2: latency, in-process relay, at %v events/s, %.1f s each, %d writers, run %d of %d", latencyRates, o.loadSecs, o.writers, run, o.runs)
+			l, err := runLatency(ctx, db, brokers, latencyRates, dur, o.writers, run)
+			if err != nil {
+				return fmt.Errorf("latency (run %d): %w", run, err)
+			}
+			res.LatencyRuns = append(res.LatencyRuns, l)
+			skipped := "5000/s not offered: the seed relay sends one event at a time (a synchronous send, then an UPDATE) and cannot keep up"
+			if res.Baseline != nil {
+				skipped += fmt.Sprintf(" (it drained %.0f events/s in part 5)", res.Baseline.EventsPerSec)
+			}
+			logf("part 2: latency, seed relay, at %v events/s, %.1f s each, run %d of %d; %s", seedRates, o.loadSecs, run, o.runs, skipped)
+			s, err := runSeedLatency(ctx, db, brokers, seedRates, dur, o.writers, run, skipped)
+			if err != nil {
+				return fmt.Errorf("latency, seed relay (run %d): %w", run, err)
+			}
+			res.LatencySeedRuns = append(res.LatencySeedRuns, s)
 		}
-		skipped := "5000/s not offered: the seed relay sends one event at a time (a synchronous send, then an UPDATE) and cannot keep up"
-		if res.Baseline != nil {
-			skipped += fmt.Sprintf(" (it drained %.0f events/s in part 5)", res.Baseline.EventsPerSec)
-		}
-		logf("part 2: latency, seed relay, at %v events/s, %.1f s each; %s", seedRates, o.loadSecs, skipped)
-		if res.LatencySeed, err = runSeedLatency(ctx, db, brokers, seedRates, dur, o.writers, skipped); err != nil {
-			return fmt.Errorf("latency, seed relay: %w", err)
+		if want["standalone"] {
+			logf("part 2: latency, standalone relay (child process), at %v events/s, %.1f s each, run %d of %d", latencyRates, o.loadSecs, run, o.runs)
+			l, err := runStandalone(ctx, db, brokers, latencyRates, dur, o.writers, run)
+			if err != nil {
+				return fmt.Errorf("latency, standalone relay (run %d): %w", run, err)
+			}
+			res.LatencyStandaloneRuns = append(res.LatencyStandaloneRuns, l)
 		}
 	}
-	if want["standalone"] {
-		logf("part 2: latency, standalone relay (child process), at %v events/s, %.1f s each", latencyRates, o.loadSecs)
-		if res.LatencyStandalone, err = runStandalone(ctx, db, brokers, latencyRates, dur, o.writers); err != nil {
-			return fmt.Errorf("latency, standalone relay: %w", err)
+	for i := range res.LatencyRuns {
+		seedRatios(res.LatencyRuns[i], res.LatencySeedRuns[i])
+	}
+	for i := range res.LatencyStandaloneRuns {
+		if i < len(res.LatencySeedRuns) {
+			seedRatios(res.LatencyStandaloneRuns[i], res.LatencySeedRuns[i])
 		}
 	}
-	seedRatios(res.Latency, res.LatencySeed)
-	seedRatios(res.LatencyStandalone, res.LatencySeed)
+	res.Latency = medianLatency(res.LatencyRuns)
+	res.LatencySeed = medianLatency(res.LatencySeedRuns)
+	res.LatencyStandalone = medianLatency(res.LatencyStandaloneRuns)
 	res.Targets = targets(res)
 	res.TotalSecs = round2(time.Since(began).Seconds())
 	if o.json {
@@ -246,6 +360,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
+// targets checks the issues' targets against the medians of the runs.
 func targets(r *Result) []Target {
 	var ts []Target
 	if r.Commit != nil {
@@ -253,15 +368,33 @@ func targets(r *Result) []Target {
 			target("commit: Emit(1) / hand-written INSERT (c/b)", "<= 1.10", r.Commit.RatioEmit1, r.Commit.RatioEmit1 <= 1.10),
 			target("commit: Emit(10) / hand-written INSERT (d/b)", "<= 1.25", r.Commit.RatioEmit10, r.Commit.RatioEmit10 <= 1.25))
 	}
-	if r.Drain != nil {
-		ts = append(ts, target("drain events/s, one relay (PostgreSQL target)", ">= 50000", r.Drain.EventsPerSec, r.Drain.EventsPerSec >= 50000))
+	for _, d := range []struct {
+		r    *DrainResult
+		want float64
+	}{{r.Drain, 60_000}, {r.DrainAnalyzed, 100_000}} {
+		if d.r != nil {
+			name := fmt.Sprintf("drain events/s, one relay, %d events over %d aggregates, %s (median of %d)", d.r.Rows, d.r.Aggregates, d.r.Variant, d.r.Runs)
+			ts = append(ts, target(name, fmt.Sprintf(">= %.0f", d.want), d.r.EventsPerSec, d.r.EventsPerSec >= d.want))
+		}
 	}
 	if r.Latency != nil {
 		for _, p := range r.Latency.Points {
-			if p.OfferedPerSec == 1000 {
-				ts = append(ts,
-					target("in-process commit->ack p50 ms at 1,000/s", "<= 2", p.AckP50Ms, p.AckP50Ms <= 2),
-					target("in-process commit->ack p99 ms at 1,000/s", "<= 10", p.AckP99Ms, p.AckP99Ms <= 10))
+			if p.OfferedPerSec != 1000 {
+				continue
+			}
+			for _, q := range []struct {
+				name string
+				got  float64
+				max  float64
+			}{{"p50", p.RecvP50Ms, 1}, {"p99", p.RecvP99Ms, 5}, {"p99.9", p.RecvP999Ms, 20}} {
+				name := fmt.Sprintf("in-process commit->received %s ms at 1,000/s, %d writers (median of %d)", q.name, r.Latency.Writers, r.Latency.Runs)
+				want := fmt.Sprintf("<= %.0f", q.max)
+				if r.Database == "sqlite" {
+					// The issue's latency goals are PostgreSQL's and MariaDB's.
+					ts = append(ts, Target{Name: name, Want: want + " (PostgreSQL and MariaDB; reported)", Got: q.got, Informational: true})
+				} else {
+					ts = append(ts, target(name, want, q.got, q.got <= q.max))
+				}
 			}
 		}
 	}
@@ -272,19 +405,22 @@ func targets(r *Result) []Target {
 			}
 			if r.Database == "postgres" {
 				ts = append(ts,
-					target("standalone commit->ack p50 ms at 1,000/s (PostgreSQL NOTIFY)", "<= 2", p.AckP50Ms, p.AckP50Ms <= 2),
-					target("standalone commit->ack p99 ms at 1,000/s (PostgreSQL NOTIFY)", "<= 10", p.AckP99Ms, p.AckP99Ms <= 10))
+					target("standalone commit->received p50 ms at 1,000/s (PostgreSQL NOTIFY)", "<= 2", p.RecvP50Ms, p.RecvP50Ms <= 2),
+					target("standalone commit->received p99 ms at 1,000/s (PostgreSQL NOTIFY)", "<= 10", p.RecvP99Ms, p.RecvP99Ms <= 10))
 			} else {
 				// The issue: on MariaDB/SQLite report what the adaptive poll gives.
 				info := "report (adaptive poll; not a target)"
 				ts = append(ts,
-					Target{Name: "standalone commit->ack p50 ms at 1,000/s (adaptive poll)", Want: info, Got: p.AckP50Ms, Informational: true},
-					Target{Name: "standalone commit->ack p99 ms at 1,000/s (adaptive poll)", Want: info, Got: p.AckP99Ms, Informational: true})
+					Target{Name: "standalone commit->received p50 ms at 1,000/s (adaptive poll)", Want: info, Got: p.RecvP50Ms, Informational: true},
+					Target{Name: "standalone commit->received p99 ms at 1,000/s (adaptive poll)", Want: info, Got: p.RecvP99Ms, Informational: true})
 			}
 		}
 	}
 	if r.History != nil {
 		ts = append(ts, target("claim time, most history / 10k", "<= 2", r.History.Ratio, r.History.Ratio <= 2))
+	}
+	if s := r.Soak; s != nil {
+		ts = append(ts, target("soak: claim p99 ms in every interval (worst shown)", "< 1", s.WorstClaimP99Ms, s.ClaimP99Under1msEvery))
 	}
 	return ts
 }
@@ -305,50 +441,88 @@ func printTables(out io.Writer, r *Result) {
 		fmt.Fprintf(w, "handwritten10_multirow/handwritten\t%.2fx\t\t\t\n\n", c.MultirowVsHandwritten)
 	}
 	kinds := []struct {
-		name string
-		l    *LatencyResult
-	}{{"in-process", r.Latency}, {"standalone", r.LatencyStandalone}, {"seed", r.LatencySeed}}
+		name   string
+		median *LatencyResult
+		runs   []*LatencyResult
+	}{{"in-process", r.Latency, r.LatencyRuns}, {"standalone", r.LatencyStandalone, r.LatencyStandaloneRuns}, {"seed", r.LatencySeed, r.LatencySeedRuns}}
 	if r.Latency != nil || r.LatencyStandalone != nil || r.LatencySeed != nil {
-		fmt.Fprintf(w, "2. latency (ms after Commit returned)\tachieved/s\tack p50\tp99\tp99.9\trecv p50\tp99\tp99.9\tcommit p50\tseed/this ack p50\tp99\t\n")
+		fmt.Fprintf(w, "2. latency (ms after Commit returned)\tachieved/s\trecv p50\tp99\tp99.9\tmax\tack p50\tp99\tp99.9\tmax\tcommit p50\tclaim p50\tp99\tmax\tseed/this recv p50\tp99\t\n")
 		for _, k := range kinds {
-			if k.l == nil {
+			if k.median == nil {
 				continue
 			}
-			for _, p := range k.l.Points {
-				vs := "\t"
-				if p.SeedRatioAckP50 > 0 {
-					vs = fmt.Sprintf("%.0fx\t%.0fx", p.SeedRatioAckP50, p.SeedRatioAckP99)
-				} else if k.name == "seed" {
-					vs = "1x\t1x"
+			rows := k.runs
+			if len(k.runs) > 1 {
+				rows = append(append([]*LatencyResult{}, k.runs...), k.median)
+			}
+			for _, l := range rows {
+				label := fmt.Sprintf("%s median of %d", k.name, l.Runs)
+				if l.Run > 0 {
+					label = fmt.Sprintf("%s run %d", k.name, l.Run)
 				}
-				fmt.Fprintf(w, "%s %d/s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", k.name, p.OfferedPerSec, p.AchievedPerSec,
-					p.AckP50Ms, p.AckP99Ms, p.AckP999Ms, p.RecvP50Ms, p.RecvP99Ms, p.RecvP999Ms, p.CommitP50Ms, vs)
+				for _, p := range l.Points {
+					vs := "\t"
+					if p.SeedRatioRecvP50 > 0 {
+						vs = fmt.Sprintf("%.0fx\t%.0fx", p.SeedRatioRecvP50, p.SeedRatioRecvP99)
+					} else if k.name == "seed" {
+						vs = "1x\t1x"
+					}
+					claims := "\t\t"
+					if p.Claims > 0 {
+						claims = fmt.Sprintf("%.2f\t%.2f\t%.2f", p.ClaimP50Ms, p.ClaimP99Ms, p.ClaimMaxMs)
+					}
+					fmt.Fprintf(w, "%s, %d/s\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", label, p.OfferedPerSec, p.AchievedPerSec,
+						p.RecvP50Ms, p.RecvP99Ms, p.RecvP999Ms, p.RecvMaxMs, p.AckP50Ms, p.AckP99Ms, p.AckP999Ms, p.AckMaxMs, p.CommitP50Ms, claims, vs)
+				}
 			}
 		}
 		w.Flush() // the notes below are not table rows
 		for _, k := range kinds {
-			if k.l == nil {
+			if k.median == nil {
 				continue
 			}
-			fmt.Fprintf(out, "  %s: %s\n", k.name, k.l.Relay)
-			if k.l.Skipped != "" {
-				fmt.Fprintf(out, "  %s: %s\n", k.name, k.l.Skipped)
+			fmt.Fprintf(out, "  %s: %s; %d writers\n", k.name, k.median.Relay, k.median.Writers)
+			if k.median.Skipped != "" {
+				fmt.Fprintf(out, "  %s: %s\n", k.name, k.median.Skipped)
+			}
+			for _, l := range k.runs {
+				fmt.Fprintf(out, "  %s run %d, table before: %s\n", k.name, l.Run, l.TableState)
+				fmt.Fprintf(out, "  %s run %d, table after:  %s\n", k.name, l.Run, l.TableStateAfter)
 			}
 		}
 		if l := r.Latency; l != nil {
 			for _, p := range l.Points {
-				fmt.Fprintf(out, "  in-process %d/s: claim p50 %.2f p99 %.2f ms, Publish p50 %.2f p99 %.2f ms (%.1f messages per Publish)\n",
-					p.OfferedPerSec, p.ClaimP50Ms, p.ClaimP99Ms, p.PublishP50Ms, p.PublishP99Ms, p.PublishBatchAvg)
+				fmt.Fprintf(out, "  in-process median %d/s: Publish p50 %.2f p99 %.2f ms (%.1f messages per Publish), %d claims\n",
+					p.OfferedPerSec, p.PublishP50Ms, p.PublishP99Ms, p.PublishBatchAvg, p.Claims)
 			}
 		}
 		fmt.Fprintln(out)
 	}
-	if d := r.Drain; d != nil {
-		fmt.Fprintf(w, "3. drain\trows\tseconds\tevents/s\tpeak RSS MiB\tvs seed\tbatches\tclaim p50 µs\tms/batch\t\n")
-		fmt.Fprintf(w, "relay\t%d\t%.2f\t%.0f\t%.1f\t%.1fx\t%d\t%.0f\t%.2f\t\n", d.Rows, d.Seconds, d.EventsPerSec, d.PeakRSSMB, d.SpeedupBaseline, d.Batches, d.ClaimMedianMicros, d.CycleMillis)
+	if len(r.DrainRuns) > 0 {
+		fmt.Fprintf(w, "3. drain\trows\taggregates\tseconds\tevents/s\tpeak RSS MiB\tvs seed\tbatches\tclaim p50 µs\tp99\tmax\tms/batch\t\n")
+		rows := r.DrainRuns
+		if r.Runs > 1 {
+			rows = append(append([]*DrainResult{}, r.DrainRuns...), r.Drain, r.DrainAnalyzed)
+		}
+		for _, d := range rows {
+			if d == nil {
+				continue
+			}
+			label := fmt.Sprintf("%s median of %d", d.Variant, d.Runs)
+			if d.Run > 0 {
+				label = fmt.Sprintf("%s run %d", d.Variant, d.Run)
+			}
+			fmt.Fprintf(w, "%s\t%d\t%d\t%.2f\t%.0f\t%.1f\t%.1fx\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t\n", label, d.Rows, d.Aggregates, d.Seconds, d.EventsPerSec, d.PeakRSSMB, d.SpeedupBaseline,
+				d.Batches, d.ClaimMedianMicros, d.ClaimP99Micros, d.ClaimMaxMicros, d.CycleMillis)
+		}
+		w.Flush()
+		for _, d := range r.DrainRuns {
+			fmt.Fprintf(out, "  %s run %d, table before: %s\n", d.Variant, d.Run, d.TableState)
+			fmt.Fprintf(out, "  %s run %d, table after:  %s\n", d.Variant, d.Run, d.TableStateAfter)
+		}
 	}
 	if b := r.Baseline; b != nil {
-		fmt.Fprintf(w, "5. seed relay\t%d sent\t%.2f\t%.0f\t\t1.0x\t\n\n", b.Sent, b.Seconds, b.EventsPerSec)
+		fmt.Fprintf(w, "5. seed relay\t%d sent\t\t%.2f\t%.0f\t\t1.0x\t\n\n", b.Sent, b.Seconds, b.EventsPerSec)
 	} else if r.Drain != nil {
 		fmt.Fprintln(w)
 	}

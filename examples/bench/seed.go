@@ -129,13 +129,13 @@ func (s *seedRelay) run(ctx context.Context, done func(sent int) bool) (int, err
 
 // runBaseline drains a preload of rows with the seed's relay for at most
 // capFor and reports events/s.
-func runBaseline(ctx context.Context, db *database, brokers []string, rows int, capFor time.Duration) (*BaselineResult, error) {
+func runBaseline(ctx context.Context, db *database, brokers []string, rows, aggs int, capFor time.Duration) (*BaselineResult, error) {
 	env, err := db.newOutbox(ctx, "ob_seed", 1)
 	if err != nil {
 		return nil, err
 	}
 	defer env.close()
-	if err := preload(ctx, db, env, rows, false, "s-"); err != nil {
+	if err := preload(ctx, db, env, rows, aggs, false, "s-"); err != nil {
 		return nil, err
 	}
 	topic, err := topicFor(ctx, brokers, "seed-"+randomHex(3))

@@ -36,6 +36,8 @@ type relayChildConfig struct {
 	Table   string   `json:"table"`
 	Brokers []string `json:"brokers"`
 	Topic   string   `json:"topic"`
+	// PGDriver is -pgdriver (pq or pgx), for PostgreSQL.
+	PGDriver string `json:"pgdriver,omitempty"`
 }
 
 // childLine is one line the relay child writes on its stdout: ready once
@@ -113,7 +115,7 @@ func relayChild(raw string) int {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		cancel()
 	}()
-	dialect, conn, err := childConnector(cfg.DB, cfg.Schema, cfg.File)
+	dialect, conn, err := childConnector(cfg.DB, cfg.Schema, cfg.File, cfg.PGDriver)
 	if err != nil {
 		return fail(err)
 	}
@@ -333,15 +335,15 @@ func (c *childRelay) Close() {
 
 // runStandalone measures part 2 with a standalone relay in a child process
 // (startChildRelay), the writers in this one.
-func runStandalone(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers int) (*LatencyResult, error) {
-	rig, err := newLatencyRig(ctx, db, brokers, "standalone", "alone", writers)
+func runStandalone(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int) (*LatencyResult, error) {
+	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("standalone_%d", run), "alone", writers, true)
 	if err != nil {
 		return nil, err
 	}
 	defer rig.close()
 	env := rig.env
 	acks := newAckLog()
-	child, err := startChildRelay(ctx, relayChildConfig{DB: db.dsn, Schema: db.schema, File: db.file, Table: env.table, Brokers: brokers, Topic: rig.topic}, acks)
+	child, err := startChildRelay(ctx, relayChildConfig{DB: db.dsn, Schema: db.schema, File: db.file, Table: env.table, Brokers: brokers, Topic: rig.topic, PGDriver: db.pgDriver}, acks)
 	if err != nil {
 		return nil, fmt.Errorf("standalone relay: %w", err)
 	}
@@ -351,7 +353,7 @@ func runStandalone(ctx context.Context, db *database, brokers []string, rates []
 		how = fmt.Sprintf("the adaptive poll (MinPollInterval %v doubling to PollInterval %v when idle; defaults)", relay.DefaultMinPollInterval, relay.DefaultPollInterval)
 	}
 	res := &LatencyResult{Relay: "standalone relay.Relay in a child process (own pool, relay/kafka publisher), woken by " + how,
-		Writers: writers, Seconds: dur.Seconds()}
+		Writers: writers, Seconds: dur.Seconds(), Run: run}
 	l := &load{writers: writers, dur: dur, prefix: "alone", write: emitWriter(env, rig.insOrder), acks: acks, cons: rig.cons, settle: settleFor(dur)}
-	return res, l.run(ctx, res, rates)
+	return res, l.measure(ctx, db, env.table, res, rates)
 }
