@@ -50,7 +50,7 @@ type CommitResult struct {
 	Emit10VsMultirow      float64 `json:"ratio_emit10_vs_handwritten10_multirow"`
 	MultirowVsHandwritten float64 `json:"ratio_handwritten10_multirow_vs_handwritten"`
 	Rounds                int     `json:"rounds"`
-	NotifyInInsertOnPG    bool    `json:"postgres_notify_in_insert"`
+	NotifyAfterCommitOnPG bool    `json:"postgres_notify_after_commit"` // the driver's notifier connection NOTIFYs after COMMIT
 }
 
 // handwrittenInsert is the seed's hand-written outbox INSERT of one event
@@ -144,8 +144,9 @@ func runCommit(ctx context.Context, db *database, iters int, cpuprofile string) 
 		return err
 	}})
 	if db.dialect == driver.Postgres {
-		// Diagnostic: the same Emit(1) without the NOTIFY folded into the
-		// INSERT (driver.Config.DisableNotify), on the same table.
+		// Diagnostic: the same Emit(1) without the post-commit NOTIFY of
+		// the driver's notifier (driver.Config.DisableNotify), on the same
+		// table.
 		ob2, err := driver.New(driver.Config{Dialect: db.dialect, Table: env.table, DisableNotify: true, DisableStatementCache: true})
 		if err != nil {
 			return nil, err
@@ -215,7 +216,7 @@ func runCommit(ctx context.Context, db *database, iters int, cpuprofile string) 
 			}
 		}
 	}
-	res := &CommitResult{Rounds: iters, NotifyInInsertOnPG: db.dialect == driver.Postgres}
+	res := &CommitResult{Rounds: iters, NotifyAfterCommitOnPG: db.dialect == driver.Postgres}
 	for v, vr := range variants {
 		res.Variants = append(res.Variants, CommitVariant{
 			Name:         vr.name,
