@@ -39,7 +39,34 @@ ALTER TABLE {{.Meta}} ADD COLUMN IF NOT EXISTS floor_epoch BIGINT NOT NULL DEFAU
 --      so it holds the floor below its id.
 --    The result has one row of kind 0 (the proof's figures) and one row
 --    of kind 1 per claimed message, in id order.
-CREATE OR REPLACE FUNCTION {{.ClaimFunction}}(
+{{define "claim"}}
+    SELECT 1::smallint, o.id, o.message_id::text, o.aggregate_type::text, o.aggregate_id::text,
+           o.event_type::text, COALESCE(o.topic, '')::text, o.partition_key, o.content_type::text, o.payload,
+           COALESCE(o.headers, ''), o.attempts,
+           (EXTRACT(EPOCH FROM (statement_timestamp() - o.created_at)) * 1000000)::bigint,
+           0::bigint, false, 0::bigint, 0::bigint, 0::bigint
+    FROM {{.Table}} o
+    WHERE o.status = 0
+      -- The floor, unless a change made rows pending below it (the epoch
+      -- is read in the claim's own snapshot, with the rows it changed).
+      AND o.id >= (SELECT CASE WHEN m.floor_epoch = $2 THEN $1 ELSE 0 END FROM {{.Meta}} m WHERE m.id = 1)
+      AND (o.next_retry_at IS NULL OR o.next_retry_at <= statement_timestamp())
+      -- Not behind an earlier row of its aggregate that holds it (waiting
+      -- for a retry, or dead: next_retry_at = infinity). The first test
+      -- runs once per claim (an InitPlan): when nothing holds at all, the
+      -- usual case, no row pays for the per-row probe of held_idx (two
+      -- index pages each). "h.status <> 1" lets the planner use the
+      -- partial index; "h.id + 0" keeps it off the primary key.
+      AND ((SELECT NOT EXISTS (SELECT 1 FROM {{.Table}} h
+                               WHERE h.status <> 1 AND h.next_retry_at > statement_timestamp()))
+           OR NOT EXISTS (
+            SELECT 1 FROM {{.Table}} h
+            WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
+              AND h.status <> 1 AND h.next_retry_at > statement_timestamp() AND h.id + 0 < o.id))
+      AND o.id <> ALL($4)
+      AND o.partition_key = ANY($5)
+    ORDER BY o.id
+    LIMIT $3{{end}}CREATE OR REPLACE FUNCTION {{.ClaimFunction}}(
     p_floor bigint, p_epoch bigint, p_limit integer, p_skip bigint[], p_parts integer[],
     p_check bigint, p_want boolean)
 RETURNS TABLE (kind smallint, id bigint, message_id text, aggregate_type text, aggregate_id text,
@@ -58,34 +85,21 @@ DECLARE
     v_last     bigint;
     v_xid      bigint;
 BEGIN
-    RETURN QUERY
-    SELECT 1::smallint, o.id, o.message_id::text, o.aggregate_type::text, o.aggregate_id::text,
-           o.event_type::text, COALESCE(o.topic, '')::text, o.partition_key, o.content_type::text, o.payload,
-           COALESCE(o.headers, ''), o.attempts,
-           (EXTRACT(EPOCH FROM (statement_timestamp() - o.created_at)) * 1000000)::bigint,
-           0::bigint, false, 0::bigint, 0::bigint, 0::bigint
-    FROM {{.Table}} o
-    WHERE o.status = 0
-      -- The floor, unless a change made rows pending below it (the epoch
-      -- is read in the claim's own snapshot, with the rows it changed).
-      AND o.id >= (SELECT CASE WHEN m.floor_epoch = p_epoch THEN p_floor ELSE 0 END FROM {{.Meta}} m WHERE m.id = 1)
-      AND (o.next_retry_at IS NULL OR o.next_retry_at <= statement_timestamp())
-      -- Not behind an earlier row of its aggregate that holds it (waiting
-      -- for a retry, or dead: next_retry_at = infinity). The first test
-      -- runs once per claim (an InitPlan): when nothing holds at all, the
-      -- usual case, no row pays for the per-row probe of held_idx (two
-      -- index pages each). "h.status <> 1" lets the planner use the
-      -- partial index; "h.id + 0" keeps it off the primary key.
-      AND ((SELECT NOT EXISTS (SELECT 1 FROM {{.Table}} h
-                               WHERE h.status <> 1 AND h.next_retry_at > statement_timestamp()))
-           OR NOT EXISTS (
-            SELECT 1 FROM {{.Table}} h
-            WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-              AND h.status <> 1 AND h.next_retry_at > statement_timestamp() AND h.id + 0 < o.id))
-      AND o.id <> ALL(p_skip)
-      AND o.partition_key = ANY(p_parts)
-    ORDER BY o.id
-    LIMIT p_limit;
+    -- The claim, once, in text: run as a static statement (a plan cached
+    -- for the session) when few ids are left out, and through EXECUTE
+    -- when many are (the batch still being marked sent, up to
+    -- MaxBatchSize): EXECUTE plans with the values, so "id <> ALL(...)"
+    -- becomes a hash lookup per row instead of a scan of the array (with
+    -- 1,600 ids left out, 26 ms of 28 per claim). $1 floor, $2 floor
+    -- epoch, $3 limit, $4 ids left out, $5 partitions.
+    IF cardinality(p_skip) <= 16 THEN
+        RETURN QUERY
+{{template "claim" .}};
+    ELSE
+        RETURN QUERY EXECUTE $claim$
+{{template "claim" .}}
+        $claim$ USING p_floor, p_epoch, p_limit, p_skip, p_parts;
+    END IF;
     IF p_check IS NOT NULL THEN
         v_resolved := txid_snapshot_xmin(txid_current_snapshot()) >= p_check;
     END IF;
