@@ -3,9 +3,7 @@ package relay_test
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -142,8 +140,12 @@ func TestClaimCostFlatOnPostgres(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			withFloor := claimBuffers(t, ctx, e.RelayDB, d, floor, batch)
-			fromStart := claimBuffers(t, ctx, e.RelayDB, d, 0, batch)
+			parts := make([]int, 32)
+			for i := range parts {
+				parts[i] = i
+			}
+			withFloor := testdb.PostgresClaimBuffers(t, ctx, e.RelayDB, d, floor, batch, parts, nil)
+			fromStart := testdb.PostgresClaimBuffers(t, ctx, e.RelayDB, d, 0, batch, parts, nil)
 			t.Logf("%s: claim of %d with %d sent since VACUUM, %d pending, %d writers: %d buffers from the floor (%d), %d from the start",
 				c.name, batch, c.sent, c.pending, c.writers, withFloor, floor, fromStart)
 			// 100 rows of this size fill 3-4 heap pages; their index
@@ -159,42 +161,6 @@ func TestClaimCostFlatOnPostgres(t *testing.T) {
 			}
 		})
 	}
-}
-
-// claimBuffers is the pages the claim function reads for one claim of
-// batch rows from floor (the second of two runs on one connection: the
-// first compiles the function and loads the catalog).
-func claimBuffers(t *testing.T, ctx context.Context, db *sql.DB, d *dialect.Dialect, floor int64, batch int) int {
-	t.Helper()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	parts := make([]int, 32)
-	for i := range parts {
-		parts[i] = i
-	}
-	q := strings.NewReplacer("$1", fmt.Sprint(floor), "$2", "0", "$3", fmt.Sprint(batch), "$4", "'{}'",
-		"$5", "'"+dialect.IntArray(parts)+"'", "$6", "NULL", "$7", "false").Replace(d.ClaimFloor())
-	var buffers int
-	for i := 0; i < 2; i++ {
-		var text string
-		if err := conn.QueryRowContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+q).Scan(&text); err != nil {
-			t.Fatal(err)
-		}
-		var plan []struct{ Plan map[string]any }
-		if err := json.Unmarshal([]byte(text), &plan); err != nil {
-			t.Fatal(err)
-		}
-		hit, _ := plan[0].Plan["Shared Hit Blocks"].(float64)
-		read, _ := plan[0].Plan["Shared Read Blocks"].(float64)
-		buffers = int(hit + read)
-		if rows, _ := plan[0].Plan["Actual Rows"].(float64); int(rows) != batch+1 {
-			t.Fatalf("claim returned %v rows, want %d and the floor report", rows, batch)
-		}
-	}
-	return buffers
 }
 
 // inTx runs f in a transaction of db with an outbox scope.

