@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -710,14 +708,7 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 		rows, err = r.db.QueryContext(qctx, r.d.ClaimFloor(), r.floor.floor, r.floor.epoch, r.batch,
 			dialect.IDArray(skip), dialect.IntArray(parts), check, want)
 	} else {
-		q, extra := r.d.ClaimExcluding(parts, skip, r.sent.ranges())
-		args := append([]any{r.batch}, extra...)
-		if r.d.Name() == dialect.MySQL && len(extra) == 0 {
-			// go-sql-driver/mysql prepares, executes and closes a statement
-			// with arguments (three round trips); the text differs from
-			// claim to claim anyway, so the batch size goes into it.
-			q, args = strings.Replace(q, "LIMIT ?", "LIMIT "+strconv.Itoa(r.batch), 1), nil
-		}
+		q, args := r.d.ClaimBatch(r.batch, parts, skip, r.sent.ranges())
 		rows, err = r.db.QueryContext(qctx, q, args...)
 	}
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -109,8 +110,10 @@ func order(msgs []relay.Message, agg string) []string {
 
 type testdbTarget = testdb.Target
 
+// forEach runs fn on every target and on pgx's simple protocol, where the
+// claim function's array arguments and the floor proof travel as text.
 func forEach(t *testing.T, fn func(t *testing.T, tg testdb.Target)) {
-	for _, tg := range testdb.All {
+	for _, tg := range append(slices.Clone(testdb.All), testdb.PgxSimple) {
 		t.Run(tg.Name, func(t *testing.T) {
 			t.Parallel()
 			fn(t, tg)

@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/dialect"
 	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest"
 )
 
 // TestMigrateFromVersion3 upgrades a table left at schema version 3 (the
@@ -132,5 +134,83 @@ func TestMarkSentAsyncCommitStaysInItsTransaction(t *testing.T) {
 	}
 	if setting != "on" {
 		t.Fatalf("after mark-sent the connection has synchronous_commit = %s, want on", setting)
+	}
+}
+
+// TestMigrateToVersion6NamesTheSequence upgrades a PostgreSQL table at
+// schema version 5 whose identity sequence does not have the name the
+// version 6 commit hook calls nextval on (a table renamed after it was
+// created keeps its sequence's old name): the migration renames it to
+// <table>_id_seq and sets CACHE 1, the rows written before keep their ids
+// and are published, and the ids written after continue above them.
+func TestMigrateToVersion6NamesTheSequence(t *testing.T) {
+	t.Parallel()
+	e := testdb.New(t, testdb.All[0], driver.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i := 1; i <= 3; i++ {
+		if err := inTx(ctx, e.DB, func(ctx context.Context, tx *sql.Tx) error { return outbox.Emit(ctx, ev("before", i)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := e.Table[len(e.Schema)+1:]
+	// Back to version 5, with the sequence under another name and cached.
+	for _, q := range []string{
+		"DROP FUNCTION " + e.Table + "_claim",
+		"ALTER SEQUENCE " + e.Table + "_id_seq RENAME TO " + base + "_legacy_ids",
+		"ALTER SEQUENCE " + e.Schema + "." + base + "_legacy_ids CACHE 20",
+		"ALTER TABLE " + e.Table + "_meta DROP COLUMN floor_epoch",
+		"DELETE FROM " + e.Table + "_migrations WHERE version >= 6",
+	} {
+		if _, err := e.RelayDB.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	cfg := driver.Config{Dialect: driver.Postgres, Table: e.Table}
+	if v, latest, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != 5 || latest != 6 {
+		t.Fatalf("SchemaVersion = %d, %d, %v; want 5, 6", v, latest, err)
+	}
+	if err := driver.Migrate(ctx, e.RelayDB, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var seq string
+	var cache int64
+	if err := e.RelayDB.QueryRowContext(ctx,
+		"SELECT pg_get_serial_sequence($1, 'id'), s.seqcache FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence($1, 'id')::regclass",
+		e.Table).Scan(&seq, &cache); err != nil {
+		t.Fatal(err)
+	}
+	if want := e.Schema + "." + base + "_id_seq"; seq != want || cache != 1 {
+		t.Fatalf("after Migrate the id sequence is %s with CACHE %d, want %s with CACHE 1", seq, cache, want)
+	}
+	var epoch int64
+	if err := e.RelayDB.QueryRowContext(ctx, "SELECT floor_epoch FROM "+e.Table+"_meta WHERE id = 1").Scan(&epoch); err != nil || epoch != 0 {
+		t.Fatalf("meta floor_epoch = %d, %v; want 0", epoch, err)
+	}
+	for i := 1; i <= 2; i++ {
+		if err := inTx(ctx, e.DB, func(ctx context.Context, tx *sql.Tx) error { return outbox.Emit(ctx, ev("after", i)) }); err != nil {
+			t.Fatalf("commit after the upgrade: %v", err)
+		}
+	}
+	var maxBefore, minAfter int64
+	if err := e.RelayDB.QueryRowContext(ctx,
+		"SELECT MAX(id) FILTER (WHERE aggregate_id = 'before'), MIN(id) FILTER (WHERE aggregate_id = 'after') FROM "+e.Table).Scan(&maxBefore, &minAfter); err != nil {
+		t.Fatal(err)
+	}
+	if minAfter <= maxBefore {
+		t.Fatalf("ids after the upgrade start at %d, not above the %d written before", minAfter, maxBefore)
+	}
+	pub := outboxtest.NewPublisher()
+	startRelay(t, e, pub, nil)
+	msgs, err := pub.WaitForCount(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range msgs {
+		got = append(got, m.AggregateID)
+	}
+	if fmt.Sprint(got) != "[before before before after after]" {
+		t.Fatalf("published %v, want the three rows from before the upgrade, then the two after", got)
 	}
 }

@@ -62,3 +62,33 @@ func TestClaimExcluding(t *testing.T) {
 		t.Fatal("PostgreSQL claims through ClaimFloor, the others through ClaimExcluding")
 	}
 }
+
+// TestClaimBatch: MySQL/MariaDB gets its batch size in the text and no
+// arguments (one round trip with go-sql-driver/mysql), SQLite as its one
+// argument; a batch below 1 is claimed as 1.
+func TestClaimBatch(t *testing.T) {
+	cases := []struct {
+		name     Name
+		batch    int
+		wantText string
+		wantArgs []any
+	}{
+		{MySQL, 500, "LIMIT 500", nil},
+		{MySQL, 0, "LIMIT 1", nil},
+		{SQLite, 500, "LIMIT ?", []any{500}},
+		{SQLite, -3, "LIMIT ?", []any{1}},
+	}
+	for _, c := range cases {
+		d, err := New(c.name, "outbox_message")
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, args := d.ClaimBatch(c.batch, []int{0}, []int64{9}, nil)
+		if !strings.Contains(q, c.wantText) || strings.Count(q, "?") != len(c.wantArgs) || !strings.Contains(q, "o.id <> 9") {
+			t.Errorf("%s batch %d: text without %q or with a placeholder per argument %v:\n%s", c.name, c.batch, c.wantText, c.wantArgs, q)
+		}
+		if fmt.Sprint(args) != fmt.Sprint(c.wantArgs) || len(args) != len(c.wantArgs) {
+			t.Errorf("%s batch %d: arguments %v, want %v", c.name, c.batch, args, c.wantArgs)
+		}
+	}
+}

@@ -563,6 +563,23 @@ func (d *Dialect) ClaimExcluding(partitions []int, skip []int64, sent [][2]int64
 	return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1), nil
 }
 
+// ClaimBatch is ClaimExcluding with the batch size bound: it returns the
+// statement and all of its arguments, ready for QueryContext (MySQL/MariaDB
+// and SQLite; PostgreSQL claims through ClaimFloor). On MySQL/MariaDB the
+// batch size is written into the text and there are no arguments:
+// go-sql-driver/mysql runs a statement with arguments as prepare, execute
+// and close (three round trips, unless the DSN sets interpolateParams), and
+// the text differs from claim to claim anyway. SQLite takes it as the one
+// argument. A batch below 1 is claimed as 1.
+func (d *Dialect) ClaimBatch(batch int, partitions []int, skip []int64, sent [][2]int64) (string, []any) {
+	batch = max(batch, 1)
+	q, extra := d.ClaimExcluding(partitions, skip, sent)
+	if d.name == MySQL && len(extra) == 0 {
+		return strings.Replace(q, "LIMIT ?", "LIMIT "+strconv.Itoa(batch), 1), nil
+	}
+	return q, append([]any{batch}, extra...)
+}
+
 // HasClaimFloor reports whether the relay claims through ClaimFloor, the
 // claim function whose index walk starts at a proven scan floor
 // (PostgreSQL, schema version 6). Elsewhere it uses ClaimSkipping.

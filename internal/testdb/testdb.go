@@ -276,12 +276,23 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 		}
 		t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+e.Schema+" CASCADE") })
 		e.DSN = dsn
+		// The relay's pool (RelayDB) uses the target's own driver and
+		// mode, so the relay's statements (the claim function with its
+		// array arguments, the floor proof, mark-sent) are tested over
+		// lib/pq, pgx and pgx's simple protocol alike.
 		if target.Name == "pq" {
 			c, err := pq.NewConnector(dsn)
 			if err != nil {
 				t.Fatal(err)
 			}
 			connector = c
+			plain = func() (*sql.DB, error) {
+				c, err := pq.NewConnector(dsn)
+				if err != nil {
+					return nil, err
+				}
+				return sql.OpenDB(c), nil
+			}
 		} else {
 			pc, err := pgx.ParseConfig(dsn)
 			if err != nil {
@@ -291,8 +302,8 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 				pc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 			}
 			connector = stdlib.GetConnector(*pc)
+			plain = func() (*sql.DB, error) { return sql.OpenDB(stdlib.GetConnector(*pc)), nil }
 		}
-		plain = func() (*sql.DB, error) { return sql.Open("pgx", dsn) }
 	case driver.MySQL:
 		dsn := MySQLDSN(t)
 		e.Schema = randomName("t_")
