@@ -34,7 +34,6 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/conninfo"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
@@ -84,7 +83,7 @@ func openDB(dsn string) (*driver.Outbox, *sql.DB, *sql.DB, error) {
 		return nil, nil, nil, err
 	}
 	if d == driver.SQLite {
-		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(conninfo.SQLite("orders.db", nil))
+		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(sqliteDSN("orders.db", nil))
 		if err != nil {
 			return nil, nil, nil, err
 		}
