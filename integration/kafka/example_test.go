@@ -14,7 +14,10 @@ import (
 )
 
 // ExampleNewPublisher publishes two events of one aggregate to an
-// in-process Kafka-protocol broker and reads them back.
+// in-process Kafka-protocol broker and reads them back. (relay/kafka's
+// ExampleNewPublisher, which godoc shows, is the same without the broker:
+// it is compiled there, and run here, because the library's module does
+// not depend on kfake.)
 //
 // The caller's *sarama.Config keeps everything that is the caller's
 // business (client ID, TLS, SASL, version, compression, timeouts).
