@@ -78,6 +78,9 @@ func TestREADMESnippetsCompile(t *testing.T) {
 	}
 	cmd := exec.CommandContext(t.Context(), goBin, append([]string{"build", "-overlay=" + ovFile}, pkgs...)...)
 	cmd.Dir = root
+	// In the repository's workspace whatever the caller's GOWORK says: a
+	// block may import any of its modules (the test kit's, for one).
+	cmd.Env = append(os.Environ(), "GOWORK="+filepath.Join(root, "go.work"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("README.md's go blocks do not compile: %v\n%s", err, out)
 	}
