@@ -7,7 +7,8 @@
 //	go run ./examples/orderservice -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -brokers localhost:9092
 //
 // Without Kafka, run `go run ./cmd/outbox dev-broker --topic outbox.event.order` first:
-// it serves 127.0.0.1:9092 until interrupted.
+// it serves 127.0.0.1:9092 until interrupted. Then:
+//
 //	curl -XPOST localhost:8080/orders -d '{"id":"o-1","amount_cents":1299}'
 //	curl -XPOST localhost:8080/orders/o-1/pay
 //
