@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/emit"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Option configures [Start]. The zero configuration is one broker on a
@@ -278,26 +278,18 @@ func (c *Consumer) Close() {
 // partition count too) and is not an error. It works against any Kafka
 // cluster, not only a [Broker].
 func CreateTopic(ctx context.Context, brokers []string, topic string, partitions int32) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	adm, err := kadm.NewOptClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		return fmt.Errorf("kafkatest: %w", err)
 	}
-	defer cl.Close()
-	req := kmsg.NewPtrCreateTopicsRequest()
-	t := kmsg.NewCreateTopicsRequestTopic()
-	t.Topic = topic
-	t.NumPartitions = partitions
-	t.ReplicationFactor = -1
-	req.Topics = append(req.Topics, t)
-	req.TimeoutMillis = 30000
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil {
-		return fmt.Errorf("kafkatest: creating topic %s: %w", topic, err)
+	defer adm.Close()
+	adm.SetTimeoutMillis(30000)
+	resp, err := adm.CreateTopic(ctx, partitions, -1, nil, topic)
+	if err == nil {
+		err = resp.Err
 	}
-	for _, rt := range resp.Topics {
-		if err := kerr.ErrorForCode(rt.ErrorCode); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-			return fmt.Errorf("kafkatest: creating topic %s: %w", topic, err)
-		}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("kafkatest: creating topic %s: %w", topic, err)
 	}
 	return nil
 }
@@ -307,49 +299,22 @@ func CreateTopic(ctx context.Context, brokers []string, topic string, partitions
 // topic does not exist or has no partitions. It works against any Kafka
 // cluster, not only a [Broker].
 func EndOffsets(ctx context.Context, brokers []string, topic string) (map[int32]int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	adm, err := kadm.NewOptClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		return nil, fmt.Errorf("kafkatest: %w", err)
 	}
-	defer cl.Close()
-	mreq := kmsg.NewPtrMetadataRequest()
-	mt := kmsg.NewMetadataRequestTopic()
-	mt.Topic = kmsg.StringPtr(topic)
-	mreq.Topics = append(mreq.Topics, mt)
-	mresp, err := mreq.RequestWith(ctx, cl)
-	if err != nil {
-		return nil, fmt.Errorf("kafkatest: metadata of %s: %w", topic, err)
+	defer adm.Close()
+	listed, err := adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = listed.Error()
 	}
-	lreq := kmsg.NewPtrListOffsetsRequest()
-	lt := kmsg.NewListOffsetsRequestTopic()
-	lt.Topic = topic
-	for _, t := range mresp.Topics {
-		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
-			return nil, fmt.Errorf("kafkatest: metadata of %s: %w", topic, err)
-		}
-		for _, p := range t.Partitions {
-			lp := kmsg.NewListOffsetsRequestTopicPartition()
-			lp.Partition = p.Partition
-			lp.Timestamp = -1 // latest
-			lt.Partitions = append(lt.Partitions, lp)
-		}
-	}
-	lreq.Topics = append(lreq.Topics, lt)
-	lresp, err := lreq.RequestWith(ctx, cl)
 	if err != nil {
 		return nil, fmt.Errorf("kafkatest: end offsets of %s: %w", topic, err)
 	}
 	out := map[int32]int64{}
-	for _, t := range lresp.Topics {
-		for _, p := range t.Partitions {
-			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
-				return nil, fmt.Errorf("kafkatest: end offset of %s[%d]: %w", topic, p.Partition, err)
-			}
-			out[p.Partition] = p.Offset
-		}
-	}
+	listed.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
 	if len(out) == 0 {
-		return nil, fmt.Errorf("kafkatest: topic %s has no partitions", topic)
+		return nil, fmt.Errorf("kafkatest: topic %s does not exist or has no partitions", topic)
 	}
 	return out, nil
 }
