@@ -24,6 +24,7 @@ type options struct {
 	topics  []seed
 	dataDir string
 	configs map[string]string
+	extra   []kfake.Opt
 }
 
 type seed struct {
@@ -57,6 +58,14 @@ func BrokerConfigs(configs map[string]string) Option {
 	return func(o *options) { o.configs = configs }
 }
 
+// KfakeOptions passes options to kfake.NewCluster as they are, after the
+// kit's own (so they win): TLS (kfake.TLS), SASL (kfake.EnableSASL,
+// kfake.Superuser), fault injection and the rest of kfake's API, without
+// waiting for the kit to wrap them. It may be given several times.
+func KfakeOptions(opts ...kfake.Opt) Option {
+	return func(o *options) { o.extra = append(o.extra, opts...) }
+}
+
 // Broker is a running single-broker in-process Kafka cluster (kfake),
 // speaking the Kafka protocol on 127.0.0.1, so any Kafka client (sarama,
 // franz-go, the outbox's relay/kafka publisher) can produce to and consume
@@ -87,6 +96,7 @@ func Start(opts ...Option) (*Broker, error) {
 	if o.configs != nil {
 		kopts = append(kopts, kfake.BrokerConfigs(o.configs))
 	}
+	kopts = append(kopts, o.extra...)
 	c, err := kfake.NewCluster(kopts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafkatest: starting kfake: %w", err)
