@@ -16,6 +16,24 @@
 // client, librdkafka or this package. The relay partition ([Of]) reuses the
 // same hash so there is a single, well-specified function to reason about.
 //
+// # Why the hash is ours and not a Kafka client's
+//
+// Both Kafka clients in this project's graph implement the same murmur2,
+// but neither exports it: IBM/sarama (which relay/kafka uses) and
+// twmb/franz-go keep their murmur2 unexported and offer only partitioners
+// that take a record and a partition count (and send a nil key to a
+// random or sticky partition). This package needs the hash itself, for
+// [Of], and it is imported by driver, on the write path of every
+// transaction: the driver must not depend on a Kafka client, because an
+// application may publish elsewhere, and the library's module does not
+// require franz-go at all. So the ~40 lines are ours, and tests hold them
+// to the others: the Java client's published vectors and sarama's
+// NewMurmur2Partitioner (relay/kafka), and franz-go's
+// StickyKeyPartitioner bit for bit on every bit a partition uses
+// (integration/partition, in the test module, which may depend on
+// franz-go). [Of] must never change: the value is stored on rows already
+// written.
+//
 // # Ordering unit and relay partitions
 //
 // The ordering unit of the outbox is the aggregate, identified by the pair

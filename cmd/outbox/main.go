@@ -183,6 +183,7 @@ Exit codes: 0 ok, 1 runtime or database error, 2 usage error,
 	envFlag(pf, "timeout", "OUTBOX_TIMEOUT")
 
 	root.AddCommand(a.migrateCmd(), a.relayCmd(), a.statsCmd(), a.deadCmd())
+	root.AddCommand(a.devBrokerCmd())
 	return root
 }
 

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/internal/dialect"
-	"github.com/sqloutbox/outbox/internal/kafkatest"
 	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
 // TestMigratePartitions: `migrate apply --partitions` stores the count of

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/kafkatest"
 	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
 // freeAddr returns a local address nothing listens on at the moment.

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sqloutbox/outbox/internal/kafkatest"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
 // brokerEnv makes the bench binary (or its test binary, see TestMain) run

@@ -18,7 +18,6 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/conninfo"
 )
 
 // database is one run's private namespace on the target database: a
@@ -92,7 +91,7 @@ func openDatabase(ctx context.Context, dsn, pgDriver string) (*database, error) 
 			_ = db.admin.Close()
 		}
 	case strings.HasPrefix(dsn, "mysql://") || strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
-		mc, err := conninfo.MySQL(dsn)
+		mc, err := mysqlConfig(dsn)
 		if err != nil {
 			return nil, fmt.Errorf("parsing -db: %w", err)
 		}
@@ -136,7 +135,7 @@ func openDatabase(ctx context.Context, dsn, pgDriver string) (*database, error) 
 }
 
 func sqliteConnector(file string) sqldriver.Connector {
-	return dsnConnector{&sqlite.Driver{}, conninfo.SQLite(file, nil)}
+	return dsnConnector{&sqlite.Driver{}, sqliteDSN(file, nil)}
 }
 
 // childConnector returns, in a child process of the bench, a connector of
@@ -150,7 +149,7 @@ func childConnector(dsn, schema, file, pgDriver string) (driver.Dialect, sqldriv
 		c, err := pgConnector(pgDriver, dsn)
 		return driver.Postgres, c, err
 	default:
-		mc, err := conninfo.MySQL(dsn)
+		mc, err := mysqlConfig(dsn)
 		if err != nil {
 			return "", nil, err
 		}

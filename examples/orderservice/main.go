@@ -5,6 +5,10 @@
 // wrapped driver writes them at COMMIT; a relay publishes them to Kafka.
 //
 //	go run ./examples/orderservice -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -brokers localhost:9092
+//
+// Without Kafka, run `go run ./cmd/outbox dev-broker --topic outbox.event.order` first:
+// it serves 127.0.0.1:9092 until interrupted. Then:
+//
 //	curl -XPOST localhost:8080/orders -d '{"id":"o-1","amount_cents":1299}'
 //	curl -XPOST localhost:8080/orders/o-1/pay
 //
@@ -34,7 +38,6 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/conninfo"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
@@ -84,7 +87,7 @@ func openDB(dsn string) (*driver.Outbox, *sql.DB, *sql.DB, error) {
 		return nil, nil, nil, err
 	}
 	if d == driver.SQLite {
-		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(conninfo.SQLite("orders.db", nil))
+		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(sqliteDSN("orders.db", nil))
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -13,58 +13,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/examples/orderservice/inbox"
-	"github.com/sqloutbox/outbox/internal/kafkatest"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
-
-// appDB opens e's private database for unqualified business tables (a
-// PostgreSQL search_path on the private schema), through e's outbox.
-func appDB(t *testing.T, e *testdb.Env) *sql.DB {
-	t.Helper()
-	switch e.Target.Dialect {
-	case driver.Postgres:
-		cfg, err := pgx.ParseConfig(e.DSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.RuntimeParams["search_path"] = e.Schema
-		db := sql.OpenDB(e.Outbox.WrapConnector(stdlib.GetConnector(*cfg)))
-		t.Cleanup(func() { db.Close() })
-		return db
-	case driver.MySQL:
-		mc, err := mysql.ParseDSN(e.DSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := mysql.NewConnector(mc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db := sql.OpenDB(e.Outbox.WrapConnector(c))
-		t.Cleanup(func() { db.Close() })
-		return db
-	}
-	return e.DB
-}
 
 // TestHappyPath: orders created and paid over HTTP are published by the
 // relay, and the inbox consumer ships each paid order exactly once even
 // when every record is delivered twice.
 func TestHappyPath(t *testing.T) {
 	t.Parallel()
-	for _, tg := range testdb.All {
-		if tg.Name == "pgx" {
-			continue
-		}
+	for _, tg := range []struct {
+		Name    string
+		Dialect driver.Dialect
+	}{{"postgres", driver.Postgres}, {"mysql", driver.MySQL}, {"sqlite", driver.SQLite}} {
 		t.Run(tg.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -74,8 +39,8 @@ func TestHappyPath(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer broker.Close()
-			e := testdb.New(t, tg, driver.Config{})
-			db := appDB(t, e)
+			e := newTestEnv(t, tg.Dialect)
+			db := e.db
 			svc := newService(db, tg.Dialect)
 			if err := svc.migrate(ctx); err != nil {
 				t.Fatal(err)
@@ -85,7 +50,7 @@ func TestHappyPath(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pub.Close()
-			r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: pub,
+			r, err := relay.New(e.ob, e.relayDB, relay.Config{Publisher: pub,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {
 				t.Fatal(err)

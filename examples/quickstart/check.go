@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/kafkatest"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
 // outboxRow is one row of the outbox table as read back after the run.
@@ -108,51 +108,49 @@ func exitCode(r report, err error) int {
 
 // check joins consumed records with the outbox rows by message ID (the
 // outbox-message-id header) and counts deliveries, duplicates, losses,
-// ghosts and per-aggregate order violations; commits (commit times by
-// aggregate ID and event type) give each first delivery's latency.
+// ghosts and per-aggregate order violations with the public test kit's
+// ledger (kafkatest.Check); commits (commit times by aggregate ID and
+// event type) give each first delivery's latency.
 //
 // Order is judged per partition in offset order, which is consumption
 // order: all of an aggregate's records share one partition (the key is
 // the aggregate ID). Each record without a message ID header is a ghost.
 func check(rows []outboxRow, recs []consumedRecord, commits map[commitKey]time.Time) report {
-	byMsg := make(map[string]*outboxRow, len(rows))
-	for i := range rows {
-		byMsg[rows[i].MessageID] = &rows[i]
+	ledgerRows := make([]kafkatest.Row, len(rows))
+	for i, r := range rows {
+		// The quickstart emits only aggregates of type "order".
+		ledgerRows[i] = kafkatest.Row{ID: r.ID, MessageID: r.MessageID, AggregateType: "order", AggregateID: r.AggregateID}
+	}
+	l := kafkatest.Check(ledgerRows, recs)
+	rep := report{
+		Emitted:         l.Committed,
+		Delivered:       l.Delivered,
+		Duplicates:      l.Duplicates,
+		Lost:            len(l.Lost),
+		Ghosts:          len(l.Ghosts) + l.NoMessageID,
+		OrderViolations: len(l.OrderViolations),
+	}
+
+	// Latency of first deliveries: the earliest offset of each message ID
+	// that is a row.
+	byMsg := make(map[string]bool, len(rows))
+	for _, r := range rows {
+		byMsg[r.MessageID] = true
 	}
 	ordered := slices.Clone(recs)
 	slices.SortStableFunc(ordered, func(a, b consumedRecord) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 	})
-
-	rep := report{Emitted: len(rows)}
 	seen := make(map[string]bool, len(recs))
-	ghosts := map[string]bool{}
-	highest := map[string]int64{} // aggregate ID -> highest outbox id first-delivered so far
 	var lat []time.Duration
 	for _, rec := range ordered {
-		mid, hasID := rec.Headers[emit.HeaderMessageID]
-		if !hasID {
-			rep.Ghosts++ // not an outbox record at all
-			continue
-		}
-		if seen[mid] {
-			rep.Duplicates++
+		mid, ok := rec.MessageID()
+		if !ok || seen[mid] || !byMsg[mid] {
 			continue
 		}
 		seen[mid] = true
-		row, ok := byMsg[mid]
-		if !ok {
-			ghosts[mid] = true
-			continue
-		}
-		rep.Delivered++
 		if rec.Received.After(rep.lastDelivery) {
 			rep.lastDelivery = rec.Received
-		}
-		if h, ok := highest[row.AggregateID]; ok && row.ID < h {
-			rep.OrderViolations++
-		} else {
-			highest[row.AggregateID] = row.ID
 		}
 		aggID := rec.Headers[emit.HeaderAggregateID]
 		if aggID == "" {
@@ -162,8 +160,6 @@ func check(rows []outboxRow, recs []consumedRecord, commits map[commitKey]time.T
 			lat = append(lat, rec.Received.Sub(at))
 		}
 	}
-	rep.Ghosts += len(ghosts)
-	rep.Lost = rep.Emitted - rep.Delivered
 	rep.LatencyMS = summarize(lat)
 	rep.OK = !rep.failed()
 	return rep

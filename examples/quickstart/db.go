@@ -17,7 +17,6 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/conninfo"
 )
 
 // database is the quickstart's storage: app is opened through the outbox
@@ -53,7 +52,7 @@ func openDatabase(dsn, outboxTable string) (*database, error) {
 		connector = stdlib.GetConnector(*pc)
 		plain = sql.OpenDB(stdlib.GetConnector(*pc))
 	case strings.HasPrefix(dsn, "mysql://") || strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
-		mc, err := conninfo.MySQL(dsn)
+		mc, err := mysqlConfig(dsn)
 		if err != nil {
 			return nil, fmt.Errorf("parsing -db: %w", err)
 		}
@@ -73,7 +72,7 @@ func openDatabase(dsn, outboxTable string) (*database, error) {
 		}
 		cleanup = func() { _ = os.RemoveAll(dir) }
 		d, label = driver.SQLite, "sqlite"
-		dsn = conninfo.SQLite(filepath.Join(dir, "quickstart.db"), nil)
+		dsn = sqliteDSN(filepath.Join(dir, "quickstart.db"), nil)
 	default:
 		return nil, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN (user@tcp(host:port)/db or mysql://...), or empty for embedded SQLite", dsn)
 	}

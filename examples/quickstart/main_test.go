@@ -18,8 +18,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/conninfo"
-	"github.com/sqloutbox/outbox/internal/kafkatest"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
 // t0 is the base time of the synthetic records in the check tests.
@@ -187,7 +186,7 @@ func TestMySQLConfig(t *testing.T) {
 		{"mysql://app:s3cret@db.example:3307/shop?parseTime=true", "db.example:3307", "app", "s3cret", "shop"},
 		{"mysql://root@localhost/test", "localhost:3306", "root", "", "test"},
 	} {
-		c, err := conninfo.MySQL(tc.in)
+		c, err := mysqlConfig(tc.in)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.in, err)
 		}
@@ -359,7 +358,7 @@ func TestRunMySQL(t *testing.T) {
 	if dsn == "" {
 		dsn = "root@tcp(127.0.0.1:3306)/test"
 	}
-	mc, err := conninfo.MySQL(dsn)
+	mc, err := mysqlConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -511,6 +511,12 @@ func (p *Publisher) Close() error {
 // the Kafka Java client's default partitioner does
 // (toPositive(murmur2(key)) % numPartitions), so other producers of the same
 // keys agree. Unkeyed records go to partition 0.
+//
+// It is not sarama.NewMurmur2Partitioner, which hashes keyed records the
+// same way (TestPartitionerAgreesWithSaramaMurmur2) but sends unkeyed ones
+// to a random partition, and is a per-topic constructor rather than a
+// value: the relay always sets a key, and a deterministic, stateless
+// partitioner is what the tests and partition.KafkaPartition pin down.
 type Partitioner struct{}
 
 // NewPartitioner returns a Partitioner; its signature is

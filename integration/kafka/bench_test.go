@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/kafkatest"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
@@ -21,7 +21,7 @@ import (
 // sub-benchmark has its own broker and publisher, so records of earlier
 // runs do not pile up in the broker's memory.
 //
-//	go test -run XXX -bench Publish -count 6 ./relay/kafka/
+//	go test -run XXX -bench Publish -count 6 ./integration/kafka/
 func BenchmarkPublish(b *testing.B) {
 	for _, n := range []int{100, 1000} {
 		b.Run(fmt.Sprintf("batch%d", n), func(b *testing.B) { benchPublish(b, n) })

@@ -1,14 +1,3 @@
-// Package kafkatest runs an in-process Kafka-protocol broker (franz-go's
-// kfake) and a recording consumer (franz-go's kgo), for tests and the
-// quickstart example. Nothing here sleeps to synchronise: Consumer.Wait
-// blocks on a channel that is closed and replaced on every change.
-//
-//	b, _ := kafkatest.Start(kafkatest.Topics(8, "outbox.event.order"))
-//	defer b.Close()
-//	c, _ := kafkatest.NewConsumer(b.Addrs(), []string{"outbox.event.order"})
-//	defer c.Close()
-//	// ... produce ...
-//	recs, err := c.WaitForCount(ctx, 3)
 package kafkatest
 
 import (
@@ -18,13 +7,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sqloutbox/outbox/emit"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Option configures Start.
+// Option configures [Start]. The zero configuration is one broker on a
+// random free port of 127.0.0.1, no topics, data in memory only, kfake's
+// default broker configuration.
 type Option func(*options)
 
 type options struct {
@@ -32,6 +24,7 @@ type options struct {
 	topics  []seed
 	dataDir string
 	configs map[string]string
+	extra   []kfake.Opt
 }
 
 type seed struct {
@@ -40,33 +33,51 @@ type seed struct {
 }
 
 // Port makes the broker listen on 127.0.0.1:port instead of a random free
-// port (0 keeps the random choice).
+// port (0, the default, keeps the random choice). Start fails if the port
+// is taken.
 func Port(port int) Option { return func(o *options) { o.port = port } }
 
-// Topics seeds topics with the given number of partitions at start. It
-// may be given several times; a topic named twice takes the last count.
+// Topics creates the named topics, each with the given number of
+// partitions (at least 1), before Start returns, so a producer never sees
+// "unknown topic". It may be given several times; a topic named twice
+// takes the last count. Topics created later: [CreateTopic].
 func Topics(partitions int32, names ...string) Option {
 	return func(o *options) { o.topics = append(o.topics, seed{partitions, names}) }
 }
 
-// DataDir persists the broker's data in dir, so that a broker started
-// again with the same dir (and Port) keeps its topics and records: a
-// broker "restart".
+// DataDir persists the broker's data in dir (created if missing), with
+// every write synced before it is acknowledged, so that a broker started
+// again with the same dir (and [Port]) keeps its topics and records: a
+// broker "restart". By default data lives in memory and goes with Close.
 func DataDir(dir string) Option { return func(o *options) { o.dataDir = dir } }
 
-// BrokerConfigs sets broker configuration (e.g. "message.max.bytes").
+// BrokerConfigs sets broker configuration by Kafka's names and string
+// values, e.g. {"message.max.bytes": "1048576"} (bytes); kfake's defaults
+// stand for anything not given.
 func BrokerConfigs(configs map[string]string) Option {
 	return func(o *options) { o.configs = configs }
 }
 
-// Broker is a running single-broker in-process Kafka cluster.
+// KfakeOptions passes options to kfake.NewCluster as they are, after the
+// kit's own (so they win): TLS (kfake.TLS), SASL (kfake.EnableSASL,
+// kfake.Superuser), fault injection and the rest of kfake's API, without
+// waiting for the kit to wrap them. It may be given several times.
+func KfakeOptions(opts ...kfake.Opt) Option {
+	return func(o *options) { o.extra = append(o.extra, opts...) }
+}
+
+// Broker is a running single-broker in-process Kafka cluster (kfake),
+// speaking the Kafka protocol on 127.0.0.1, so any Kafka client (sarama,
+// franz-go, the outbox's relay/kafka publisher) can produce to and consume
+// from it. Safe for concurrent use.
 type Broker struct {
 	cluster *kfake.Cluster
 	addrs   []string
 }
 
-// Start starts a one-broker kfake cluster with the given options. Close it
-// when done.
+// Start starts a one-broker kfake cluster with the given options and
+// returns once it listens and its topics exist. The error wraps kfake's
+// (a taken [Port], an unusable [DataDir]). Close the broker when done.
 func Start(opts ...Option) (*Broker, error) {
 	var o options
 	for _, fn := range opts {
@@ -85,6 +96,7 @@ func Start(opts ...Option) (*Broker, error) {
 	if o.configs != nil {
 		kopts = append(kopts, kfake.BrokerConfigs(o.configs))
 	}
+	kopts = append(kopts, o.extra...)
 	c, err := kfake.NewCluster(kopts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafkatest: starting kfake: %w", err)
@@ -92,7 +104,8 @@ func Start(opts ...Option) (*Broker, error) {
 	return &Broker{cluster: c, addrs: c.ListenAddrs()}, nil
 }
 
-// Addrs returns the broker's bootstrap addresses ("host:port").
+// Addrs returns the broker's bootstrap addresses ("127.0.0.1:port", one
+// per broker: one), a fresh slice each call.
 func (b *Broker) Addrs() []string { return append([]string(nil), b.addrs...) }
 
 // Cluster returns the underlying kfake cluster, for tests that inject
@@ -102,7 +115,7 @@ func (b *Broker) Cluster() *kfake.Cluster { return b.cluster }
 // Close shuts the broker down. It is safe to call twice.
 func (b *Broker) Close() { b.cluster.Close() }
 
-// Record is one consumed Kafka record.
+// Record is one consumed Kafka record, as a [Consumer] received it.
 type Record struct {
 	// Topic, Partition and Offset locate the record.
 	Topic     string
@@ -118,9 +131,11 @@ type Record struct {
 	Received time.Time
 }
 
-// Consumer consumes topics in a background goroutine (without a group:
-// every partition, directly) and records every record it receives, in
-// the order received. Safe for concurrent use.
+// Consumer consumes topics in a background goroutine (without a consumer
+// group: every partition, directly, so it never waits for a rebalance) and
+// records every record it receives, in the order received, duplicates
+// included. The zero value is not usable: call [NewConsumer] or
+// [NewConsumerAt]. Safe for concurrent use.
 type Consumer struct {
 	cl     *kgo.Client
 	cancel context.CancelFunc
@@ -137,9 +152,12 @@ type Consumer struct {
 // (fetch.min.bytes 1), so this bounds idle round trips, not latency.
 const DefaultFetchMaxWait = 50 * time.Millisecond
 
-// NewConsumer starts consuming topics from their start. Extra kgo options
-// are appended after the defaults (seed brokers, topics, reset offset at
-// start, DefaultFetchMaxWait) and so override them.
+// NewConsumer starts consuming topics from their start (offset 0 of every
+// partition, also of partitions that appear later). Extra kgo options are
+// appended after the defaults (seed brokers, topics, reset offset at
+// start, [DefaultFetchMaxWait]) and so override them. It errors only if
+// kgo rejects the options; an unreachable broker shows up in [Consumer.Errors]
+// and as a [Consumer.Wait] that does not finish. Close it when done.
 func NewConsumer(brokers, topics []string, opts ...kgo.Opt) (*Consumer, error) {
 	base := []kgo.Opt{
 		kgo.ConsumeTopics(topics...),
@@ -148,9 +166,11 @@ func NewConsumer(brokers, topics []string, opts ...kgo.Opt) (*Consumer, error) {
 	return newConsumer(brokers, append(base, opts...))
 }
 
-// NewConsumerAt starts consuming exactly the given partitions, each at the
-// given offset (as from EndOffsets, to ignore what a reused topic already
-// holds). Extra kgo options are appended after the defaults.
+// NewConsumerAt starts consuming exactly the given partitions (topic ->
+// partition -> offset), each at the given offset, as from [EndOffsets], to
+// ignore what a reused topic already holds. Extra kgo options are appended
+// after the defaults (seed brokers, [DefaultFetchMaxWait]). Errors as
+// [NewConsumer].
 func NewConsumerAt(brokers []string, offsets map[string]map[int32]int64, opts ...kgo.Opt) (*Consumer, error) {
 	parts := make(map[string]map[int32]kgo.Offset, len(offsets))
 	for t, ps := range offsets {
@@ -211,7 +231,8 @@ func (c *Consumer) loop(ctx context.Context) {
 	}
 }
 
-// Records returns a copy of the records received so far, in receive order.
+// Records returns a copy of the records received so far, in receive order
+// (per partition that is offset order).
 func (c *Consumer) Records() []Record {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -228,7 +249,8 @@ func (c *Consumer) Errors() []error {
 
 // Wait blocks until cond, called with the records so far after every
 // change (and once at the start), returns true, or ctx ends; then it
-// returns the records so far and an error wrapping ctx's error.
+// returns the records so far and an error wrapping ctx's error (match it
+// with errors.Is(err, context.DeadlineExceeded)). cond must not block.
 func (c *Consumer) Wait(ctx context.Context, cond func([]Record) bool) ([]Record, error) {
 	for {
 		c.mu.Lock()
@@ -246,7 +268,8 @@ func (c *Consumer) Wait(ctx context.Context, cond func([]Record) bool) ([]Record
 	}
 }
 
-// WaitForCount waits until at least n records were received.
+// WaitForCount waits, as [Consumer.Wait], until at least n records (duplicates
+// counted) were received.
 func (c *Consumer) WaitForCount(ctx context.Context, n int) ([]Record, error) {
 	return c.Wait(ctx, func(r []Record) bool { return len(r) >= n })
 }
@@ -259,80 +282,95 @@ func (c *Consumer) Close() {
 	<-c.done
 }
 
-// CreateTopic creates topic with the given partition count and the
-// broker's default replication factor; a topic that already exists is
-// left as it is and is not an error.
+// CreateTopic creates topic with the given partition count (at least 1)
+// and the broker's default replication factor, waiting up to 30 s (or
+// ctx) for the broker; a topic that already exists is left as it is (its
+// partition count too) and is not an error. It works against any Kafka
+// cluster, not only a [Broker].
 func CreateTopic(ctx context.Context, brokers []string, topic string, partitions int32) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	adm, err := kadm.NewOptClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		return fmt.Errorf("kafkatest: %w", err)
 	}
-	defer cl.Close()
-	req := kmsg.NewPtrCreateTopicsRequest()
-	t := kmsg.NewCreateTopicsRequestTopic()
-	t.Topic = topic
-	t.NumPartitions = partitions
-	t.ReplicationFactor = -1
-	req.Topics = append(req.Topics, t)
-	req.TimeoutMillis = 30000
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil {
-		return fmt.Errorf("kafkatest: creating topic %s: %w", topic, err)
+	defer adm.Close()
+	adm.SetTimeoutMillis(30000)
+	resp, err := adm.CreateTopic(ctx, partitions, -1, nil, topic)
+	if err == nil {
+		err = resp.Err
 	}
-	for _, rt := range resp.Topics {
-		if err := kerr.ErrorForCode(rt.ErrorCode); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-			return fmt.Errorf("kafkatest: creating topic %s: %w", topic, err)
-		}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("kafkatest: creating topic %s: %w", topic, err)
 	}
 	return nil
 }
 
 // EndOffsets returns each partition's current end offset (the offset the
-// next produced record will get) of topic.
+// next produced record will get) of topic, by partition. It errors if the
+// topic does not exist or has no partitions. It works against any Kafka
+// cluster, not only a [Broker].
 func EndOffsets(ctx context.Context, brokers []string, topic string) (map[int32]int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	adm, err := kadm.NewOptClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		return nil, fmt.Errorf("kafkatest: %w", err)
 	}
-	defer cl.Close()
-	mreq := kmsg.NewPtrMetadataRequest()
-	mt := kmsg.NewMetadataRequestTopic()
-	mt.Topic = kmsg.StringPtr(topic)
-	mreq.Topics = append(mreq.Topics, mt)
-	mresp, err := mreq.RequestWith(ctx, cl)
-	if err != nil {
-		return nil, fmt.Errorf("kafkatest: metadata of %s: %w", topic, err)
+	defer adm.Close()
+	listed, err := adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = listed.Error()
 	}
-	lreq := kmsg.NewPtrListOffsetsRequest()
-	lt := kmsg.NewListOffsetsRequestTopic()
-	lt.Topic = topic
-	for _, t := range mresp.Topics {
-		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
-			return nil, fmt.Errorf("kafkatest: metadata of %s: %w", topic, err)
-		}
-		for _, p := range t.Partitions {
-			lp := kmsg.NewListOffsetsRequestTopicPartition()
-			lp.Partition = p.Partition
-			lp.Timestamp = -1 // latest
-			lt.Partitions = append(lt.Partitions, lp)
-		}
-	}
-	lreq.Topics = append(lreq.Topics, lt)
-	lresp, err := lreq.RequestWith(ctx, cl)
 	if err != nil {
 		return nil, fmt.Errorf("kafkatest: end offsets of %s: %w", topic, err)
 	}
 	out := map[int32]int64{}
-	for _, t := range lresp.Topics {
-		for _, p := range t.Partitions {
-			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
-				return nil, fmt.Errorf("kafkatest: end offset of %s[%d]: %w", topic, p.Partition, err)
-			}
-			out[p.Partition] = p.Offset
-		}
-	}
+	listed.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
 	if len(out) == 0 {
-		return nil, fmt.Errorf("kafkatest: topic %s has no partitions", topic)
+		return nil, fmt.Errorf("kafkatest: topic %s does not exist or has no partitions", topic)
 	}
 	return out, nil
+}
+
+// MessageID returns the record's outbox message ID (the
+// [emit.HeaderMessageID] header the relay sets) and whether it has one.
+func (r Record) MessageID() (string, bool) {
+	id, ok := r.Headers[emit.HeaderMessageID]
+	return id, ok
+}
+
+// ByMessageID groups recs by outbox message ID, each group in the order
+// of recs (a group of two or more is a duplicate delivery). Records
+// without a message ID are left out.
+func ByMessageID(recs []Record) map[string][]Record {
+	out := make(map[string][]Record, len(recs))
+	for _, r := range recs {
+		if id, ok := r.MessageID(); ok {
+			out[id] = append(out[id], r)
+		}
+	}
+	return out
+}
+
+// WaitForMessageIDs waits, as [Consumer.Wait], until a record of every
+// given outbox message ID was received, and returns all records so far
+// (those of other IDs and duplicates included). With no IDs it returns at
+// once. On timeout the error names how many IDs are still missing.
+func (c *Consumer) WaitForMessageIDs(ctx context.Context, ids ...string) ([]Record, error) {
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	var missing int
+	recs, err := c.Wait(ctx, func(recs []Record) bool {
+		got := make(map[string]bool, len(want))
+		for _, r := range recs {
+			if id, ok := r.MessageID(); ok && want[id] {
+				got[id] = true
+			}
+		}
+		missing = len(want) - len(got)
+		return missing == 0
+	})
+	if err != nil {
+		return recs, fmt.Errorf("kafkatest: %d of %d message IDs not received: %w", missing, len(want), err)
+	}
+	return recs, nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -153,5 +154,26 @@ func TestCreateTopicAndConsumeFromEnd(t *testing.T) {
 	}
 	if string(got[0].Value) != "new" {
 		t.Fatalf("first record consumed = %q, want only the one produced after EndOffsets", got[0].Value)
+	}
+}
+
+func TestKfakeOptions(t *testing.T) {
+	t.Parallel()
+	b, err := Start(KfakeOptions(kfake.SeedTopics(2, "kafkatest.raw")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ends, err := EndOffsets(ctx, b.Addrs(), "kafkatest.raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ends) != 2 {
+		t.Fatalf("EndOffsets = %v, want the 2 partitions kfake.SeedTopics created", ends)
+	}
+	if _, err := EndOffsets(ctx, b.Addrs(), "kafkatest.nosuch"); err == nil {
+		t.Fatal("EndOffsets of a missing topic returned nil error")
 	}
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/kafkatest"
 	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
 // TestCrossProcessWakeup: a relay in another process learns of commits

@@ -1,0 +1,66 @@
+package main
+
+// The hand-written outbox SQL the benchmark compares the library against:
+// what an application writes by hand when it implements the outbox itself,
+// as the seed article does. It is a copy of the outbox repository's
+// internal/handwritten (which driver's BenchmarkCommit uses too; an example
+// may not import internal/). Keep the copies alike.
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/sqloutbox/outbox/driver"
+)
+
+// handwrittenNow is the dialect's current-timestamp expression in the outbox table's
+// timestamp columns, the one the driver's own INSERT uses:
+// clock_timestamp() on PostgreSQL, UTC_TIMESTAMP(6) on MySQL/MariaDB,
+// integer Unix milliseconds on SQLite.
+func handwrittenNow(d driver.Dialect) string {
+	switch d {
+	case driver.Postgres:
+		return "clock_timestamp()"
+	case driver.MySQL:
+		return "UTC_TIMESTAMP(6)"
+	}
+	return "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+}
+
+// handwrittenPlaceholder is the n-th (1-based) bind placeholder of dialect d.
+func handwrittenPlaceholder(d driver.Dialect, n int) string {
+	if d == driver.Postgres {
+		return "$" + strconv.Itoa(n)
+	}
+	return "?"
+}
+
+// handwrittenArgsPerRow is the number of arguments Insert takes per event, in the
+// order message ID, aggregate type, aggregate ID, event type, partition
+// key, content type, payload (topic and headers are NULL).
+const handwrittenArgsPerRow = 7
+
+// handwrittenRows is a hand-written INSERT of rows events into table (rows >= 1):
+// rows*handwrittenArgsPerRow arguments, timestamps from handwrittenNow.
+func handwrittenRows(d driver.Dialect, table string, rows int) string {
+	now := handwrittenNow(d)
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + table + " (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers, created_at, updated_at) VALUES ")
+	n := 0
+	for r := 0; r < rows; r++ {
+		if r > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for k := 0; k < handwrittenArgsPerRow; k++ {
+			n++
+			b.WriteString(handwrittenPlaceholder(d, n))
+			b.WriteString(", ")
+			if k == 3 {
+				b.WriteString("NULL, ") // topic
+			}
+		}
+		b.WriteString("NULL, " + now + ", " + now + ")") // headers, created_at, updated_at
+	}
+	return b.String()
+}
