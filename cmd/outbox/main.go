@@ -48,11 +48,17 @@ func main() {
 // SIGINT and SIGTERM cancel ctx's child context (the relay then shuts down
 // cleanly); cancelling ctx does the same, which is how tests stop it.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runEnv(ctx, args, stdout, stderr, os.Getenv)
+}
+
+// runEnv is run reading environment variables through getenv (tests give
+// their own, so that they can run in parallel).
+func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx = context.WithValue(ctx, restoreSignalsKey{}, stop)
 	stderr = &lockedWriter{w: stderr}
-	root := newRootCmd(stdout, stderr)
+	root := newRootCmd(stdout, stderr, getenv)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
@@ -140,9 +146,10 @@ func envFlag(fs *pflag.FlagSet, name, env string) {
 	_ = fs.SetAnnotation(name, envAnnotation, []string{env})
 }
 
-// newRootCmd builds the outbox command tree writing to stdout and stderr.
-func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
-	a := &app{stdout: stdout, stderr: stderr, getenv: os.Getenv}
+// newRootCmd builds the outbox command tree writing to stdout and stderr
+// and reading environment variables through getenv.
+func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Command {
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
 	root := &cobra.Command{
 		Use:   "outbox",
 		Short: "Operate a transactional outbox: schema, relay, backlog and dead letters",
@@ -165,7 +172,9 @@ Exit codes: 0 ok, 1 runtime or database error, 2 usage error,
 		PersistentPreRunE: a.applyEnv,
 		// "outbox [command]" only: the root does nothing by itself.
 		DisableFlagsInUseLine: true,
+		Version:               version(),
 	}
+	root.SetVersionTemplate("outbox {{.Version}}\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
