@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -270,3 +271,82 @@ func TestHTTPEndpoints(t *testing.T) {
 type errTest string
 
 func (e errTest) Error() string { return string(e) }
+
+// TestRelayHealthDatabaseOutage: with the database cut off (a proxy
+// between relay and PostgreSQL refusing connections) /readyz turns 503
+// after the grace and names the database, /livez stays 200, and both
+// recover when the database is back; an event committed meanwhile is
+// delivered.
+func TestRelayHealthDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	tg := serverTarget(t, driver.Postgres)
+	table := randomTable()
+	tg.migrate(t, table)
+	u, err := url.Parse(tg.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	u.Host = proxy.Addr()
+	broker, err := kafkatest.Start(kafkatest.Topics(4, "outbox.event.order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer broker.Close()
+	consumer, err := kafkatest.NewConsumer(broker.Addrs(), []string{"outbox.event.order"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+
+	const grace = time.Second
+	r := startRelay(t, nil, "--dsn", u.String(), "--table", table, "relay", "--brokers", strings.Join(broker.Addrs(), ","),
+		"--http", freeAddr(t), "--lease-ttl", "2s", "--poll", "100ms", "--unhealthy-after", grace.String())
+	r.waitFor(t, "/readyz 200", func() bool { return r.status("/readyz") == http.StatusOK })
+
+	cut := time.Now()
+	proxy.Refuse(true)
+	r.waitFor(t, "/readyz 503", func() bool {
+		if code := r.status("/livez"); code != http.StatusOK {
+			t.Fatalf("/livez %d while the database is down", code)
+		}
+		return r.status("/readyz") == http.StatusServiceUnavailable
+	})
+	took := time.Since(cut)
+	if took < grace || took > grace+2*2*time.Second+10*time.Second {
+		t.Errorf("/readyz turned 503 after %v (grace %v)", took, grace)
+	}
+	t.Logf("not ready %v after the database was cut (grace %v)", took.Round(time.Millisecond), grace)
+	_, body := get(r.ctx, r.base+"/readyz")
+	if !strings.Contains(body, "the database failing") && !strings.Contains(body, "relay cycles failing") {
+		t.Errorf("/readyz body does not say what fails: %q", body)
+	}
+	r.waitFor(t, "outbox_relay_up 0", func() bool { return r.metric("outbox_relay_up") == "0" })
+	if code := r.status("/livez"); code != http.StatusOK {
+		t.Errorf("/livez %d while the database is down", code)
+	}
+
+	db, _ := tg.wrappedDB(t, table) // the application reaches the database directly
+	ids := emit(t, db, "during")
+	back := time.Now()
+	proxy.Refuse(false)
+	r.waitFor(t, "/readyz 200 again", func() bool { return r.status("/readyz") == http.StatusOK })
+	t.Logf("ready again %v after the database came back", time.Since(back).Round(time.Millisecond))
+	if _, err := consumer.Wait(r.ctx, func(recs []kafkatest.Record) bool {
+		for _, rec := range recs {
+			if rec.Headers["outbox-message-id"] == ids[0] {
+				return true
+			}
+		}
+		return false
+	}); err != nil {
+		t.Fatalf("not delivered after the outage: %v; stderr:\n%s", err, r.stderr.String())
+	}
+	if code := r.shutdown(t); code != 0 {
+		t.Errorf("exit %d; stderr:\n%s", code, r.stderr.String())
+	}
+}
