@@ -78,13 +78,14 @@ func (o *readinessLog) Readiness(err error) {
 	o.mu.Unlock()
 }
 
-func (o *readinessLog) last() (error, int) {
+// last returns how many changes were heard and the latest.
+func (o *readinessLog) last() (int, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if len(o.changes) == 0 {
-		return nil, 0
+		return 0, nil
 	}
-	return o.changes[len(o.changes)-1], len(o.changes)
+	return len(o.changes), o.changes[len(o.changes)-1]
 }
 
 type nopObserver struct{}
@@ -128,11 +129,11 @@ func TestReadinessFollowsPublisherHealth(t *testing.T) {
 	if err := b.r.Live(); err != nil {
 		t.Errorf("Live while the broker is down: %v", err)
 	}
-	eventually(t, b.ctx, "observer told not ready", func() bool { e, _ := obs.last(); return e != nil })
+	eventually(t, b.ctx, "observer told not ready", func() bool { _, e := obs.last(); return e != nil })
 
 	pub.setHealthy(nil)
 	eventually(t, b.ctx, "ready again", func() bool { return b.r.Ready() == nil })
-	eventually(t, b.ctx, "observer told ready", func() bool { e, n := obs.last(); return e == nil && n >= 3 })
+	eventually(t, b.ctx, "observer told ready", func() bool { n, e := obs.last(); return e == nil && n >= 3 })
 
 	// Still relaying.
 	b.emit(t, event("h", 1))
@@ -153,9 +154,9 @@ func TestReadinessGraceIgnoresShortFailures(t *testing.T) {
 		c.HealthInterval = 10 * time.Millisecond
 		c.UnhealthyAfter = time.Hour
 	})
-	eventually(t, b.ctx, "first readiness report", func() bool { _, n := obs.last(); return n == 1 })
+	eventually(t, b.ctx, "first readiness report", func() bool { n, _ := obs.last(); return n == 1 })
 	for i := range 5 {
-		_, n := obs.last()
+		n, _ := obs.last()
 		pub.setHealthy(fmt.Errorf("blip %d", i))
 		seen := pub.checks.Load()
 		eventually(t, b.ctx, "three failed checks", func() bool { return pub.checks.Load() >= seen+3 })
@@ -163,7 +164,7 @@ func TestReadinessGraceIgnoresShortFailures(t *testing.T) {
 		if err := b.r.Ready(); err != nil {
 			t.Fatalf("blip %d made the relay unready: %v", i, err)
 		}
-		if e, m := obs.last(); e != nil || m != n {
+		if m, e := obs.last(); e != nil || m != n {
 			t.Fatalf("observer heard %v", e)
 		}
 	}

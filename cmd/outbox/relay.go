@@ -81,7 +81,7 @@ flag: the command line is visible to every user of the host), --client-id,
 (shown in its help); a flag given wins over its variable.
 
 HTTP (--http, default :9464; give each relay on a host its own port):
-  /metrics  Prometheus metrics; outbox_relay_up is 1 exactly while /readyz is 200.
+  /metrics  Prometheus metrics; outbox_relay_up follows readiness (1 ready, 0 not).
   /livez    liveness: 200 unless the relay loop is stuck in one cycle for
             longer than --stall-timeout (then 503). It never fails because
             the database or the broker is down: restarting would not help.
