@@ -295,7 +295,8 @@ type Relay struct {
 // process that only has a DSN, one built with driver.New from the dialect
 // and table) over db, the outbox table's database. The relay runs
 // at most two statements at a time (marking one batch sent while claiming
-// the next), so it holds at most two of db's connections; give it its own
+// the next), so it holds at most two of db's connections, plus one for a
+// moment every HealthInterval to ping the database; give it its own
 // small pool (db.SetMaxOpenConns(2)) so it can never starve business
 // queries, nor be starved by them. On SQLite, which has one writer at a
 // time, share the application's *sql.DB opened with SetMaxOpenConns(1). db need not be opened through

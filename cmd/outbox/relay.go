@@ -250,7 +250,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	}
 	defer db.Close()
 	if t.dialect != driver.SQLite {
-		db.SetMaxOpenConns(4) // relay 2, stats scrape 1, retention 1
+		db.SetMaxOpenConns(5) // relay 2 and its health ping 1, stats scrape 1, retention 1
 	}
 	if err := checkSchema(sctx, db, t, a.table); err != nil {
 		return err

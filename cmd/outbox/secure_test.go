@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 
+	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/kafkatest"
 	"github.com/sqloutbox/outbox/internal/testdb"
 )
@@ -211,21 +212,33 @@ func TestRelaySecureKafka(t *testing.T) {
 	if err := os.WriteFile(pwFile, []byte(saslPassword+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for i, tc := range []struct {
-		mechanism string
-		fromEnv   bool
-	}{{"PLAIN", false}, {"SCRAM-SHA-256", false}, {"SCRAM-SHA-512", true}} {
-		t.Run(tc.mechanism, func(t *testing.T) {
+	for _, tc := range []struct {
+		name, mechanism, compression string
+		fromEnv, skipVerify          bool
+	}{
+		{"PLAIN", "PLAIN", "gzip", false, false},
+		{"SCRAM-SHA-256", "SCRAM-SHA-256", "lz4", false, false},
+		{"SCRAM-SHA-512", "SCRAM-SHA-512", "zstd", true, false},
+		{"SkipVerify", "SCRAM-SHA-256", "snappy", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			tg := sqliteTarget(t)
+			// PostgreSQL with a password in the DSN (one trust
+			// authentication ignores), to show the logs hold neither.
+			tg := serverTarget(t, driver.Postgres)
+			dsnSecret := withPassword(t, &tg)
 			table := randomTable()
 			tg.migrate(t, table)
-			tg.dsn = "sqlite:" + tg.path
 			args := []string{"--dsn", tg.dsn, "--table", table, "relay", "--brokers", strings.Join(brokers, ","),
-				"--http", freeAddr(t), "--poll", "50ms", "--lease-ttl", "2s",
-				"--tls-ca-file", pki.caFile, "--tls-cert-file", pki.certFile, "--tls-key-file", pki.keyFile,
-				"--tls-server-name", "kafka.test", "--sasl-mechanism", tc.mechanism, "--sasl-user", saslUser,
-				"--client-id", "outbox-secure-test", "--kafka-version", "3.6.0", "--compression", []string{"gzip", "lz4", "zstd"}[i]}
+				"--http", freeAddr(t), "--lease-ttl", "2s",
+				"--tls-cert-file", pki.certFile, "--tls-key-file", pki.keyFile,
+				"--sasl-mechanism", tc.mechanism, "--sasl-user", saslUser,
+				"--client-id", "outbox-secure-test", "--kafka-version", "3.6.0", "--compression", tc.compression}
+			if tc.skipVerify {
+				args = append(args, "--tls-insecure-skip-verify")
+			} else {
+				args = append(args, "--tls-ca-file", pki.caFile, "--tls-server-name", "kafka.test")
+			}
 			env := map[string]string{}
 			if tc.fromEnv {
 				env[envSASLPassword] = saslPassword
@@ -253,6 +266,13 @@ func TestRelaySecureKafka(t *testing.T) {
 			logs := r.stderr.String()
 			if strings.Contains(logs, saslPassword) {
 				t.Errorf("the SASL password is in the logs:\n%s", logs)
+			}
+			if dsnSecret != "" && strings.Contains(logs, dsnSecret) {
+				t.Errorf("the DSN's password is in the logs:\n%s", logs)
+			}
+			checkLogDurations(t, logs)
+			if dsnSecret == "" {
+				t.Log("the PostgreSQL server checks passwords: no DSN password to look for")
 			}
 			for _, want := range []string{`"tls":true`, `"sasl_mechanism":"` + tc.mechanism + `"`, `"sasl_user":"relay"`, `"client_id":"outbox-secure-test"`} {
 				if !strings.Contains(logs, want) {

@@ -387,7 +387,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (rep report, err err
 	}
 	timedOut := werr != nil
 	if timedOut {
-		log.Warn("not every event was consumed in time", "missing", missing, "timeout", cfg.Timeout)
+		log.Warn("not every event was consumed in time", "missing", missing, "timeout", cfg.Timeout.String())
 	}
 
 	stopRelay()
