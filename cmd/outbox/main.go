@@ -7,6 +7,9 @@
 //	outbox --dsn postgres://app@db:5432/app relay --brokers kafka:9092
 //	outbox --dsn sqlite:/var/lib/app/app.db stats --json
 //	outbox --dsn 'app:secret@tcp(db:3306)/app' dead retry --aggregate order/42 --dry-run
+//	OUTBOX_SASL_PASSWORD_FILE=/run/secrets/kafka outbox relay --brokers kafka:9093 \
+//	    --tls-ca-file ca.pem --sasl-mechanism SCRAM-SHA-512 --sasl-user outbox
+//	outbox --version
 //
 // Exit codes: 0 success; 1 runtime or database error; 2 usage error (bad
 // flags, missing DSN, bad selector); 3 `migrate status` found the schema

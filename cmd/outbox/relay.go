@@ -122,7 +122,7 @@ the brokers are unusable at start.`,
 	envFlag(fs, "max-batch-size", "OUTBOX_MAX_BATCH_SIZE")
 	fs.StringVar(&f.instanceID, "instance-id", "", "this instance's name in the lease table (default host-pid-random)")
 	envFlag(fs, "instance-id", "OUTBOX_INSTANCE_ID")
-	fs.StringVar(&f.httpAddr, "http", ":9464", "listen address of /metrics, /healthz and /readyz; empty disables")
+	fs.StringVar(&f.httpAddr, "http", ":9464", "listen address of /metrics, /livez (/healthz) and /readyz; every relay on a host needs its own; empty disables")
 	envFlag(fs, "http", "OUTBOX_HTTP")
 	fs.DurationVar(&f.checkEvery, "partition-check", relay.DefaultPartitionCheckInterval, "how often to look for pending rows in partitions no relay can own")
 	envFlag(fs, "partition-check", "OUTBOX_PARTITION_CHECK")
