@@ -149,8 +149,8 @@ type Config struct {
 	// Observer that is a ReadinessObserver hears of it) once the database
 	// pings, the broker checks or the relay's cycles have failed without
 	// a success in between for longer than this. Default
-	// DefaultUnhealthyAfter. Readiness returns within one HealthInterval
-	// of the first success.
+	// DefaultUnhealthyAfter. Readiness returns with the first success of
+	// the failing source (a probe, every HealthInterval, or a cycle).
 	UnhealthyAfter time.Duration
 	// StallTimeout is how long one cycle may run before Live reports the
 	// loop stuck. Default DefaultStallTimeout, or 2 x PublishTimeout + 6 x

@@ -88,8 +88,9 @@ HTTP (--http, default :9464; give each relay on a host its own port):
             /healthz is the same check.
   /readyz   readiness: 200 while the relay runs, its database and brokers
             answer and its cycles succeed; 503 with the reason once one of
-            them has been failing for longer than --unhealthy-after, when a
-            partition mismatch is detected, and while starting or stopping.
+            them has been failing for longer than --unhealthy-after, while
+            the loop is stuck (see /livez), when a partition mismatch is
+            detected, and while starting or stopping.
 
 While it has work, the relay logs a progress line every --progress
 (published since the last line, backlog, oldest pending age); idle, it is
