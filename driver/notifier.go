@@ -205,7 +205,7 @@ func (n *notifier) loop() {
 			}
 			wait := bo.NextBackOff()
 			n.log.Warn("sending the wake-up NOTIFY failed; retrying (relays in other processes wake at their poll meanwhile)",
-				"error", err, "failures", failures, "retry_in", wait)
+				"error", err, "failures", failures, "retry_in", wait.String())
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:

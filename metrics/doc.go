@@ -51,7 +51,8 @@
 //     non-empty claim query. Buckets 0.1 ms doubling to 6.6 s.
 //   - outbox_partitions_owned (gauge, partitions): relay partitions this
 //     instance holds a lease on; 0 once the relay stopped.
-//   - outbox_relay_up (gauge, 1/0): 1 while the relay loop runs.
+//   - outbox_relay_up (gauge, 1/0): 1 while the relay runs and is ready
+//     (relay.Relay.Ready is nil); 0 while not ready, and when stopped.
 //   - outbox_relay_partition_mismatch (gauge, 1/0): 1 while the relay
 //     detects a relay partition mismatch (relay.ErrPartitionMismatch:
 //     pending rows in partitions no relay can own, a lease table of

@@ -149,7 +149,7 @@ outbox_publish_errors_total{class="unavailable",table="orders_outbox"} 1
 # HELP outbox_published_total Outbox messages acknowledged by the broker.
 # TYPE outbox_published_total counter
 outbox_published_total{table="orders_outbox"} 3
-# HELP outbox_relay_up 1 while the relay loop runs, 0 otherwise.
+# HELP outbox_relay_up 1 while the relay runs and is ready (database and broker answer, cycles succeed), 0 otherwise.
 # TYPE outbox_relay_up gauge
 outbox_relay_up{table="orders_outbox"} 1
 # HELP outbox_retries_total Outbox message retries scheduled after a failed publish attempt.
@@ -179,6 +179,20 @@ outbox_retries_total{table="orders_outbox"} 1
 	}
 	if bounds := bucketBounds(t, reg, metrics.MetricBatchSize); bounds[0] != 1 || bounds[len(bounds)-1] != 5000 {
 		t.Errorf("batch size buckets %v, want 1 .. 5000", bounds)
+	}
+
+	// Not ready (broker or database failing past the grace period): down,
+	// leases kept; ready again: up.
+	obs.(relay.ReadinessObserver).Readiness(errors.New("outbox: relay unhealthy: the broker failing for 11s"))
+	if v := value(t, reg, metrics.MetricRelayUp, tbl); v != 0 {
+		t.Errorf("relay_up while not ready = %v", v)
+	}
+	if v := value(t, reg, metrics.MetricPartitionsOwned, tbl); v != 5 {
+		t.Errorf("partitions_owned while not ready = %v, want 5 (kept)", v)
+	}
+	obs.(relay.ReadinessObserver).Readiness(nil)
+	if v := value(t, reg, metrics.MetricRelayUp, tbl); v != 1 {
+		t.Errorf("relay_up when ready again = %v", v)
 	}
 
 	// Stopping: down, and no partitions owned.

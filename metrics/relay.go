@@ -38,8 +38,11 @@ const (
 	// MetricPartitionsOwned is a gauge of the relay partitions this
 	// instance holds a lease on.
 	MetricPartitionsOwned = "outbox_partitions_owned"
-	// MetricRelayUp is a gauge: 1 while the relay's loop runs, 0 before it
-	// started and after it stopped.
+	// MetricRelayUp is a gauge: 1 while the relay runs and is ready
+	// (relay.Relay.Ready returns nil: its database and broker answer, its
+	// cycles succeed, no partition mismatch), 0 before it started, after it
+	// stopped, and while it is not ready (the database, the broker or its
+	// cycles failing for longer than relay.Config.UnhealthyAfter).
 	MetricRelayUp = "outbox_relay_up"
 	// MetricRelayPartitionMismatch is a gauge: 1 while the relay detects
 	// a relay partition mismatch (relay.ErrPartitionMismatch: a stored
@@ -97,6 +100,7 @@ type RelayMetrics struct {
 var (
 	_ relay.Observer          = (*RelayMetrics)(nil)
 	_ relay.PartitionObserver = (*RelayMetrics)(nil)
+	_ relay.ReadinessObserver = (*RelayMetrics)(nil)
 )
 
 // NewRelayMetrics creates the relay metrics of ob's table (its
@@ -168,7 +172,7 @@ func newRelayMetrics(table string) *RelayMetrics {
 		}),
 		up: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name:        MetricRelayUp,
-			Help:        "1 while the relay loop runs, 0 otherwise.",
+			Help:        "1 while the relay runs and is ready (database and broker answer, cycles succeed), 0 otherwise.",
 			ConstLabels: cl,
 		}),
 		mismatch: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -277,4 +281,15 @@ func (m *RelayMetrics) PartitionMismatch(err error) {
 		return
 	}
 	m.mismatch.Set(0)
+}
+
+// Readiness implements relay.ReadinessObserver: it sets outbox_relay_up to
+// 1 when err is nil (the relay is ready again), else to 0 (the relay still
+// runs and keeps its leases, so outbox_partitions_owned is left as is).
+func (m *RelayMetrics) Readiness(err error) {
+	if err != nil {
+		m.up.Set(0)
+		return
+	}
+	m.up.Set(1)
 }

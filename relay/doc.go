@@ -270,6 +270,25 @@
 // outbox_relay_partition_mismatch) and returned by Ready, until a check
 // finds the partitions consistent again.
 //
+// # Readiness, liveness and progress
+//
+// Ready is nil while the relay relays; it fails (ErrUnhealthy) once the
+// database pings, the broker checks (a Publisher that implements the
+// optional HealthChecker, as relay/kafka's does) or the relay's own
+// cycles have been failing, with no success in between, for longer than
+// Config.UnhealthyAfter (default 10 s), so one failed batch never makes
+// a relay unready. The probes run every Config.HealthInterval (2 s), also
+// while the relay is idle, and the first success clears the failure (a
+// loop backing off after an outage then retries at once). Live fails
+// (ErrStalled) only when one cycle has run longer than
+// Config.StallTimeout (3 min): a stuck loop, never a database or broker
+// outage, which make cycles fail and back off, not hang. An Observer that
+// implements ReadinessObserver hears every change of Ready between nil
+// and an error (metrics.RelayMetrics: outbox_relay_up). While the relay
+// has work it logs a progress line every Config.ProgressInterval (10 s):
+// published since the last line, backlog and oldest pending age (one
+// query reading the pending rows once); idle, it logs nothing.
+//
 // # Errors that end Run
 //
 // Run returns only after a stop, or with an error at start (unsupported
@@ -299,5 +318,6 @@
 // One claim per PollInterval, plus a lease heartbeat per LeaseHeartbeat
 // (four short statements, on MySQL/MariaDB one renewal per owned partition
 // instead of one, and the partition check's one), plus the count of out-of-range pending rows per
-// PartitionCheckInterval.
+// PartitionCheckInterval, plus a database ping (and a broker metadata
+// request, for a HealthChecker publisher) per HealthInterval.
 package relay

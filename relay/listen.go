@@ -52,7 +52,7 @@ func ListenPostgres(ctx context.Context, ob *driver.Outbox, dsn string, wake fun
 			return ctx.Err()
 		}
 		wait := bo.NextBackOff()
-		log.Warn("listening for commit notifications failed; reconnecting", "error", err, "retry_in", wait)
+		log.Warn("listening for commit notifications failed; reconnecting", "error", err, "retry_in", wait.String())
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

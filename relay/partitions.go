@@ -44,10 +44,16 @@ func dialectOf(ob *driver.Outbox) (*dialect.Dialect, error) {
 }
 
 // Ready reports whether the relay is relaying correctly: nil while Run is
-// relaying and no partition mismatch is detected; an error wrapping
-// ErrPartitionMismatch while one is (also after Run refused to start
-// because of it); ErrNotRunning before Run started relaying and after it
-// returned. A readiness probe (the outbox command's /readyz) serves it.
+// relaying, no partition mismatch is detected and nothing has been failing
+// for longer than Config.UnhealthyAfter; an error wrapping
+// ErrPartitionMismatch while a mismatch is detected (also after Run
+// refused to start because of it); ErrNotRunning before Run started
+// relaying and after it returned; an error wrapping ErrUnhealthy while
+// the database pings, the broker checks (a HealthChecker Publisher) or the
+// relay's cycles have been failing, with no success in between, for
+// longer than UnhealthyAfter; and Live's error (wrapping ErrStalled)
+// while the loop is stuck. A readiness probe (the outbox command's
+// /readyz) serves it.
 func (r *Relay) Ready() error {
 	if err := r.watch.current(); err != nil {
 		return err
@@ -55,7 +61,10 @@ func (r *Relay) Ready() error {
 	if !r.running.Load() {
 		return ErrNotRunning
 	}
-	return nil
+	if err := r.Live(); err != nil {
+		return err // a stuck loop publishes nothing
+	}
+	return r.health.verdict(time.Now(), r.cfg.UnhealthyAfter)
 }
 
 // readPartitions reads the stored count through the relay's Outbox (which
@@ -79,7 +88,7 @@ func (r *Relay) readPartitions(ctx context.Context) (int, error) {
 			return 0, err
 		}
 		wait := bo.NextBackOff()
-		r.log.Warn("relay cannot read the stored partition count; retrying", "error", err, "retry_in", wait)
+		r.log.Warn("relay cannot read the stored partition count; retrying", "error", err, "retry_in", wait.String())
 		select {
 		case <-r.stopping:
 			return 0, nil

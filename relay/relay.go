@@ -139,6 +139,26 @@ type Config struct {
 	// pending rows in partitions no relay can own (see
 	// ErrPartitionMismatch). Default DefaultPartitionCheckInterval.
 	PartitionCheckInterval time.Duration
+	// HealthInterval is how often the running relay pings the database
+	// and, if Publisher implements HealthChecker, checks the broker.
+	// Default DefaultHealthInterval.
+	HealthInterval time.Duration
+	// UnhealthyAfter is the readiness grace period: Ready fails (and an
+	// Observer that is a ReadinessObserver hears of it) once the database
+	// pings, the broker checks or the relay's cycles have failed without
+	// a success in between for longer than this. Default
+	// DefaultUnhealthyAfter. Readiness returns with the first success of
+	// the failing source (a probe, every HealthInterval, or a cycle).
+	UnhealthyAfter time.Duration
+	// StallTimeout is how long one cycle may run before Live reports the
+	// loop stuck. Default DefaultStallTimeout, or 2 x PublishTimeout + 6 x
+	// QueryTimeout if that is longer; it must exceed PublishTimeout.
+	StallTimeout time.Duration
+	// ProgressInterval is how often a relay that has work logs a progress
+	// line at INFO ("relay progress": published since the last line,
+	// backlog, oldest pending age); an idle relay logs nothing. Default
+	// DefaultProgressInterval; negative disables the line.
+	ProgressInterval time.Duration
 	// LeaseTTL is how long a partition lease lasts without renewal, by the
 	// database clock. Default DefaultLeaseTTL (10 s); at least MinLeaseTTL.
 	// A crashed instance's partitions are taken over within LeaseTTL plus
@@ -210,6 +230,18 @@ func (c Config) withDefaults() Config {
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
 	}
+	if c.HealthInterval == 0 {
+		c.HealthInterval = DefaultHealthInterval
+	}
+	if c.UnhealthyAfter == 0 {
+		c.UnhealthyAfter = DefaultUnhealthyAfter
+	}
+	if c.StallTimeout == 0 {
+		c.StallTimeout = max(DefaultStallTimeout, 2*c.PublishTimeout+6*c.QueryTimeout)
+	}
+	if c.ProgressInterval == 0 {
+		c.ProgressInterval = DefaultProgressInterval
+	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = DefaultLeaseTTL
 	}
@@ -252,13 +284,17 @@ type Relay struct {
 	watch   partitionWatch
 
 	sent sentRanges // ids this relay marked sent, for the MySQL claim (sentids.go)
+
+	health    health        // readiness, liveness and progress (health.go)
+	recovered chan struct{} // the database or broker answered again after failing
 }
 
 // New returns a relay of ob's table (ob is the writers' Outbox, or, in a
 // process that only has a DSN, one built with driver.New from the dialect
 // and table) over db, the outbox table's database. The relay runs
 // at most two statements at a time (marking one batch sent while claiming
-// the next), so it holds at most two of db's connections; give it its own
+// the next), so it holds at most two of db's connections, plus one for a
+// moment every HealthInterval to ping the database; give it its own
 // small pool (db.SetMaxOpenConns(2)) so it can never starve business
 // queries, nor be starved by them. On SQLite, which has one writer at a
 // time, share the application's *sql.DB opened with SetMaxOpenConns(1). db need not be opened through
@@ -282,6 +318,10 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 	if cfg.PartitionCheckInterval < 0 {
 		return nil, fmt.Errorf("%w: PartitionCheckInterval %v is negative", ErrInvalidConfig, cfg.PartitionCheckInterval)
 	}
+	if cfg.HealthInterval < 0 || cfg.UnhealthyAfter < 0 || cfg.StallTimeout <= cfg.PublishTimeout {
+		return nil, fmt.Errorf("%w: HealthInterval %s and UnhealthyAfter %s must be positive, StallTimeout %s must exceed PublishTimeout %s",
+			ErrInvalidConfig, cfg.HealthInterval, cfg.UnhealthyAfter, cfg.StallTimeout, cfg.PublishTimeout)
+	}
 	if cfg.LeaseTTL < MinLeaseTTL || cfg.LeaseHeartbeat <= 0 || cfg.LeaseHeartbeat > cfg.LeaseTTL/2 || len(cfg.InstanceID) > 128 {
 		return nil, fmt.Errorf("%w: LeaseTTL %v (min %v), LeaseHeartbeat %v (max LeaseTTL/2), InstanceID of %d bytes (max 128)",
 			ErrInvalidConfig, cfg.LeaseTTL, MinLeaseTTL, cfg.LeaseHeartbeat, len(cfg.InstanceID))
@@ -293,11 +333,12 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 	table := ob.Config().Table
 	return &Relay{
 		ob: ob, db: db, cfg: cfg, d: d, batch: cfg.BatchSize, table: table,
-		log:      cfg.Logger.With("component", "outbox.relay", "table", table),
-		notify:   make(chan struct{}, 1),
-		stopping: make(chan struct{}),
-		done:     make(chan struct{}),
-		started:  make(chan struct{}),
+		log:       cfg.Logger.With("component", "outbox.relay", "table", table),
+		notify:    make(chan struct{}, 1),
+		recovered: make(chan struct{}, 1),
+		stopping:  make(chan struct{}),
+		done:      make(chan struct{}),
+		started:   make(chan struct{}),
 	}, nil
 }
 
@@ -369,10 +410,16 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	go func() { defer close(beatDone); r.leases.run(beatCtx) }()
 	checkDone := make(chan struct{})
 	go func() { defer close(checkDone); r.checkPartitions(beatCtx, parts) }()
+	healthDone := make(chan struct{})
+	go func() { defer close(healthDone); r.runHealth(beatCtx) }()
+	progressDone := make(chan struct{})
+	go func() { defer close(progressDone); r.runProgress(beatCtx) }()
 	defer func() {
 		stopBeat()
 		<-beatDone
 		<-checkDone
+		<-healthDone
+		<-progressDone
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
 		defer cancel()
 		r.leases.leave(lctx)
@@ -381,9 +428,15 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	r.running.Store(true)
 	defer r.running.Store(false)
 	r.cfg.Observer.Up(true)
-	defer r.cfg.Observer.Up(false)
-	r.log.Info("relay started", "dialect", r.ob.Config().Dialect, "instance", r.cfg.InstanceID, "poll_interval", r.cfg.PollInterval,
-		"batch_size", r.cfg.BatchSize, "max_batch_size", r.cfg.MaxBatchSize, "partitions", parts, "lease_ttl", r.cfg.LeaseTTL)
+	defer func() {
+		// After Up(false), no readiness report (health.go).
+		r.health.reportMu.Lock()
+		r.health.down = true
+		r.cfg.Observer.Up(false)
+		r.health.reportMu.Unlock()
+	}()
+	r.log.Info("relay started", "dialect", r.ob.Config().Dialect, "instance", r.cfg.InstanceID, "poll_interval", r.cfg.PollInterval.String(),
+		"batch_size", r.cfg.BatchSize, "max_batch_size", r.cfg.MaxBatchSize, "partitions", parts, "lease_ttl", r.cfg.LeaseTTL.String())
 
 	wakeup := r.cfg.Wakeup
 	if wakeup == nil {
@@ -404,13 +457,13 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		default:
 		}
 		limit := r.batch
-		n, err := r.cycle(hardCtx)
+		n, err := r.runCycle(hardCtx)
 		var wait time.Duration
 		switch {
 		case err != nil:
 			r.batch = r.cfg.BatchSize
 			wait = bo.NextBackOff()
-			r.log.Warn("relay cycle failed; backing off", "error", err, "retry_in", wait)
+			r.log.Warn("relay cycle failed; backing off", "error", err, "retry_in", wait.String())
 		case n == limit:
 			bo.Reset()
 			idle = r.cfg.MinPollInterval
@@ -437,6 +490,8 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 			select {
 			case <-r.stopping:
 			case <-poll.C:
+			case <-r.recovered: // retry at once after an outage ended
+				bo.Reset()
 			}
 			continue
 		}
@@ -467,7 +522,7 @@ func (r *Relay) startLeases(ctx context.Context) error {
 			return err
 		}
 		wait := bo.NextBackOff()
-		r.log.Warn("relay cannot set up partition leases; retrying", "error", err, "retry_in", wait)
+		r.log.Warn("relay cannot set up partition leases; retrying", "error", err, "retry_in", wait.String())
 		select {
 		case <-r.stopping:
 			return nil
@@ -493,7 +548,7 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 			return err
 		}
 		wait := bo.NextBackOff()
-		r.log.Warn("relay cannot reach the database; retrying", "error", err, "retry_in", wait)
+		r.log.Warn("relay cannot reach the database; retrying", "error", err, "retry_in", wait.String())
 		select {
 		case <-r.stopping:
 			return nil
@@ -579,6 +634,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		for i := range msgs {
 			r.cfg.Observer.Published(msgs[i], took)
 		}
+		r.health.published.Add(int64(len(msgs)))
 		// Pipelining: mark this batch sent while the next one is claimed
 		// and published. Its rows are still pending in the table until
 		// then, so claim skips them (r.marking).
@@ -628,6 +684,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 			failed = append(failed, i)
 		}
 	}
+	r.health.published.Add(int64(len(sent)))
 	if err := r.markSent(ctx, sent); err != nil {
 		return len(msgs), err
 	}
@@ -862,6 +919,6 @@ func (r *Relay) markFailed(ctx context.Context, m Message, perr error) error {
 		return fmt.Errorf("scheduling retry of message %s: %w", m.MessageID, err)
 	}
 	r.cfg.Observer.Retried(m, attempt, delay)
-	r.log.Warn("publish failed; will retry", "message_id", m.MessageID, "outbox_id", m.ID, "attempt", attempt, "retry_in", delay, "error", perr)
+	r.log.Warn("publish failed; will retry", "message_id", m.MessageID, "outbox_id", m.ID, "attempt", attempt, "retry_in", delay.String(), "error", perr)
 	return nil
 }

@@ -25,6 +25,25 @@ func (s *selectorFlags) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&s.all, "all", false, "select every dead letter")
 }
 
+// nothingMatched returns the error (exit 1) of an action on --id or
+// --aggregate that changed, or would change, no dead letter: a typo in
+// the selector must not look like success. --all with nothing to do is
+// no error.
+func (s *selectorFlags) nothingMatched(action string, n int) error {
+	if n > 0 || s.all {
+		return nil
+	}
+	what := "dead letter"
+	if action == "skip" {
+		what = "dead letter still holding its aggregate"
+	}
+	sel := "--id " + s.id
+	if s.aggregate != "" {
+		sel = "--aggregate " + s.aggregate
+	}
+	return &exitError{code: exitRuntime, msg: fmt.Sprintf("%s: no %s matched %s; nothing was changed (see 'outbox dead list --all')", action, what, sel)}
+}
+
 func (s *selectorFlags) selector() (relay.Selector, error) {
 	n := 0
 	for _, set := range []bool{s.id != "", s.aggregate != "", s.all} {
@@ -220,9 +239,15 @@ func (a *app) deadAct(cmd *cobra.Command, action string, sf *selectorFlags, dryR
 		}
 		shown := affected[:min(limit, len(affected))]
 		if a.json {
-			return writeJSON(a.stdout, map[string]any{"action": action, "dry_run": true, "count": len(affected), "dead_letters": toJSON(shown)})
+			if err := writeJSON(a.stdout, map[string]any{"action": action, "dry_run": true, "count": len(affected), "dead_letters": toJSON(shown)}); err != nil {
+				return err
+			}
+			return sf.nothingMatched(action, len(affected))
 		}
 		if len(affected) == 0 {
+			if err := sf.nothingMatched(action, 0); err != nil {
+				return err
+			}
 			fmt.Fprintf(a.stdout, "dry run: %s would change no dead letter\n", action)
 			return nil
 		}
@@ -239,7 +264,13 @@ func (a *app) deadAct(cmd *cobra.Command, action string, sf *selectorFlags, dryR
 		return err
 	}
 	if a.json {
-		return writeJSON(a.stdout, map[string]any{"action": action, "dry_run": false, "count": n})
+		if err := writeJSON(a.stdout, map[string]any{"action": action, "dry_run": false, "count": n}); err != nil {
+			return err
+		}
+		return sf.nothingMatched(action, int(n))
+	}
+	if err := sf.nothingMatched(action, int(n)); err != nil {
+		return err
 	}
 	if action == "retry" {
 		fmt.Fprintf(a.stdout, "retried %d dead letter(s): back to pending\n", n)

@@ -7,6 +7,9 @@
 //	outbox --dsn postgres://app@db:5432/app relay --brokers kafka:9092
 //	outbox --dsn sqlite:/var/lib/app/app.db stats --json
 //	outbox --dsn 'app:secret@tcp(db:3306)/app' dead retry --aggregate order/42 --dry-run
+//	OUTBOX_SASL_PASSWORD_FILE=/run/secrets/kafka outbox relay --brokers kafka:9093 \
+//	    --tls-ca-file ca.pem --sasl-mechanism SCRAM-SHA-512 --sasl-user outbox
+//	outbox --version
 //
 // Exit codes: 0 success; 1 runtime or database error; 2 usage error (bad
 // flags, missing DSN, bad selector); 3 `migrate status` found the schema
@@ -48,11 +51,17 @@ func main() {
 // SIGINT and SIGTERM cancel ctx's child context (the relay then shuts down
 // cleanly); cancelling ctx does the same, which is how tests stop it.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runEnv(ctx, args, stdout, stderr, os.Getenv)
+}
+
+// runEnv is run reading environment variables through getenv (tests give
+// their own, so that they can run in parallel).
+func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx = context.WithValue(ctx, restoreSignalsKey{}, stop)
 	stderr = &lockedWriter{w: stderr}
-	root := newRootCmd(stdout, stderr)
+	root := newRootCmd(stdout, stderr, getenv)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
@@ -140,9 +149,10 @@ func envFlag(fs *pflag.FlagSet, name, env string) {
 	_ = fs.SetAnnotation(name, envAnnotation, []string{env})
 }
 
-// newRootCmd builds the outbox command tree writing to stdout and stderr.
-func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
-	a := &app{stdout: stdout, stderr: stderr, getenv: os.Getenv}
+// newRootCmd builds the outbox command tree writing to stdout and stderr
+// and reading environment variables through getenv.
+func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Command {
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
 	root := &cobra.Command{
 		Use:   "outbox",
 		Short: "Operate a transactional outbox: schema, relay, backlog and dead letters",
@@ -165,7 +175,9 @@ Exit codes: 0 ok, 1 runtime or database error, 2 usage error,
 		PersistentPreRunE: a.applyEnv,
 		// "outbox [command]" only: the root does nothing by itself.
 		DisableFlagsInUseLine: true,
+		Version:               version(),
 	}
+	root.SetVersionTemplate("outbox {{.Version}}\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {

@@ -202,6 +202,19 @@ func TestStatsAndDeadLetters(t *testing.T) {
 			t.Errorf("second skip: %v", r)
 		}
 
+		// A selector that matches nothing is an error, not a silent success.
+		for _, args := range [][]string{
+			{"dead", "retry", "--id", "nosuch"},
+			{"dead", "retry", "--id", "nosuch", "--dry-run"},
+			{"dead", "retry", "--aggregate", "order/nosuch", "--json"},
+			{"dead", "skip", "--id", "nosuch"},
+		} {
+			r := expect(t, cli(t, append(base, args...)...), exitRuntime)
+			if !strings.Contains(r.stderr, "matched --") || !strings.Contains(r.stderr, "nothing was changed") || strings.Count(r.stderr, "\n") != 1 {
+				t.Errorf("%v: want one 'nothing matched' line, got %v", args, r)
+			}
+		}
+
 		// retry puts it back to pending.
 		r = expect(t, cli(t, append(base, "dead", "retry", "--aggregate", "order/bad")...), 0)
 		if !strings.Contains(r.stdout, "retried 1 dead letter") {

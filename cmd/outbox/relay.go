@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -41,6 +41,11 @@ type relayFlags struct {
 	retention    time.Duration
 	archive      bool
 	drainTimeout time.Duration
+
+	unhealthyAfter time.Duration
+	stallTimeout   time.Duration
+	progress       time.Duration
+	kafka          kafkaFlags
 }
 
 func (a *app) relayCmd() *cobra.Command {
@@ -67,9 +72,29 @@ every --partition-check, that no pending row sits in a partition no relay
 can own; a mismatch is logged (ERROR), exported as
 outbox_relay_partition_mismatch and makes /readyz fail.
 
-HTTP (--http): /metrics (Prometheus), /healthz (200 while the process runs),
-/readyz (200 while the relay runs and detects no partition mismatch, else
-503 with the reason).
+Kafka: --brokers, and for a secured cluster --tls (with --tls-ca-file,
+--tls-cert-file and --tls-key-file, --tls-server-name), --sasl-mechanism
+(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) with --sasl-user and the password
+from --sasl-password-file or the OUTBOX_SASL_PASSWORD variable (never a
+flag: the command line is visible to every user of the host), --client-id,
+--kafka-version and --compression. Every flag has an OUTBOX_* variable
+(shown in its help); a flag given wins over its variable.
+
+HTTP (--http, default :9464; give each relay on a host its own port):
+  /metrics  Prometheus metrics; outbox_relay_up follows readiness (1 ready, 0 not).
+  /livez    liveness: 200 unless the relay loop is stuck in one cycle for
+            longer than --stall-timeout (then 503). It never fails because
+            the database or the broker is down: restarting would not help.
+            /healthz is the same check.
+  /readyz   readiness: 200 while the relay runs, its database and brokers
+            answer and its cycles succeed; 503 with the reason once one of
+            them has been failing for longer than --unhealthy-after, while
+            the loop is stuck (see /livez), when a partition mismatch is
+            detected, and while starting or stopping.
+
+While it has work, the relay logs a progress line every --progress
+(published since the last line, backlog, oldest pending age); idle, it is
+silent.
 
 SIGTERM or SIGINT stops it cleanly: no new claims, the in-flight batch is
 given --drain-timeout to finish and record its outcomes, then the producer
@@ -98,7 +123,7 @@ the brokers are unusable at start.`,
 	envFlag(fs, "max-batch-size", "OUTBOX_MAX_BATCH_SIZE")
 	fs.StringVar(&f.instanceID, "instance-id", "", "this instance's name in the lease table (default host-pid-random)")
 	envFlag(fs, "instance-id", "OUTBOX_INSTANCE_ID")
-	fs.StringVar(&f.httpAddr, "http", ":9464", "listen address of /metrics, /healthz and /readyz; empty disables")
+	fs.StringVar(&f.httpAddr, "http", ":9464", "listen address of /metrics, /livez (/healthz) and /readyz; every relay on a host needs its own; empty disables")
 	envFlag(fs, "http", "OUTBOX_HTTP")
 	fs.DurationVar(&f.checkEvery, "partition-check", relay.DefaultPartitionCheckInterval, "how often to look for pending rows in partitions no relay can own")
 	envFlag(fs, "partition-check", "OUTBOX_PARTITION_CHECK")
@@ -108,6 +133,13 @@ the brokers are unusable at start.`,
 	envFlag(fs, "archive", "OUTBOX_ARCHIVE")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "on shutdown, how long the in-flight batch may take to finish")
 	envFlag(fs, "drain-timeout", "OUTBOX_DRAIN_TIMEOUT")
+	fs.DurationVar(&f.unhealthyAfter, "unhealthy-after", relay.DefaultUnhealthyAfter, "readiness grace: /readyz fails once the database, the brokers or the relay's cycles have failed for longer than this without a success")
+	envFlag(fs, "unhealthy-after", "OUTBOX_UNHEALTHY_AFTER")
+	fs.DurationVar(&f.stallTimeout, "stall-timeout", relay.DefaultStallTimeout, "liveness bound: /livez fails once one relay cycle has run longer than this")
+	envFlag(fs, "stall-timeout", "OUTBOX_STALL_TIMEOUT")
+	fs.DurationVar(&f.progress, "progress", relay.DefaultProgressInterval, "interval of the progress log line while there is work; 0 disables it")
+	envFlag(fs, "progress", "OUTBOX_PROGRESS")
+	f.kafka.register(fs)
 	return cmd
 }
 
@@ -139,13 +171,25 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 		return usageErrorf("--poll, --lease-ttl, --drain-timeout and --partition-check must be positive")
 	case f.retention < 0:
 		return usageErrorf("--retention must be positive, or 0 to disable it")
+	case f.unhealthyAfter <= 0 || f.stallTimeout <= 0:
+		return usageErrorf("--unhealthy-after and --stall-timeout must be positive")
+	case f.stallTimeout <= relay.DefaultPublishTimeout:
+		return usageErrorf("--stall-timeout must exceed the publish timeout (%s), got %s", relay.DefaultPublishTimeout, f.stallTimeout)
+	case f.progress < 0:
+		return usageErrorf("--progress must be positive, or 0 to disable it")
+	}
+	sc, err := f.kafka.saramaConfig(a.getenv)
+	if err != nil {
+		return err
 	}
 	t, err := parseDSN(a.dsn)
 	if err != nil {
 		return err
 	}
-	// The library's loggers add their own component attribute.
-	baseLog := slog.New(slog.NewJSONHandler(a.stderr, nil))
+	// The library's loggers add their own component attribute. Durations
+	// are logged in one form, time.Duration.String ("1.5s"), also those a
+	// library logs as a time.Duration value.
+	baseLog := newJSONLog(a.stderr)
 	log := baseLog.With("component", "outbox.cmd")
 	prefix := f.topicPrefix
 	// The table, described without touching the database: relay,
@@ -154,8 +198,15 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	if err != nil {
 		return err
 	}
+	progress := f.progress
+	if progress == 0 {
+		progress = -1 // relay.Config: negative disables
+	}
 	cfg := relay.Config{
 		Publisher:              nopPublisher{},
+		UnhealthyAfter:         f.unhealthyAfter,
+		StallTimeout:           f.stallTimeout,
+		ProgressInterval:       progress,
 		PollInterval:           f.poll,
 		BatchSize:              f.batchSize,
 		MaxBatchSize:           f.maxBatchSize,
@@ -181,6 +232,16 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 		}
 	}
 
+	// The HTTP port first: a busy one is the usual mistake of a second
+	// relay on the host, and needs neither the database nor the brokers.
+	var ln net.Listener
+	if f.httpAddr != "" {
+		if ln, err = net.Listen("tcp", f.httpAddr); err != nil {
+			return fmt.Errorf("cannot serve HTTP on %s (--http or OUTBOX_HTTP; give every relay on a host its own port, e.g. --http :9465, or --http '' to disable): %w", f.httpAddr, err)
+		}
+		defer ln.Close() // until the server owns it
+	}
+
 	// Start-up checks, bounded by --timeout.
 	sctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
@@ -190,7 +251,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	}
 	defer db.Close()
 	if t.dialect != driver.SQLite {
-		db.SetMaxOpenConns(4) // relay 2, stats scrape 1, retention 1
+		db.SetMaxOpenConns(5) // relay 2 and its health ping 1, stats scrape 1, retention 1
 	}
 	if err := checkSchema(sctx, db, t, a.table); err != nil {
 		return err
@@ -199,8 +260,6 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	if err != nil {
 		return err // ErrPartitionMismatch with --partitions: exit 1
 	}
-	sc := sarama.NewConfig()
-	sc.ClientID = "outbox-relay"
 	sc.Net.DialTimeout = min(a.timeout, sc.Net.DialTimeout)
 	pub, err := kafka.NewPublisher(kafka.Config{
 		Brokers: brokers,
@@ -208,7 +267,13 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 		Topic:   func(m relay.Message) string { return prefix + m.AggregateType },
 	})
 	if err != nil {
-		return fmt.Errorf("cannot connect to Kafka brokers %s: %w", strings.Join(brokers, ","), err)
+		hint := ""
+		if sc.Net.SASL.Enable && errors.Is(err, io.EOF) {
+			// Some brokers close the connection on a failed SASL
+			// exchange instead of answering SASL_AUTHENTICATION_FAILED.
+			hint = " (the broker closed the connection, as it does when SASL authentication fails: check --sasl-mechanism, --sasl-user and the password)"
+		}
+		return fmt.Errorf("cannot connect to Kafka brokers %s: %w%s", strings.Join(brokers, ","), err, hint)
 	}
 	var closePub sync.Once
 	closePublisher := func() {
@@ -256,18 +321,18 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 
 	var srv *http.Server
 	srvDone := make(chan error, 1)
-	if f.httpAddr != "" {
-		ln, err := net.Listen("tcp", f.httpAddr)
-		if err != nil {
-			return fmt.Errorf("cannot serve HTTP on %s: %w", f.httpAddr, err)
-		}
-		srv = &http.Server{Handler: httpHandler(reg, ready), ReadHeaderTimeout: 10 * time.Second}
+	if ln != nil {
+		srv = &http.Server{Handler: httpHandler(reg, ready, r.Live), ReadHeaderTimeout: 10 * time.Second}
 		go func() { srvDone <- srv.Serve(ln) }()
-		log.Info("serving HTTP", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
+		log.Info("serving HTTP", "addr", ln.Addr().String(), "paths", "/metrics /livez /healthz /readyz")
 	}
 
+	// Never the SASL password, nor the DSN's.
 	log.Info("starting relay", "dsn", redactDSN(a.dsn), "dialect", t.dialect, "table", a.table, "brokers", brokers,
-		"topic_prefix", prefix, "partitions", parts, "retention", f.retention.String(), "archive", f.archive)
+		"topic_prefix", prefix, "partitions", parts, "retention", f.retention.String(), "archive", f.archive,
+		"client_id", sc.ClientID, "kafka_version", sc.Version.String(), "compression", sc.Producer.Compression.String(),
+		"tls", sc.Net.TLS.Enable, "sasl_mechanism", string(sc.Net.SASL.Mechanism), "sasl_user", sc.Net.SASL.User,
+		"unhealthy_after", f.unhealthyAfter.String(), "stall_timeout", f.stallTimeout.String())
 
 	// Background work ends with bg; the relay itself is stopped with Stop.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -331,14 +396,20 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	return nil
 }
 
-// httpHandler serves /metrics from reg, /healthz, and /readyz from ready
-// (nil: ready; otherwise 503 with the error, one line).
-func httpHandler(reg *prometheus.Registry, ready func() error) http.Handler {
+// httpHandler serves /metrics from reg, /livez and /healthz from live and
+// /readyz from ready (nil: 200; otherwise 503 with the error, one line).
+func httpHandler(reg *prometheus.Registry, ready, live func() error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+	liveness := func(w http.ResponseWriter, _ *http.Request) {
+		if err := live(); err != nil {
+			http.Error(w, "not live: "+oneLine(err.Error()), http.StatusServiceUnavailable)
+			return
+		}
 		_, _ = fmt.Fprintln(w, "ok")
-	})
+	}
+	mux.HandleFunc("/livez", liveness)
+	mux.HandleFunc("/healthz", liveness)
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := ready(); err != nil {
 			http.Error(w, "not ready: "+oneLine(err.Error()), http.StatusServiceUnavailable)
@@ -347,4 +418,20 @@ func httpHandler(reg *prometheus.Registry, ready func() error) http.Handler {
 		_, _ = fmt.Fprintln(w, "ready")
 	})
 	return mux
+}
+
+// newJSONLog returns the command's logger: JSON lines on w, durations as
+// text (durationsAsText).
+func newJSONLog(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{ReplaceAttr: durationsAsText}))
+}
+
+// durationsAsText is a slog ReplaceAttr that logs every time.Duration as
+// its String form ("80.681412ms", "1s", "168h0m0s") instead of JSON's
+// integer nanoseconds.
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }

@@ -20,7 +20,8 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 func (a *app) statsCmd() *cobra.Command {
-	return &cobra.Command{
+	var all bool
+	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Show the backlog: rows by status, oldest pending age, partitions and their owners",
 		Long: `Show a snapshot of the outbox table: rows pending, sent and dead; the age of
@@ -33,14 +34,20 @@ table's size, and any disagreement between them or pending rows in
 partitions no relay can own (those are never published: see
 relay.Repartition); the command still exits 0 then.
 
+The partition table lists only partitions with pending rows; --all lists
+idle ones (leased, nothing pending) too. --json always lists every
+partition that is leased or has pending rows.
+
 With --json, prints one object: table, dialect, pending, sent, dead,
 oldest_pending_seconds, partition_count, lease_partitions,
 out_of_range_pending, partition_mismatch ("" if none) and partitions
 [{partition, pending, oldest_pending_seconds, owner, epoch,
 lease_left_seconds}].`,
 		Args: cobra.NoArgs,
-		RunE: a.wrap(a.stats),
+		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error { return a.stats(cmd, all) }),
 	}
+	cmd.Flags().BoolVar(&all, "all", false, "also list idle partitions (no pending rows)")
+	return cmd
 }
 
 type partitionJSON struct {
@@ -66,7 +73,7 @@ type statsJSON struct {
 	Partitions    []partitionJSON `json:"partitions"`
 }
 
-func (a *app) stats(cmd *cobra.Command, _ []string) error {
+func (a *app) stats(cmd *cobra.Command, all bool) error {
 	ctx, cancel := a.commandContext(cmd)
 	defer cancel()
 	t, db, err := a.open(ctx, true)
@@ -116,10 +123,29 @@ func (a *app) stats(cmd *cobra.Command, _ []string) error {
 		fmt.Fprintln(a.stdout, "\nno partition is leased or has pending rows")
 		return nil
 	}
+	shown := st.Partitions
+	if !all {
+		shown = shown[:0:0]
+		for _, p := range st.Partitions {
+			if p.Pending > 0 {
+				shown = append(shown, p)
+			}
+		}
+	}
+	idle := len(st.Partitions) - len(shown)
+	if len(shown) == 0 {
+		fmt.Fprintf(a.stdout, "\nno partition has pending rows (%d idle; --all lists them)\n", idle)
+		return nil
+	}
 	fmt.Fprintln(a.stdout)
 	tw = tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PARTITION\tPENDING\tOLDEST PENDING\tOWNER\tEPOCH\tLEASE LEFT")
-	for _, p := range st.Partitions {
+	defer func() {
+		if idle > 0 {
+			fmt.Fprintf(a.stdout, "(%d idle partitions not shown; --all lists them)\n", idle)
+		}
+	}()
+	for _, p := range shown {
 		owner, left := p.Owner, "-"
 		if owner == "" {
 			owner = "-"

@@ -46,6 +46,10 @@
 //	-timeout  how long to wait, after the last commit, for every event to be
 //	          consumed (default 60s)
 //	-json     print one JSON object instead of the summary
+//	-progress interval of a progress line on stderr (default 1s; 0 disables)
+//
+// A flag value the run cannot use (-orders 0 or -5, -workers 0, a
+// non-positive -poll or -timeout) is a usage error: exit status 2.
 //
 // The summary goes to stdout, logs to stderr. The exit status is 1 if an
 // event was lost, a ghost was consumed, an order's events arrived out of
@@ -57,6 +61,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -101,6 +106,46 @@ type config struct {
 	// Logger receives the relay's and the quickstart's logs. Default: Warn
 	// and above, as text, to stderr.
 	Logger *slog.Logger
+	// Progress, if set, receives a progress line every ProgressEvery
+	// (default 1 s) while the run lasts: transactions committed, events
+	// consumed.
+	Progress      io.Writer
+	ProgressEvery time.Duration
+}
+
+// validate rejects settings run cannot honour (negative counts and
+// durations; zero keeps the defaults of withDefaults).
+func (c config) validate() error {
+	switch {
+	case c.Orders < 0:
+		return fmt.Errorf("-orders must be at least 1, got %d", c.Orders)
+	case c.Workers < 0:
+		return fmt.Errorf("-workers must be at least 1, got %d", c.Workers)
+	case c.Poll < 0:
+		return fmt.Errorf("-poll must be positive, got %s", c.Poll)
+	case c.Timeout < 0:
+		return fmt.Errorf("-timeout must be positive, got %s", c.Timeout)
+	case c.ProgressEvery < 0:
+		return fmt.Errorf("-progress must be positive, or 0 to disable it, got %s", c.ProgressEvery)
+	}
+	return nil
+}
+
+// validateFlags checks the command line's values, where, unlike a zero
+// config field, 0 is never "the default": -orders 0, -workers 0, -poll 0
+// and -timeout 0 are usage errors.
+func validateFlags(c config) error {
+	switch {
+	case c.Orders < 1:
+		return fmt.Errorf("-orders must be at least 1, got %d", c.Orders)
+	case c.Workers < 1:
+		return fmt.Errorf("-workers must be at least 1, got %d", c.Workers)
+	case c.Poll <= 0:
+		return fmt.Errorf("-poll must be positive, got %s", c.Poll)
+	case c.Timeout <= 0:
+		return fmt.Errorf("-timeout must be positive, got %s", c.Timeout)
+	}
+	return c.validate()
 }
 
 func (c config) withDefaults() config {
@@ -110,14 +155,17 @@ func (c config) withDefaults() config {
 	if c.OrderTable == "" {
 		c.OrderTable = "quickstart_order"
 	}
-	if c.Workers < 1 {
-		c.Workers = 1
+	if c.Workers == 0 {
+		c.Workers = 16
 	}
 	if c.Poll <= 0 {
 		c.Poll = relay.DefaultPollInterval
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = 60 * time.Second
+	}
+	if c.ProgressEvery == 0 {
+		c.ProgressEvery = time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -126,8 +174,37 @@ func (c config) withDefaults() config {
 }
 
 func main() {
+	os.Exit(mainArgs(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// mainArgs runs the quickstart with command line args and returns the
+// exit code: 2 for a bad flag value, with the usage on stderr.
+func mainArgs(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("quickstart", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg, err := parseFlags(fs, args)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, "quickstart:", err)
+			fs.Usage()
+		}
+		return 2
+	}
+	cfg.Progress = stderr
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	rep, err := run(ctx, cfg, stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(stderr, "quickstart:", err)
+	}
+	return exitCode(rep, err)
+}
+
+// parseFlags parses args into a config, rejecting values run cannot use.
+func parseFlags(fs *flag.FlagSet, args []string) (config, error) {
 	var cfg config
 	var brokers string
+	flag := fs
 	flag.StringVar(&cfg.DB, "db", "", "database: empty for embedded SQLite, a postgres:// URL, or a MySQL DSN (user@tcp(host:port)/db or mysql://...)")
 	flag.StringVar(&brokers, "brokers", "", "comma-separated Kafka bootstrap addresses; empty runs an in-process broker (kfake)")
 	flag.IntVar(&cfg.Orders, "orders", 1000, "orders to create, pay and ship (3 events each)")
@@ -135,19 +212,26 @@ func main() {
 	flag.DurationVar(&cfg.Poll, "poll", time.Second, "relay fallback poll interval")
 	flag.DurationVar(&cfg.Timeout, "timeout", 60*time.Second, "how long to wait after the last commit for every event to be consumed")
 	flag.BoolVar(&cfg.JSON, "json", false, "print one JSON object instead of the summary")
-	flag.Parse()
+	flag.DurationVar(&cfg.ProgressEvery, "progress", time.Second, "interval of the progress line on stderr; 0 disables it")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
 	for _, b := range strings.Split(brokers, ",") {
 		if b = strings.TrimSpace(b); b != "" {
 			cfg.Brokers = append(cfg.Brokers, b)
 		}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	rep, err := run(ctx, cfg, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "quickstart:", err)
+	noProgress := cfg.ProgressEvery == 0
+	if err := validateFlags(config{Orders: cfg.Orders, Workers: cfg.Workers, Poll: cfg.Poll, Timeout: cfg.Timeout, ProgressEvery: cfg.ProgressEvery}); err != nil {
+		return cfg, err
 	}
-	os.Exit(exitCode(rep, err))
+	if noProgress {
+		cfg.ProgressEvery = -1
+	}
+	return cfg, nil
 }
 
 // run executes the whole quickstart and writes the summary (or JSON) to
@@ -155,6 +239,9 @@ func main() {
 // (setup, a transaction that failed for good, the relay stopping); a run
 // that completed but lost events returns a failing report and no error.
 func run(ctx context.Context, cfg config, stdout io.Writer) (rep report, err error) {
+	if err := cfg.validate(); err != nil {
+		return rep, err
+	}
 	cfg = cfg.withDefaults()
 	log := cfg.Logger.With("component", "quickstart")
 	start := time.Now()
@@ -254,6 +341,15 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (rep report, err err
 		amounts[i] = 500 + int64(i*7919%99500)
 	}
 	w := &workload{db: db.app, orders: newOrders(db.dialect, cfg.OrderTable)}
+	if cfg.Progress != nil && cfg.ProgressEvery > 0 {
+		progressDone := make(chan struct{})
+		progressStop := make(chan struct{})
+		go func() {
+			defer close(progressDone)
+			showProgress(cfg.Progress, cfg.ProgressEvery, progressStop, 3*cfg.Orders, w, consumer)
+		}()
+		defer func() { close(progressStop); <-progressDone }()
+	}
 	workStart := time.Now()
 	if err := w.run(ctx, ids, amounts, cfg.Workers); err != nil {
 		if cause := context.Cause(ctx); cause != nil {
@@ -291,7 +387,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (rep report, err err
 	}
 	timedOut := werr != nil
 	if timedOut {
-		log.Warn("not every event was consumed in time", "missing", missing, "timeout", cfg.Timeout)
+		log.Warn("not every event was consumed in time", "missing", missing, "timeout", cfg.Timeout.String())
 	}
 
 	stopRelay()
@@ -370,4 +466,23 @@ func write(w io.Writer, rep report, asJSON bool) error {
 		rep.PickupMS.P50, rep.PickupMS.P99, rep.PublishMS.P50, rep.PublishMS.P99, rep.RelayBatches,
 		rep.WorkloadMS, rep.RelayMS, rep.EventsPerSec, rep.DrainMS, rep.TimedOut, rep.WallMS, result)
 	return err
+}
+
+// showProgress writes a line every interval until stop is closed:
+// transactions committed out of total, events consumed.
+func showProgress(out io.Writer, every time.Duration, stop <-chan struct{}, total int, w *workload, c *kafkatest.Consumer) {
+	start := time.Now()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		txns := w.txns.Load()
+		consumed := len(c.Records())
+		fmt.Fprintf(out, "quickstart: %6s  transactions %d/%d (%.0f%%)  events consumed %d\n",
+			time.Since(start).Round(100*time.Millisecond), txns, total, 100*float64(txns)/float64(max(total, 1)), consumed)
+	}
 }

@@ -119,6 +119,8 @@ type Publisher struct {
 	gen      *generation  // the live producer; nil until (re)started
 	draining *generation  // a retired producer still resolving its records
 	closed   bool
+
+	hc healthCheck // Healthy's client (health.go)
 }
 
 // generation is one sarama producer and the goroutine reading its outcomes.
@@ -178,6 +180,7 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 func (p *Publisher) MaxRecordBytes() int { return p.maxBytes }
 
 type batch struct {
+	p    *Publisher
 	mu   sync.Mutex
 	errs []error
 	left int
@@ -223,6 +226,7 @@ func (g *generation) dispatch() {
 				continue
 			}
 			md := m.Metadata.(meta)
+			md.b.p.hc.saw(m.Topic)
 			md.b.finish(md.i, nil)
 		case e, ok := <-errs:
 			if !ok {
@@ -375,7 +379,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 // ctx ends first it retires the producer (its records are still inside)
 // and returns ctx's error.
 func (p *Publisher) send(ctx context.Context, msgs []relay.Message, failpoints bool) ([]error, error) {
-	b := &batch{errs: make([]error, len(msgs)), left: len(msgs), done: make(chan struct{})}
+	b := &batch{p: p, errs: make([]error, len(msgs)), left: len(msgs), done: make(chan struct{})}
 	p.genMu.RLock()
 	if p.closed || p.gen == nil {
 		p.genMu.RUnlock()
@@ -495,6 +499,7 @@ func (p *Publisher) Close() error {
 	g, d := p.gen, p.draining
 	p.gen, p.draining = nil, nil
 	p.genMu.Unlock()
+	p.hc.close()
 	// AsyncClose, not Close: sarama's Close drains Successes and Errors
 	// itself, racing dispatch for acknowledgements a Publish waits for.
 	if g != nil {

@@ -1,0 +1,228 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/IBM/sarama"
+	"github.com/spf13/pflag"
+	"github.com/xdg-go/scram"
+)
+
+// envSASLPassword is the one way besides --sasl-password-file to give the
+// SASL password: never a flag, since argv is visible to every user of the
+// host (ps, /proc/PID/cmdline).
+const envSASLPassword = "OUTBOX_SASL_PASSWORD"
+
+// kafkaFlags are the relay's Kafka client settings.
+type kafkaFlags struct {
+	clientID    string
+	version     string
+	compression string
+
+	tls            bool
+	caFile         string
+	certFile       string
+	keyFile        string
+	serverName     string
+	insecureVerify bool
+
+	saslMechanism string
+	saslUser      string
+	saslPassFile  string
+	saslPassArgv  string // a refused --sasl-password, only to explain the refusal
+}
+
+func (k *kafkaFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&k.clientID, "client-id", "outbox-relay", "Kafka client ID the producer sends (broker logs, quotas, ACLs)")
+	envFlag(fs, "client-id", "OUTBOX_CLIENT_ID")
+	fs.StringVar(&k.version, "kafka-version", "", "Kafka protocol version to speak, e.g. 3.6.0 (default sarama's, "+sarama.NewConfig().Version.String()+"; at least 0.11.0)")
+	envFlag(fs, "kafka-version", "OUTBOX_KAFKA_VERSION")
+	fs.StringVar(&k.compression, "compression", "none", "record batch compression: none, gzip, snappy, lz4 or zstd")
+	envFlag(fs, "compression", "OUTBOX_COMPRESSION")
+
+	fs.BoolVar(&k.tls, "tls", false, "connect to the brokers over TLS (implied by the other --tls-* flags)")
+	envFlag(fs, "tls", "OUTBOX_TLS")
+	fs.StringVar(&k.caFile, "tls-ca-file", "", "PEM file of the CA certificates that sign the brokers' certificates (default the system's)")
+	envFlag(fs, "tls-ca-file", "OUTBOX_TLS_CA_FILE")
+	fs.StringVar(&k.certFile, "tls-cert-file", "", "PEM file of the client certificate, for mutual TLS (needs --tls-key-file)")
+	envFlag(fs, "tls-cert-file", "OUTBOX_TLS_CERT_FILE")
+	fs.StringVar(&k.keyFile, "tls-key-file", "", "PEM file of the client certificate's private key (needs --tls-cert-file)")
+	envFlag(fs, "tls-key-file", "OUTBOX_TLS_KEY_FILE")
+	fs.StringVar(&k.serverName, "tls-server-name", "", "name to verify the brokers' certificates against (default the broker's host)")
+	envFlag(fs, "tls-server-name", "OUTBOX_TLS_SERVER_NAME")
+	fs.BoolVar(&k.insecureVerify, "tls-insecure-skip-verify", false, "do not verify the brokers' certificates (tests only: anyone on the path can impersonate the broker)")
+	envFlag(fs, "tls-insecure-skip-verify", "OUTBOX_TLS_INSECURE_SKIP_VERIFY")
+
+	fs.StringVar(&k.saslMechanism, "sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (default no SASL)")
+	envFlag(fs, "sasl-mechanism", "OUTBOX_SASL_MECHANISM")
+	fs.StringVar(&k.saslUser, "sasl-user", "", "SASL user name")
+	envFlag(fs, "sasl-user", "OUTBOX_SASL_USER")
+	fs.StringVar(&k.saslPassFile, "sasl-password-file", "", "file holding the SASL password (one trailing newline is ignored); or set "+envSASLPassword)
+	envFlag(fs, "sasl-password-file", "OUTBOX_SASL_PASSWORD_FILE")
+	// Declared only to refuse it with an explanation instead of "unknown
+	// flag"; its value is never shown.
+	fs.StringVar(&k.saslPassArgv, "sasl-password", "", "refused: use --sasl-password-file or "+envSASLPassword)
+	_ = fs.MarkHidden("sasl-password")
+}
+
+// errSecretInArgv is the usage error for a secret given as a flag.
+var errSecretInArgv = errors.New("--sasl-password is refused: a password on the command line is visible to every user of the host; use --sasl-password-file or " + envSASLPassword)
+
+// saramaConfig builds the producer configuration from the flags; getenv
+// reads OUTBOX_SASL_PASSWORD. Mistakes are usage errors (exit 2); an
+// unreadable file is a runtime error naming the flag.
+func (k *kafkaFlags) saramaConfig(getenv func(string) string) (*sarama.Config, error) {
+	if k.saslPassArgv != "" {
+		return nil, &exitError{code: exitUsage, msg: errSecretInArgv.Error()}
+	}
+	sc := sarama.NewConfig()
+	if k.clientID == "" {
+		return nil, usageErrorf("--client-id must not be empty")
+	}
+	sc.ClientID = k.clientID
+	if k.version != "" {
+		v, err := sarama.ParseKafkaVersion(k.version)
+		if err != nil {
+			return nil, usageErrorf("invalid --kafka-version %q: %v", k.version, err)
+		}
+		if !v.IsAtLeast(sarama.V0_11_0_0) {
+			return nil, usageErrorf("--kafka-version %s is older than 0.11.0 (record headers and idempotence need it)", k.version)
+		}
+		sc.Version = v
+	}
+	switch strings.ToLower(k.compression) {
+	case "", "none":
+		sc.Producer.Compression = sarama.CompressionNone
+	case "gzip":
+		sc.Producer.Compression = sarama.CompressionGZIP
+	case "snappy":
+		sc.Producer.Compression = sarama.CompressionSnappy
+	case "lz4":
+		sc.Producer.Compression = sarama.CompressionLZ4
+	case "zstd":
+		if !sc.Version.IsAtLeast(sarama.V2_1_0_0) {
+			return nil, usageErrorf("--compression zstd needs --kafka-version 2.1.0 or later, got %s", sc.Version)
+		}
+		sc.Producer.Compression = sarama.CompressionZSTD
+	default:
+		return nil, usageErrorf("invalid --compression %q: want none, gzip, snappy, lz4 or zstd", k.compression)
+	}
+	if err := k.tlsConfig(sc); err != nil {
+		return nil, err
+	}
+	if err := k.saslConfig(sc, getenv); err != nil {
+		return nil, err
+	}
+	if err := sc.Validate(); err != nil {
+		return nil, usageErrorf("invalid Kafka settings: %v", err)
+	}
+	return sc, nil
+}
+
+func (k *kafkaFlags) tlsConfig(sc *sarama.Config) error {
+	if !k.tls && k.caFile == "" && k.certFile == "" && k.keyFile == "" && k.serverName == "" && !k.insecureVerify {
+		return nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: k.serverName, InsecureSkipVerify: k.insecureVerify} //nolint:gosec // opt-in, for tests
+	if k.caFile != "" {
+		pem, err := os.ReadFile(k.caFile)
+		if err != nil {
+			return fmt.Errorf("reading --tls-ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return usageErrorf("--tls-ca-file %s holds no PEM certificate", k.caFile)
+		}
+		tc.RootCAs = pool
+	}
+	if (k.certFile == "") != (k.keyFile == "") {
+		return usageErrorf("--tls-cert-file and --tls-key-file go together")
+	}
+	if k.certFile != "" {
+		cert, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
+		if err != nil {
+			return usageErrorf("loading --tls-cert-file and --tls-key-file: %v", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	sc.Net.TLS.Enable = true
+	sc.Net.TLS.Config = tc
+	return nil
+}
+
+func (k *kafkaFlags) saslConfig(sc *sarama.Config, getenv func(string) string) error {
+	if k.saslMechanism == "" {
+		if k.saslUser != "" || k.saslPassFile != "" {
+			return usageErrorf("--sasl-user and --sasl-password-file need --sasl-mechanism")
+		}
+		return nil
+	}
+	var gen func() sarama.SCRAMClient
+	switch m := strings.ToUpper(k.saslMechanism); m {
+	case sarama.SASLTypePlaintext:
+		sc.Net.SASL.Mechanism = sarama.SASLTypePlaintext
+	case sarama.SASLTypeSCRAMSHA256:
+		sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA256
+		gen = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA256} }
+	case sarama.SASLTypeSCRAMSHA512:
+		sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
+		gen = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA512} }
+	default:
+		return usageErrorf("invalid --sasl-mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", k.saslMechanism)
+	}
+	if k.saslUser == "" {
+		return usageErrorf("--sasl-mechanism %s needs --sasl-user", k.saslMechanism)
+	}
+	password := getenv(envSASLPassword)
+	if k.saslPassFile != "" {
+		if password != "" {
+			return usageErrorf("give the SASL password once: --sasl-password-file or %s, not both", envSASLPassword)
+		}
+		b, err := os.ReadFile(k.saslPassFile)
+		if err != nil {
+			return fmt.Errorf("reading --sasl-password-file: %w", err)
+		}
+		password = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	}
+	if password == "" {
+		return usageErrorf("--sasl-mechanism %s needs a password: --sasl-password-file or %s", k.saslMechanism, envSASLPassword)
+	}
+	sc.Net.SASL.Enable = true
+	sc.Net.SASL.Handshake = true
+	sc.Net.SASL.User = k.saslUser
+	sc.Net.SASL.Password = password
+	sc.Net.SASL.SCRAMClientGeneratorFunc = gen
+	return nil
+}
+
+// scramClient is sarama's SCRAMClient on github.com/xdg-go/scram.
+type scramClient struct {
+	hash scram.HashGeneratorFcn
+	conv *scram.ClientConversation
+}
+
+var _ sarama.SCRAMClient = (*scramClient)(nil)
+
+// Begin starts a conversation for user and password (authzID is the
+// authorization identity, usually empty).
+func (c *scramClient) Begin(user, password, authzID string) error {
+	cl, err := c.hash.NewClient(user, password, authzID)
+	if err != nil {
+		return fmt.Errorf("SCRAM: %w", err)
+	}
+	c.conv = cl.NewConversation()
+	return nil
+}
+
+// Step answers the server's challenge.
+func (c *scramClient) Step(challenge string) (string, error) {
+	return c.conv.Step(challenge)
+}
+
+// Done reports whether the conversation is over.
+func (c *scramClient) Done() bool { return c.conv.Done() }
