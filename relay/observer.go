@@ -45,15 +45,31 @@ type Observer interface {
 	Up(up bool)
 }
 
-type nopObserver struct{}
+// NopObserver is an Observer that observes nothing: the relay's default,
+// and a base to embed in an Observer that implements only some methods
+// (or only an optional interface such as PublishObserver).
+type NopObserver struct{}
 
-func (nopObserver) Claimed(int, time.Duration)          {}
-func (nopObserver) Published(Message, time.Duration)    {}
-func (nopObserver) Failed(Message, ErrorClass, error)   {}
-func (nopObserver) Retried(Message, int, time.Duration) {}
-func (nopObserver) DeadLettered(Message, error)         {}
-func (nopObserver) Leases(int)                          {}
-func (nopObserver) Up(bool)                             {}
+// Claimed does nothing.
+func (NopObserver) Claimed(int, time.Duration) {}
+
+// Published does nothing.
+func (NopObserver) Published(Message, time.Duration) {}
+
+// Failed does nothing.
+func (NopObserver) Failed(Message, ErrorClass, error) {}
+
+// Retried does nothing.
+func (NopObserver) Retried(Message, int, time.Duration) {}
+
+// DeadLettered does nothing.
+func (NopObserver) DeadLettered(Message, error) {}
+
+// Leases does nothing.
+func (NopObserver) Leases(int) {}
+
+// Up does nothing.
+func (NopObserver) Up(bool) {}
 
 // PublishObserver is an optional interface of an Observer, for tracing
 // (package github.com/sqloutbox/outbox/otel implements it with

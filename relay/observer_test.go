@@ -17,6 +17,7 @@ import (
 
 // spanObserver records StartPublish and end calls.
 type spanObserver struct {
+	relay.NopObserver
 	mu      sync.Mutex
 	started [][]string // message IDs per StartPublish
 	ended   []error
@@ -47,14 +48,6 @@ func (o *spanObserver) calls() (started [][]string, ended []error, open int) {
 	defer o.mu.Unlock()
 	return append([][]string(nil), o.started...), append([]error(nil), o.ended...), o.open
 }
-
-func (*spanObserver) Claimed(int, time.Duration)                    {}
-func (*spanObserver) Published(relay.Message, time.Duration)        {}
-func (*spanObserver) Failed(relay.Message, relay.ErrorClass, error) {}
-func (*spanObserver) Retried(relay.Message, int, time.Duration)     {}
-func (*spanObserver) DeadLettered(relay.Message, error)             {}
-func (*spanObserver) Leases(int)                                    {}
-func (*spanObserver) Up(bool)                                       {}
 
 // ctxPublisher fails its first batch as a whole and checks that Publish
 // receives the context StartPublish returned.

@@ -213,7 +213,7 @@ func (c Config) withDefaults() Config {
 		c.PartitionCheckInterval = DefaultPartitionCheckInterval
 	}
 	if c.Observer == nil {
-		c.Observer = nopObserver{}
+		c.Observer = NopObserver{}
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = DefaultLeaseTTL

@@ -1,0 +1,73 @@
+package outboxotel
+
+import (
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sqloutbox/outbox/relay"
+	"github.com/sqloutbox/outbox/relay/kafka"
+)
+
+// ScopeName is the instrumentation scope name of the tracer NewObserver
+// uses.
+const ScopeName = "github.com/sqloutbox/outbox/otel"
+
+// Option configures Capture, NewObserver, ExtractFranz and ExtractSarama.
+type Option func(*config)
+
+type config struct {
+	prop  propagation.TextMapPropagator
+	tp    trace.TracerProvider
+	topic func(relay.Message) string
+}
+
+// WithPropagator sets the propagator that injects the trace context into
+// events' headers (Capture) and extracts it from them (NewObserver's
+// links, ExtractFranz, ExtractSarama). Default (or nil): the global
+// otel.GetTextMapPropagator(). Give writers, relays and consumers the same
+// propagator.
+func WithPropagator(p propagation.TextMapPropagator) Option {
+	return func(c *config) { c.prop = p }
+}
+
+// WithTracerProvider sets the provider of NewObserver's tracer. Default (or
+// nil): the global otel.GetTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tp = tp }
+}
+
+// WithTopic sets how NewObserver names a message's destination
+// (messaging.destination.name) when its event has no Topic of its own.
+// Give it the route of your relay/kafka.Config.Topic. Default (or nil):
+// kafka.DefaultTopic, the Kafka publisher's default route.
+func WithTopic(route func(relay.Message) string) Option {
+	return func(c *config) { c.topic = route }
+}
+
+func newConfig(opts []Option) config {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.prop == nil {
+		c.prop = otel.GetTextMapPropagator()
+	}
+	if c.tp == nil {
+		c.tp = otel.GetTracerProvider()
+	}
+	if c.topic == nil {
+		c.topic = kafka.DefaultTopic
+	}
+	return c
+}
+
+// destination returns m's topic as the Kafka publisher routes it.
+func (c *config) destination(m *relay.Message) string {
+	if m.Topic != "" {
+		return m.Topic
+	}
+	return c.topic(*m)
+}

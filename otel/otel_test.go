@@ -1,0 +1,360 @@
+package outboxotel_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sqloutbox/outbox/relay"
+	outboxotel "github.com/sqloutbox/outbox/otel"
+)
+
+var w3c = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+type bundle struct {
+	rec *tracetest.SpanRecorder
+	tp  *sdktrace.TracerProvider
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return &bundle{rec: rec, tp: tp}
+}
+
+// origin starts a span with baggage member k=v and returns its context.
+func (b *bundle) origin(t *testing.T, name string) (context.Context, trace.SpanContext) {
+	t.Helper()
+	m, err := baggage.NewMemberRaw("tenant", "acme corp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg, err := baggage.New(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := baggage.ContextWithBaggage(context.Background(), bg)
+	ctx, span := b.tp.Tracer("test").Start(ctx, name)
+	t.Cleanup(func() { span.End() })
+	return ctx, span.SpanContext()
+}
+
+func TestCapture(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	capture := outboxotel.Capture(outboxotel.WithPropagator(w3c))
+	ctx, sc := b.origin(t, "handler")
+	wantTP := fmt.Sprintf("00-%s-%s-01", sc.TraceID(), sc.SpanID())
+
+	t.Run("TraceContextAndBaggage", func(t *testing.T) {
+		t.Parallel()
+		got := capture(ctx, nil)
+		want := map[string]string{"traceparent": wantTP, "baggage": "tenant=acme%20corp"}
+		if !maps.Equal(got, want) {
+			t.Fatalf("captured %v, want %v", got, want)
+		}
+	})
+	t.Run("NothingWithoutSpanOrBaggage", func(t *testing.T) {
+		t.Parallel()
+		if got := capture(context.Background(), map[string]string{"x": "y"}); got != nil {
+			t.Fatalf("captured %v, want nil", got)
+		}
+	})
+	t.Run("ApplicationTraceparentWins", func(t *testing.T) {
+		t.Parallel()
+		for _, app := range []map[string]string{
+			{"traceparent": "00-11111111111111111111111111111111-2222222222222222-01"},
+			{"tracestate": "vendor=1"},
+		} {
+			got := capture(ctx, app)
+			if want := map[string]string{"baggage": "tenant=acme%20corp"}; !maps.Equal(got, want) {
+				t.Errorf("app headers %v: captured %v, want %v", app, got, want)
+			}
+		}
+	})
+	t.Run("ApplicationBaggageWins", func(t *testing.T) {
+		t.Parallel()
+		got := capture(ctx, map[string]string{"baggage": "mine=1"})
+		if want := map[string]string{"traceparent": wantTP}; !maps.Equal(got, want) {
+			t.Errorf("captured %v, want %v", got, want)
+		}
+	})
+}
+
+// TestCaptureDefaultsToGlobalPropagator: without WithPropagator, Capture
+// uses the global propagator, also one installed after Capture was built.
+// Not parallel: it sets the global propagator (for good: setting the
+// delegating global back onto itself is refused; the other tests pass
+// their propagator explicitly).
+func TestCaptureDefaultsToGlobalPropagator(t *testing.T) {
+	b := setup(t)
+	capture := outboxotel.Capture()
+	ctx, sc := b.origin(t, "handler")
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	got := capture(ctx, nil)
+	if want := fmt.Sprintf("00-%s-%s-01", sc.TraceID(), sc.SpanID()); len(got) != 1 || got["traceparent"] != want {
+		t.Fatalf("captured %v, want only traceparent %s", got, want)
+	}
+}
+
+// recordingObserver records forwarded calls.
+type recordingObserver struct {
+	relay.NopObserver
+	mu         sync.Mutex
+	published  int
+	mismatches []error
+	inner      []string // span names active in StartPublish's ctx
+	ended      []error
+}
+
+func (o *recordingObserver) Published(relay.Message, time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.published++
+}
+
+func (o *recordingObserver) PartitionMismatch(err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.mismatches = append(o.mismatches, err)
+}
+
+func (o *recordingObserver) StartPublish(ctx context.Context, _ []relay.Message) (context.Context, func(error)) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s, _ := trace.SpanFromContext(ctx).(sdktrace.ReadOnlySpan)
+	if s != nil {
+		o.inner = append(o.inner, s.Name())
+	}
+	return ctx, func(err error) {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		o.ended = append(o.ended, err)
+	}
+}
+
+func message(ctx context.Context, id, agg, topic string) relay.Message {
+	h := propagation.MapCarrier{}
+	w3c.Inject(ctx, h)
+	return relay.Message{ID: 1, MessageID: id, AggregateType: "order", AggregateID: agg, Topic: topic, EventType: "order.paid",
+		Headers: map[string]string(h), Payload: []byte(`{}`)}
+}
+
+func attrs(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
+	m := make(map[attribute.Key]attribute.Value, len(kvs))
+	for _, kv := range kvs {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+func wantAttrs(t *testing.T, what string, got []attribute.KeyValue, want map[attribute.Key]any) {
+	t.Helper()
+	m := attrs(got)
+	for k, v := range want {
+		g, ok := m[k]
+		switch {
+		case v == nil && ok:
+			t.Errorf("%s: attribute %s = %v, want absent", what, k, g.Emit())
+		case v != nil && (!ok || g.AsInterface() != v):
+			t.Errorf("%s: attribute %s = %v (set %v), want %v", what, k, g.AsInterface(), ok, v)
+		}
+	}
+}
+
+func TestObserverBatchSpan(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	obs := outboxotel.NewObserver(nil, outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(b.tp))
+	ctxA, scA := b.origin(t, "a")
+	ctxB, scB := b.origin(t, "b")
+	msgs := []relay.Message{
+		message(ctxA, "m-1", "o-1", ""),
+		message(context.Background(), "m-2", "o-2", ""), // no trace context: no link
+		message(ctxB, "m-3", "o-3", ""),
+	}
+	ctx, end := obs.StartPublish(context.Background(), msgs)
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		t.Error("StartPublish's context carries no span")
+	}
+	end(nil)
+	spans := b.rec.Ended()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans ended, want 1", len(spans))
+	}
+	s := spans[0]
+	if s.Name() != "send outbox.event.order" || s.SpanKind() != trace.SpanKindProducer || s.Parent().IsValid() {
+		t.Errorf("span %q kind %v parent %v; want \"send outbox.event.order\", producer, a root", s.Name(), s.SpanKind(), s.Parent())
+	}
+	if s.Status().Code != codes.Unset {
+		t.Errorf("status %v, want unset", s.Status())
+	}
+	wantAttrs(t, "span", s.Attributes(), map[attribute.Key]any{
+		"messaging.system": "kafka", "messaging.operation.type": "send", "messaging.operation.name": "send",
+		"messaging.batch.message_count": int64(3), "messaging.destination.name": "outbox.event.order",
+		"messaging.message.id": nil, "error.type": nil,
+	})
+	links := s.Links()
+	if len(links) != 2 || links[0].SpanContext.SpanID() != scA.SpanID() || links[1].SpanContext.SpanID() != scB.SpanID() ||
+		links[0].SpanContext.TraceID() != scA.TraceID() {
+		t.Fatalf("links %+v, want the spans of m-1 and m-3", links)
+	}
+	wantAttrs(t, "link 0", links[0].Attributes, map[attribute.Key]any{
+		"messaging.message.id": "m-1", "messaging.kafka.message.key": "o-1", "messaging.destination.name": "outbox.event.order",
+	})
+	wantAttrs(t, "link 1", links[1].Attributes, map[attribute.Key]any{"messaging.message.id": "m-3"})
+}
+
+func TestObserverSingleMessageAndTopics(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	route := func(m relay.Message) string { return "events." + m.AggregateType }
+	obs := outboxotel.NewObserver(nil, outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(b.tp), outboxotel.WithTopic(route))
+	ctxA, _ := b.origin(t, "a")
+
+	_, end := obs.StartPublish(context.Background(), []relay.Message{message(ctxA, "m-1", "o-1", "")})
+	end(nil)
+	_, end = obs.StartPublish(context.Background(), []relay.Message{message(ctxA, "m-2", "o-1", "own.topic"), message(ctxA, "m-3", "o-1", "")})
+	end(nil)
+	spans := b.rec.Ended()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want 2", len(spans))
+	}
+	if spans[0].Name() != "send events.order" {
+		t.Errorf("name %q, want the routed topic", spans[0].Name())
+	}
+	wantAttrs(t, "single", spans[0].Attributes(), map[attribute.Key]any{
+		"messaging.message.id": "m-1", "messaging.kafka.message.key": "o-1", "messaging.destination.name": "events.order",
+		"messaging.batch.message_count": int64(1),
+	})
+	if spans[1].Name() != "send" {
+		t.Errorf("name %q, want \"send\" for two topics", spans[1].Name())
+	}
+	wantAttrs(t, "two topics", spans[1].Attributes(), map[attribute.Key]any{"messaging.destination.name": nil, "messaging.message.id": nil})
+	if l := spans[1].Links(); len(l) != 2 || attrs(l[0].Attributes)["messaging.destination.name"].AsString() != "own.topic" {
+		t.Errorf("links %+v, want the event's own topic on the first", l)
+	}
+}
+
+func TestObserverErrorStatus(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		err    error
+		typ    string
+		failed any
+	}{
+		{"Batch", errors.New("broker unreachable"), outboxotel.ErrorTypeBatch, nil},
+		{"Unavailable", fmt.Errorf("%w: topic authorization failed", relay.ErrUnavailable), outboxotel.ErrorTypeUnavailable, nil},
+		{"Partial", relay.PublishErrors{nil, errors.New("too large"), errors.New("held back")}, outboxotel.ErrorTypePartial, int64(2)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			obs := outboxotel.NewObserver(nil, outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(b.tp))
+			ctx, _ := b.origin(t, "a")
+			_, end := obs.StartPublish(context.Background(), []relay.Message{message(ctx, "m-1", "o-1", ""), message(ctx, "m-2", "o-1", ""), message(ctx, "m-3", "o-1", "")})
+			end(tc.err)
+			s := b.rec.Ended()[0]
+			if s.Status().Code != codes.Error || !strings.Contains(s.Status().Description, tc.err.Error()) {
+				t.Errorf("status %+v, want Error with %q", s.Status(), tc.err)
+			}
+			wantAttrs(t, tc.name, s.Attributes(), map[attribute.Key]any{"error.type": tc.typ, "outbox.publish.failed_count": tc.failed})
+			if ev := s.Events(); len(ev) != 1 || ev[0].Name != "exception" {
+				t.Errorf("events %+v, want one exception", ev)
+			}
+		})
+	}
+	t.Run("PublishErrorsAllNil", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		obs := outboxotel.NewObserver(nil, outboxotel.WithTracerProvider(b.tp))
+		_, end := obs.StartPublish(context.Background(), make([]relay.Message, 2))
+		end(relay.PublishErrors{nil, nil})
+		if s := b.rec.Ended()[0]; s.Status().Code != codes.Unset {
+			t.Errorf("status %+v, want unset", s.Status())
+		}
+	})
+}
+
+// TestObserverForwards: the wrapped Observer still gets its calls,
+// PartitionMismatch and a nested StartPublish included.
+func TestObserverForwards(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	next := &recordingObserver{}
+	obs := outboxotel.NewObserver(next, outboxotel.WithTracerProvider(b.tp))
+	var _ relay.PartitionObserver = obs
+	var _ relay.PublishObserver = obs
+	obs.Published(relay.Message{}, time.Millisecond)
+	mismatch := errors.New("mismatch")
+	obs.PartitionMismatch(mismatch)
+	_, end := obs.StartPublish(context.Background(), []relay.Message{{MessageID: "m-1", AggregateType: "order", AggregateID: "o-1"}})
+	end(nil)
+	next.mu.Lock()
+	defer next.mu.Unlock()
+	if next.published != 1 || len(next.mismatches) != 1 || next.mismatches[0] != mismatch {
+		t.Errorf("forwarded: %d published, mismatches %v", next.published, next.mismatches)
+	}
+	if len(next.inner) != 1 || next.inner[0] != "send outbox.event.order" || len(next.ended) != 1 || next.ended[0] != nil {
+		t.Errorf("nested StartPublish saw spans %v, ended %v; want it inside the send span, ended once", next.inner, next.ended)
+	}
+	// A wrapped Observer without the optional interfaces is fine too.
+	plain := outboxotel.NewObserver(relay.NopObserver{})
+	plain.PartitionMismatch(mismatch)
+	_, end = plain.StartPublish(context.Background(), nil)
+	end(nil)
+}
+
+func TestExtract(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, sc := b.origin(t, "handler")
+	h := propagation.MapCarrier{}
+	w3c.Inject(ctx, h)
+	franz := &kgo.Record{Headers: []kgo.RecordHeader{{Key: "outbox-message-id", Value: []byte("m-1")}}}
+	sar := &sarama.ConsumerMessage{Headers: []*sarama.RecordHeader{nil, {Key: []byte("outbox-message-id"), Value: []byte("m-1")}}}
+	for k, v := range h {
+		franz.Headers = append(franz.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		sar.Headers = append(sar.Headers, &sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
+	}
+	opt := outboxotel.WithPropagator(w3c)
+	for name, got := range map[string]context.Context{
+		"franz":  outboxotel.ExtractFranz(context.Background(), franz, opt),
+		"sarama": outboxotel.ExtractSarama(context.Background(), sar, opt),
+	} {
+		rsc := trace.SpanContextFromContext(got)
+		if !rsc.IsRemote() || rsc.TraceID() != sc.TraceID() || rsc.SpanID() != sc.SpanID() || !rsc.IsSampled() {
+			t.Errorf("%s: extracted %+v, want remote %s/%s sampled", name, rsc, sc.TraceID(), sc.SpanID())
+		}
+		if v := baggage.FromContext(got).Member("tenant").Value(); v != "acme corp" {
+			t.Errorf("%s: baggage tenant = %q, want %q", name, v, "acme corp")
+		}
+	}
+	bg := context.Background()
+	if outboxotel.ExtractFranz(bg, nil, opt) != bg || outboxotel.ExtractSarama(bg, nil, opt) != bg {
+		t.Error("a nil record changed the context")
+	}
+	if got := outboxotel.ExtractFranz(bg, &kgo.Record{}, opt); trace.SpanContextFromContext(got).IsValid() {
+		t.Error("a record without headers yielded a span context")
+	}
+}
