@@ -12,8 +12,8 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/relay"
 	outboxotel "github.com/sqloutbox/outbox/otel"
+	"github.com/sqloutbox/outbox/relay"
 )
 
 // ExampleCapture shows the headers Emit adds for the span active in its

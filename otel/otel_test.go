@@ -21,8 +21,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sqloutbox/outbox/relay"
+	"github.com/sqloutbox/outbox/emit"
 	outboxotel "github.com/sqloutbox/outbox/otel"
+	"github.com/sqloutbox/outbox/relay"
 )
 
 var w3c = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
@@ -356,5 +357,32 @@ func TestExtract(t *testing.T) {
 	}
 	if got := outboxotel.ExtractFranz(bg, &kgo.Record{}, opt); trace.SpanContextFromContext(got).IsValid() {
 		t.Error("a record without headers yielded a span context")
+	}
+}
+
+// TestCaptureCountsTowardRecordLimit: an event that fits
+// Limits.MaxRecordBytes alone is refused at Emit, with ErrRecordTooLarge,
+// once the captured trace headers push it over; untraced, it is accepted.
+func TestCaptureCountsTowardRecordLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	traced, _ := b.origin(t, "handler")
+	ev := emit.Event{ID: "m-1", AggregateType: "order", AggregateID: "o-1", Type: "order.paid", Payload: []byte(`{"a":1}`), ContentType: emit.DefaultContentType}
+	limits := emit.Limits{MaxRecordBytes: emit.RecordSize(&ev) + 20} // room for far less than a traceparent
+	capture := outboxotel.Capture(outboxotel.WithPropagator(w3c))
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		ok   bool
+	}{{"Untraced", context.Background(), true}, {"Traced", traced, false}} {
+		ctx := emit.NewContext(tc.ctx)
+		batch := emit.FromContext(ctx).BeginWith(limits, capture)
+		err := emit.Emit(ctx, ev)
+		if tc.ok && err != nil || !tc.ok && !errors.Is(err, emit.ErrRecordTooLarge) {
+			t.Errorf("%s: Emit = %v, want ok %v (else ErrRecordTooLarge)", tc.name, err, tc.ok)
+		}
+		if n := len(batch.Take()); tc.ok != (n == 1) {
+			t.Errorf("%s: %d events buffered", tc.name, n)
+		}
 	}
 }
