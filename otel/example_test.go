@@ -40,7 +40,8 @@ func Example() {
 	// Writer: capture the trace context at every Emit.
 	ob, err := driver.New(driver.Config{Dialect: driver.Postgres, Capture: outboxotel.Capture()})
 	if err != nil {
-		panic(err)
+		fmt.Println(err)
+		return
 	}
 	_ = ob // driver.Register or ob.Wrap / ob.WrapConnector as usual
 	_ = outbox.Middleware(http.NotFoundHandler())
