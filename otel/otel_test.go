@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -384,5 +385,63 @@ func TestCaptureCountsTowardRecordLimit(t *testing.T) {
 		if n := len(batch.Take()); tc.ok != (n == 1) {
 			t.Errorf("%s: %d events buffered", tc.name, n)
 		}
+	}
+}
+
+// BenchmarkEmit is one emit.Emit into an in-memory batch (no database)
+// inside a sampled span with baggage: without a Capture (off), and with
+// Capture (on). The difference is what tracing adds to each Emit.
+//
+//	go test -run XXX -bench BenchmarkEmit -count 6 ./otel/
+func BenchmarkEmit(b *testing.B) {
+	tp := sdktrace.NewTracerProvider()
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	m, _ := baggage.NewMemberRaw("tenant", "acme")
+	bg, _ := baggage.New(m)
+	ctx, span := tp.Tracer("bench").Start(baggage.ContextWithBaggage(context.Background(), bg), "request")
+	defer span.End()
+	payload := []byte(`{"order_id":"o-000000","status":"paid","amount_cents":12345,"currency":"EUR","items":3}`)
+	for _, v := range []struct {
+		name    string
+		capture emit.Capture
+	}{{"off", nil}, {"on", outboxotel.Capture(outboxotel.WithPropagator(w3c))}} {
+		b.Run(v.name, func(b *testing.B) {
+			b.ReportAllocs()
+			sctx := emit.NewContext(ctx)
+			s := emit.FromContext(sctx)
+			batch := s.BeginWith(emit.Limits{}, v.capture)
+			n := 0
+			for b.Loop() {
+				if err := emit.Emit(sctx, emit.Event{AggregateType: "order", AggregateID: "o-1", Type: "order.paid", Payload: payload}); err != nil {
+					b.Fatal(err)
+				}
+				if n++; n == 1000 {
+					batch.Take()
+					batch, n = s.BeginWith(emit.Limits{}, v.capture), 0
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkStartPublish is the relay-side cost of one traced batch of 100
+// messages, each carrying a captured trace context: StartPublish (one
+// span, 100 links extracted from the headers) and end.
+//
+//	go test -run XXX -bench BenchmarkStartPublish -count 6 ./otel/
+func BenchmarkStartPublish(b *testing.B) {
+	tp := sdktrace.NewTracerProvider()
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctx, span := tp.Tracer("bench").Start(context.Background(), "request")
+	defer span.End()
+	msgs := make([]relay.Message, 100)
+	for i := range msgs {
+		msgs[i] = message(ctx, "m-"+strconv.Itoa(i), "o-"+strconv.Itoa(i), "")
+	}
+	obs := outboxotel.NewObserver(nil, outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(tp))
+	b.ReportAllocs()
+	for b.Loop() {
+		_, end := obs.StartPublish(context.Background(), msgs)
+		end(nil)
 	}
 }
