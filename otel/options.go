@@ -13,7 +13,9 @@ import (
 // uses.
 const ScopeName = "github.com/sqloutbox/outbox/otel"
 
-// Option configures Capture, NewObserver, ExtractFranz and ExtractSarama.
+// Option configures Capture, NewObserver, ExtractFranz and ExtractSarama;
+// each uses the options that apply to it (the extractors and Capture only
+// WithPropagator) and ignores the others. A nil Option is ignored.
 type Option func(*config)
 
 type config struct {

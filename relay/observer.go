@@ -81,7 +81,8 @@ func (NopObserver) Up(bool) {}
 // Publish's result: nil when every message was acknowledged, a
 // PublishErrors when some failed, any other error when the batch failed
 // as a whole (see Publisher). StartPublish must return a non-nil context
-// (ctx itself if it adds nothing) and a non-nil end. It may read msgs until
+// (ctx itself if it adds nothing) and a non-nil end (the relay uses ctx
+// for a nil context and skips a nil end). It may read msgs until
 // end returns but must neither modify nor keep them. Like Observer's
 // methods, both must be quick and must not block. An Observer that does
 // not implement it costs the relay nothing.

@@ -131,3 +131,21 @@ func TestPublishObserver(t *testing.T) {
 		t.Errorf("%d Publish calls did not get StartPublish's context", pub.missing)
 	}
 }
+
+// brokenObserver returns neither a context nor an end func.
+type brokenObserver struct{ relay.NopObserver }
+
+func (brokenObserver) StartPublish(context.Context, []relay.Message) (context.Context, func(error)) {
+	return nil, nil
+}
+
+// TestPublishObserverBroken: a PublishObserver that returns a nil context
+// and a nil end does not stop the relay from publishing.
+func TestPublishObserverBroken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testdb.All[3], func(c *relay.Config) { c.Observer = brokenObserver{} })
+	b.emit(t, event("B", 1))
+	if _, err := b.pub.WaitForIDs(b.ctx, "B-1"); err != nil {
+		t.Fatal(err)
+	}
+}

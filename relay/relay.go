@@ -574,8 +574,13 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	var perr error
 	if po, ok := r.cfg.Observer.(PublishObserver); ok {
 		sctx, end := po.StartPublish(pctx, msgs)
+		if sctx == nil { // a broken observer must not break publishing
+			sctx = pctx
+		}
 		perr = r.cfg.Publisher.Publish(sctx, msgs)
-		end(perr)
+		if end != nil {
+			end(perr)
+		}
 	} else {
 		perr = r.cfg.Publisher.Publish(pctx, msgs)
 	}
