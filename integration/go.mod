@@ -3,6 +3,7 @@ module github.com/sqloutbox/outbox/integration
 go 1.26.0
 
 require (
+	github.com/IBM/sarama v1.61.1
 	github.com/jmoiron/sqlx v1.4.0
 	github.com/sqloutbox/outbox v0.0.0
 	github.com/sqloutbox/outbox/otel v0.0.0
@@ -27,7 +28,6 @@ require (
 	dario.cat/mergo v1.0.2 // indirect
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20261006220739-8c912ac31dd4 // indirect
-	github.com/IBM/sarama v1.61.1 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

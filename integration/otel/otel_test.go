@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
@@ -266,6 +267,16 @@ func TestTraceEndToEnd(t *testing.T) {
 			if bg.Len() != 2 || bg.Member("tenant").Value() != "acme corp" || bg.Member("user").Value() != "42" {
 				t.Errorf("consumer baggage %q, want tenant=acme corp and user=42", bg.String())
 			}
+
+			// The same record through sarama.
+			msg := consumeSarama(t, b, "msg-o-1")
+			sctx := outboxotel.ExtractSarama(b.ctx, msg, outboxotel.WithPropagator(w3c))
+			if ssc := trace.SpanContextFromContext(sctx); ssc.TraceID() != origin.TraceID() || ssc.SpanID() != origin.SpanID() || !ssc.IsRemote() {
+				t.Errorf("sarama: extracted %v, want the server span %v", ssc, origin)
+			}
+			if sb := baggage.FromContext(sctx); sb.Member("tenant").Value() != "acme corp" || sb.Member("user").Value() != "42" {
+				t.Errorf("sarama: baggage %q", sb.String())
+			}
 		})
 	}
 }
@@ -295,6 +306,36 @@ func consumeOne(t *testing.T, b *bundle, messageID string) *kgo.Record {
 		})
 		if found != nil {
 			return found
+		}
+	}
+}
+
+// consumeSarama reads partition 0 of the topic with sarama until the
+// record of messageID arrives.
+func consumeSarama(t *testing.T, b *bundle, messageID string) *sarama.ConsumerMessage {
+	t.Helper()
+	c, err := sarama.NewConsumer(b.broker.Addrs(), sarama.NewConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pc, err := c.ConsumePartition(topic, 0, sarama.OffsetOldest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	for {
+		select {
+		case m := <-pc.Messages():
+			for _, h := range m.Headers {
+				if string(h.Key) == "outbox-message-id" && string(h.Value) == messageID {
+					return m
+				}
+			}
+		case err := <-pc.Errors():
+			t.Fatalf("sarama: %v", err)
+		case <-b.ctx.Done():
+			t.Fatalf("record %s not consumed through sarama: %v", messageID, b.ctx.Err())
 		}
 	}
 }
