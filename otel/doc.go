@@ -53,20 +53,28 @@
 // and a batch's messages come from many traces. A span per message would
 // cost the relay a span per row at thousands of rows per second for the
 // same information the links carry. The SDK keeps at most 128 links per
-// span by default (OTEL_SPAN_LINK_COUNT_LIMIT); links past it are counted
-// as dropped.
+// span by default (OTEL_SPAN_LINK_COUNT_LIMIT, or sdktrace.WithSpanLimits),
+// fewer than the relay's default batch of 500; links past it are counted as
+// dropped. Raise the limit, or choose WithSpanPerMessage: one producer span
+// per message instead, a child of the message's originating span (the
+// publish then appears inside the request's trace, with that message's own
+// outcome), at the cost of a span per row.
 //
 // A failed Publish sets the span's status to Error with the error's text,
 // records the error as an event, and sets error.type: "batch" (the batch
 // failed as a whole), "unavailable" (relay.ErrUnavailable) or "partial"
 // (relay.PublishErrors: some messages failed; outbox.publish.failed_count
-// says how many). A message is retried in a later batch and so a later
-// span, linked to the same originating context.
+// says how many). With WithSpanPerMessage each message's span gets its own
+// outcome: its relay.PublishErrors entry ("permanent" for
+// relay.ErrPermanent, "unavailable", else "transient"), or the batch's error.
+// A message is retried in a later batch and so a later span, linked to (or
+// the child of) the same originating context.
 //
 // The relay does not rewrite the captured headers: a consumer extracting
-// them continues the trace of the span that was active at Emit (the
-// publish span is its sibling, linked to it), which keeps invariant 5,
-// bytes in = bytes out.
+// them continues the trace of the span that was active at Emit (the batch
+// publish span, in a trace of its own, links to that span; with
+// WithSpanPerMessage the publish span is the consumer span's sibling), which
+// keeps invariant 5, bytes in = bytes out.
 //
 // # Defaults
 //

@@ -23,6 +23,10 @@ const (
 	ErrorTypeBatch       = "batch"       // the batch failed as a whole
 	ErrorTypeUnavailable = "unavailable" // relay.ErrUnavailable
 	ErrorTypePartial     = "partial"     // relay.PublishErrors
+	// Error types of one message's span (WithSpanPerMessage) when its
+	// relay.PublishErrors entry failed.
+	ErrorTypePermanent = "permanent" // relay.ErrPermanent: dead-lettered
+	ErrorTypeTransient = "transient" // retried later
 )
 
 // Observer is a relay.Observer that traces the relay's publishes (it
@@ -71,6 +75,9 @@ func (o *Observer) PartitionMismatch(err error) {
 // returns ctx with the span and an end func that records Publish's
 // outcome and ends the span.
 func (o *Observer) StartPublish(ctx context.Context, msgs []relay.Message) (context.Context, func(error)) {
+	if o.cfg.perMessage {
+		return o.startPerMessage(ctx, msgs)
+	}
 	attrs := make([]attribute.KeyValue, 0, 8)
 	attrs = append(attrs,
 		semconv.MessagingSystemKafka,
@@ -121,6 +128,67 @@ func (o *Observer) StartPublish(ctx context.Context, msgs []relay.Message) (cont
 		}
 		recordOutcome(span, err)
 		span.End()
+	}
+}
+
+// startPerMessage is StartPublish with WithSpanPerMessage.
+func (o *Observer) startPerMessage(ctx context.Context, msgs []relay.Message) (context.Context, func(error)) {
+	spans := make([]trace.Span, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		d := o.cfg.destination(m)
+		// The message's origin is the parent; the relay's own context only
+		// bounds time, it is not part of the message's trace.
+		parent := trace.SpanContextFromContext(o.prop.Extract(context.Background(), mapCarrier(m.Headers)))
+		pctx := context.Background()
+		if parent.IsValid() {
+			pctx = trace.ContextWithRemoteSpanContext(pctx, parent)
+		}
+		_, spans[i] = o.tracer.Start(pctx, "send "+d,
+			trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(
+				semconv.MessagingSystemKafka,
+				semconv.MessagingOperationName("send"),
+				semconv.MessagingOperationTypeSend,
+				semconv.MessagingDestinationName(d),
+				semconv.MessagingMessageID(m.MessageID),
+				semconv.MessagingKafkaMessageKey(m.AggregateID),
+			),
+		)
+	}
+	var nextEnd func(error)
+	if po, ok := o.Observer.(relay.PublishObserver); ok {
+		ctx, nextEnd = po.StartPublish(ctx, msgs)
+	}
+	return ctx, func(err error) {
+		if nextEnd != nil {
+			nextEnd(err)
+		}
+		var pe relay.PublishErrors
+		perMsg := errors.As(err, &pe) && len(pe) == len(spans)
+		for i, span := range spans {
+			switch {
+			case perMsg && pe[i] != nil:
+				span.SetAttributes(semconv.ErrorTypeKey.String(errorType(pe[i])))
+				span.RecordError(pe[i])
+				span.SetStatus(codes.Error, pe[i].Error())
+			case !perMsg && err != nil:
+				recordOutcome(span, err)
+			}
+			span.End()
+		}
+	}
+}
+
+// errorType is error.type of one message's failure.
+func errorType(err error) string {
+	switch {
+	case errors.Is(err, relay.ErrUnavailable):
+		return ErrorTypeUnavailable
+	case errors.Is(err, relay.ErrPermanent):
+		return ErrorTypePermanent
+	default:
+		return ErrorTypeTransient
 	}
 }
 

@@ -19,9 +19,10 @@ const ScopeName = "github.com/sqloutbox/outbox/otel"
 type Option func(*config)
 
 type config struct {
-	prop  propagation.TextMapPropagator
-	tp    trace.TracerProvider
-	topic func(relay.Message) string
+	prop       propagation.TextMapPropagator
+	tp         trace.TracerProvider
+	topic      func(relay.Message) string
+	perMessage bool
 }
 
 // WithPropagator sets the propagator that injects the trace context into
@@ -45,6 +46,18 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // kafka.DefaultTopic, the Kafka publisher's default route.
 func WithTopic(route func(relay.Message) string) Option {
 	return func(c *config) { c.topic = route }
+}
+
+// WithSpanPerMessage makes NewObserver create one producer span per
+// message instead of one per batch: each a child of the message's
+// originating span context (a new root if its headers carry none), so the
+// publish appears inside the trace of the request that emitted it, with
+// messaging.message.id, messaging.kafka.message.key and
+// messaging.destination.name, and that message's own outcome (its
+// relay.PublishErrors entry, or the batch's error). It costs a span per
+// published row. Publish then gets the relay's context unchanged.
+func WithSpanPerMessage() Option {
+	return func(c *config) { c.perMessage = true }
 }
 
 func newConfig(opts []Option) config {

@@ -425,8 +425,8 @@ func BenchmarkEmit(b *testing.B) {
 }
 
 // BenchmarkStartPublish is the relay-side cost of one traced batch of 100
-// messages, each carrying a captured trace context: StartPublish (one
-// span, 100 links extracted from the headers) and end.
+// messages, each carrying a captured trace context: StartPublish and end,
+// with one span and 100 links (batch) or 100 spans (per_message).
 //
 //	go test -run XXX -bench BenchmarkStartPublish -count 6 ./otel/
 func BenchmarkStartPublish(b *testing.B) {
@@ -438,10 +438,76 @@ func BenchmarkStartPublish(b *testing.B) {
 	for i := range msgs {
 		msgs[i] = message(ctx, "m-"+strconv.Itoa(i), "o-"+strconv.Itoa(i), "")
 	}
-	obs := outboxotel.NewObserver(nil, outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(tp))
-	b.ReportAllocs()
-	for b.Loop() {
-		_, end := obs.StartPublish(context.Background(), msgs)
-		end(nil)
+	for _, v := range []struct {
+		name string
+		opts []outboxotel.Option
+	}{{"batch", nil}, {"per_message", []outboxotel.Option{outboxotel.WithSpanPerMessage()}}} {
+		b.Run(v.name, func(b *testing.B) {
+			obs := outboxotel.NewObserver(nil, append(v.opts, outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(tp))...)
+			b.ReportAllocs()
+			for b.Loop() {
+				_, end := obs.StartPublish(context.Background(), msgs)
+				end(nil)
+			}
+		})
+	}
+}
+
+func TestObserverSpanPerMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	obs := outboxotel.NewObserver(nil, outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(b.tp), outboxotel.WithSpanPerMessage())
+	ctxA, scA := b.origin(t, "a")
+	ctxB, scB := b.origin(t, "b")
+	msgs := []relay.Message{
+		message(ctxA, "m-1", "o-1", ""),
+		message(context.Background(), "m-2", "o-2", "own.topic"),
+		message(ctxB, "m-3", "o-3", ""),
+	}
+	ctx, end := obs.StartPublish(context.Background(), msgs)
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		t.Error("Publish's context carries a span; want the relay's context unchanged")
+	}
+	end(relay.PublishErrors{nil, fmt.Errorf("%w: too large", relay.ErrPermanent), errors.New("timeout")})
+	spans := b.rec.Ended()
+	if len(spans) != 3 {
+		t.Fatalf("%d spans, want 3", len(spans))
+	}
+	byID := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range spans {
+		byID[attrs(s.Attributes())["messaging.message.id"].AsString()] = s
+	}
+	s1, s2, s3 := byID["m-1"], byID["m-2"], byID["m-3"]
+	if s1 == nil || s2 == nil || s3 == nil {
+		t.Fatalf("spans by message ID %v", byID)
+	}
+	if s1.Parent().SpanID() != scA.SpanID() || s1.SpanContext().TraceID() != scA.TraceID() || s1.Status().Code != codes.Unset || s1.Name() != "send outbox.event.order" {
+		t.Errorf("m-1: %q parent %v status %v; want a child of its origin, unset", s1.Name(), s1.Parent(), s1.Status())
+	}
+	wantAttrs(t, "m-1", s1.Attributes(), map[attribute.Key]any{
+		"messaging.system": "kafka", "messaging.kafka.message.key": "o-1", "messaging.destination.name": "outbox.event.order",
+		"messaging.operation.type": "send", "messaging.batch.message_count": nil,
+	})
+	if s2.Parent().IsValid() || s2.Status().Code != codes.Error || s2.Name() != "send own.topic" {
+		t.Errorf("m-2: %q parent %v status %v; want a root with status Error", s2.Name(), s2.Parent(), s2.Status())
+	}
+	wantAttrs(t, "m-2", s2.Attributes(), map[attribute.Key]any{"error.type": outboxotel.ErrorTypePermanent})
+	if s3.Parent().SpanID() != scB.SpanID() || s3.Status().Code != codes.Error {
+		t.Errorf("m-3: parent %v status %v", s3.Parent(), s3.Status())
+	}
+	wantAttrs(t, "m-3", s3.Attributes(), map[attribute.Key]any{"error.type": outboxotel.ErrorTypeTransient})
+
+	// A batch error fails every message's span.
+	b.rec.Reset()
+	_, end = obs.StartPublish(context.Background(), msgs[:2])
+	end(errors.New("broker unreachable"))
+	for _, s := range b.rec.Ended() {
+		if s.Status().Code != codes.Error {
+			t.Errorf("%s: status %v, want Error", s.Name(), s.Status())
+		}
+		wantAttrs(t, s.Name(), s.Attributes(), map[attribute.Key]any{"error.type": outboxotel.ErrorTypeBatch})
+	}
+	if n := len(b.rec.Ended()); n != 2 {
+		t.Errorf("%d spans after the batch error, want 2", n)
 	}
 }

@@ -54,7 +54,7 @@ type bundle struct {
 // setup builds a traced outbox on tg with a private broker (configs: its
 // broker configs) and starts a relay publishing to it. The broker is
 // closed before the relay starts if closed is set.
-func setup(t *testing.T, tg testdb.Target, configs map[string]string, closed bool) *bundle {
+func setup(t *testing.T, tg testdb.Target, configs map[string]string, closed bool, obsOpts ...outboxotel.Option) *bundle {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
@@ -78,7 +78,7 @@ func setup(t *testing.T, tg testdb.Target, configs map[string]string, closed boo
 	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{
 		Publisher: pub, PollInterval: 20 * time.Millisecond, PublishTimeout: time.Second,
 		RetryInitial: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond, Wakeup: e.Outbox.Wakeup(),
-		Observer: outboxotel.NewObserver(nil, outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(tp)),
+		Observer: outboxotel.NewObserver(nil, append([]outboxotel.Option{outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(tp)}, obsOpts...)...),
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -278,6 +278,28 @@ func TestTraceEndToEnd(t *testing.T) {
 				t.Errorf("sarama: baggage %q", sb.String())
 			}
 		})
+	}
+}
+
+// TestTraceSpanPerMessage: with WithSpanPerMessage the relay's publish
+// span is a child of the server span, in the request's trace, as is the
+// consumer's span: siblings.
+func TestTraceSpanPerMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testdb.All[0], nil, false, outboxotel.WithSpanPerMessage())
+	client := b.request(t, b.server(t), "o-1", "")
+	origin := b.waitSpan(t, "the server span", func(s sdktrace.ReadOnlySpan) bool { return s.SpanKind() == trace.SpanKindServer }).SpanContext()
+	send := b.waitSpan(t, "the publish span", func(s sdktrace.ReadOnlySpan) bool { return s.SpanKind() == trace.SpanKindProducer })
+	if send.SpanContext().TraceID() != client.TraceID() || send.Parent().SpanID() != origin.SpanID() || len(send.Links()) != 0 {
+		t.Errorf("publish span %v parent %v links %d; want a child of the server span %v in the client's trace", send.SpanContext(), send.Parent(), len(send.Links()), origin)
+	}
+	wantAttrs(t, "publish span", send.Attributes(), map[attribute.Key]any{
+		"messaging.system": "kafka", "messaging.destination.name": topic, "messaging.message.id": "msg-o-1", "messaging.kafka.message.key": "o-1",
+	})
+	rec := consumeOne(t, b, "msg-o-1")
+	cctx := outboxotel.ExtractFranz(b.ctx, rec, outboxotel.WithPropagator(w3c))
+	if sc := trace.SpanContextFromContext(cctx); sc.SpanID() != origin.SpanID() || sc.TraceID() != client.TraceID() {
+		t.Errorf("consumer context %v, want the server span %v", sc, origin)
 	}
 }
 
