@@ -79,6 +79,15 @@ type Config struct {
 	// Limits bound what one transaction may emit (see emit.Limits for the
 	// defaults).
 	Limits emit.Limits
+	// Capture, if set, adds headers to every event emitted into a
+	// transaction of this Outbox: Emit calls it with its ctx and the
+	// event's own headers, and adds what it returns unless the application
+	// set a header of the same name (see emit.Capture for the shape and
+	// the rules). Captured bytes count toward Limits. Default nil: nothing
+	// is captured and Emit pays one nil check. Package
+	// github.com/sqloutbox/outbox/otel's Capture puts the OpenTelemetry
+	// trace context and baggage of Emit's ctx here.
+	Capture emit.Capture
 	// DisableNotify turns off the PostgreSQL NOTIFY that wakes relays in
 	// other processes (relay.ListenPostgres). On by default for Postgres:
 	// after a COMMIT that wrote events returns, the wrapped connector's

@@ -235,7 +235,7 @@ func (c *conn) BeginTx(ctx context.Context, opts sqldriver.TxOptions) (sqldriver
 		c.tx = nil
 		return t, nil
 	}
-	b := &boundTx{ctx: ctx, batch: sc.Begin(c.o.cfg.Limits)}
+	b := &boundTx{ctx: ctx, batch: sc.BeginWith(c.o.cfg.Limits, c.o.cfg.Capture)}
 	c.tx = b
 	return &tx{parent: t, c: c, b: b}, nil
 }

@@ -24,4 +24,12 @@
 // defaults to the broker's default message.max.bytes), duplicate IDs in the
 // transaction, and the per-transaction caps. A rejected Emit changes
 // nothing: the transaction stays usable.
+//
+// # Captured headers
+//
+// A Capture (driver.Config.Capture; off by default) adds headers to every
+// event at Emit, for example the trace context of Emit's ctx
+// (github.com/sqloutbox/outbox/otel). It runs before validation, so what it
+// adds is validated and counted toward RecordSize like the application's
+// own headers, and it never overwrites a header the application set.
 package emit

@@ -146,7 +146,11 @@ func NewMessageID() (string, error) {
 // prepare validates ev against limits, fills ID and ContentType, copies the
 // payload and headers (so later changes by the caller do not alter what is
 // written) and returns the record size.
-func prepare(ev *Event, limits Limits) (int, error) {
+func prepare(ev *Event, limits Limits) (int, error) { return prepareOwned(ev, limits, false) }
+
+// prepareOwned is prepare; owned says ev.Headers is already a private copy
+// (built by Emit from a Capture), so it is not copied again.
+func prepareOwned(ev *Event, limits Limits, owned bool) (int, error) {
 	if ev.ID == "" {
 		id, err := NewMessageID()
 		if err != nil {
@@ -199,7 +203,7 @@ func prepare(ev *Event, limits Limits) (int, error) {
 		return 0, invalid("", ErrRecordTooLarge, "record of %d bytes exceeds Limits.MaxRecordBytes %d (payload %d bytes)", size, limits.MaxRecordBytes, len(ev.Payload))
 	}
 	ev.Payload = append([]byte(nil), ev.Payload...)
-	if ev.Headers != nil {
+	if ev.Headers != nil && !owned {
 		h := make(map[string]string, len(ev.Headers))
 		for k, v := range ev.Headers {
 			h[k] = v

@@ -89,17 +89,23 @@ func FromContext(ctx context.Context) *Scope {
 // creates it at BeginTx (Scope.Begin) and ends it at Commit (Take) or
 // Rollback (Discard).
 type Batch struct {
-	scope  *Scope
-	limits Limits
-	events []Event
-	ids    map[string]struct{} // built lazily, once a caller supplies an ID
-	bytes  int
+	scope   *Scope
+	limits  Limits
+	capture Capture // nil: none (the default)
+	events  []Event
+	ids     map[string]struct{} // built lazily, once a caller supplies an ID
+	bytes   int
 }
 
 // Begin binds a new batch with the given limits (defaults applied) to s as
-// an open transaction.
-func (s *Scope) Begin(limits Limits) *Batch {
-	b := &Batch{scope: s, limits: limits.WithDefaults()}
+// an open transaction. It is BeginWith(limits, nil).
+func (s *Scope) Begin(limits Limits) *Batch { return s.BeginWith(limits, nil) }
+
+// BeginWith binds a new batch with the given limits (defaults applied) and
+// capture hook to s as an open transaction. Every Emit into the batch calls
+// capture (if not nil) before validating the event; see Capture.
+func (s *Scope) BeginWith(limits Limits, capture Capture) *Batch {
+	b := &Batch{scope: s, limits: limits.WithDefaults(), capture: capture}
 	s.mu.Lock()
 	s.open = append(s.open, b)
 	s.begun++
@@ -171,6 +177,45 @@ func (b *Batch) Len() int {
 	return len(b.events)
 }
 
+// Capture is a hook that adds headers to every event Emit buffers, for
+// example the trace context of Emit's ctx (package
+// github.com/sqloutbox/outbox/otel provides one for OpenTelemetry). It is
+// off unless configured (driver.Config.Capture); a nil Capture costs Emit
+// one nil check.
+//
+// Emit calls it with its own ctx and the event's headers as the
+// application gave them (nil if none; read-only: the hook must not modify
+// or keep the map), before validating the event. It returns the headers to
+// add, or nil for none; Emit copies them and does not keep the returned
+// map. One rule decides conflicts: the application's header wins.
+// A returned name the event already has (compared byte for byte, as Kafka
+// compares header names) is dropped, never overwriting the application's
+// value.
+//
+// Captured headers are validated and counted like the application's: a
+// name starting with ReservedHeaderPrefix or a value that is not UTF-8
+// makes Emit return a *ValidationError (ErrReservedHeader,
+// ErrInvalidHeader), and their bytes count toward RecordSize, so an event
+// that the captured headers push past Limits.MaxRecordBytes is refused
+// with ErrRecordTooLarge at Emit, never written. A Capture has no error
+// to return: a hook that cannot capture returns nil. It is called from
+// the goroutines that call Emit, concurrently: it must be safe for
+// concurrent use, quick, and must not block.
+type Capture func(ctx context.Context, headers map[string]string) map[string]string
+
+// mergeHeaders returns a new map holding app and the entries of add whose
+// names app does not have (the application's header wins).
+func mergeHeaders(app, add map[string]string) map[string]string {
+	h := make(map[string]string, len(app)+len(add))
+	for k, v := range add {
+		h[k] = v
+	}
+	for k, v := range app {
+		h[k] = v
+	}
+	return h
+}
+
 // Emit validates ev and buffers it in the transaction open in ctx's scope;
 // the outbox driver writes it in that transaction just before COMMIT. Emit
 // copies Payload and Headers. It returns ErrNoTransaction,
@@ -192,7 +237,14 @@ func Emit(ctx context.Context, ev Event) error {
 	// Validate outside the lock: a 1 MiB JSON check takes milliseconds and
 	// must not queue other goroutines emitting into the same scope.
 	supplied := ev.ID != ""
-	size, err := prepare(&ev, b.limits)
+	owned := false
+	if b.capture != nil {
+		if add := b.capture(ctx, ev.Headers); len(add) > 0 {
+			ev.Headers = mergeHeaders(ev.Headers, add)
+			owned = true
+		}
+	}
+	size, err := prepareOwned(&ev, b.limits, owned)
 	if err != nil {
 		return err
 	}

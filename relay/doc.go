@@ -313,6 +313,17 @@
 // and SQLite the poll is adaptive: MinPollInterval after a cycle that found
 // work, doubling to PollInterval when idle.
 //
+// # Tracing
+//
+// An Observer that also implements PublishObserver wraps each Publish
+// call: StartPublish before it (its context is the one Publish gets), end
+// with Publish's result right after. github.com/sqloutbox/outbox/otel
+// implements it with one OpenTelemetry producer span per batch, linked to
+// the span each message was emitted in (the trace context that
+// driver.Config.Capture stored in the message's headers, which the
+// publisher sends on unchanged). Without it the relay does one type
+// assertion per batch.
+//
 // # Cost of an idle relay
 //
 // One claim per PollInterval, plus a lease heartbeat per LeaseHeartbeat

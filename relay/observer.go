@@ -1,6 +1,9 @@
 package relay
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // ErrorClass classifies a publish failure for observers.
 type ErrorClass string
@@ -42,12 +45,47 @@ type Observer interface {
 	Up(up bool)
 }
 
-type nopObserver struct{}
+// NopObserver is an Observer that observes nothing: the relay's default,
+// and a base to embed in an Observer that implements only some methods
+// (or only an optional interface such as PublishObserver).
+type NopObserver struct{}
 
-func (nopObserver) Claimed(int, time.Duration)          {}
-func (nopObserver) Published(Message, time.Duration)    {}
-func (nopObserver) Failed(Message, ErrorClass, error)   {}
-func (nopObserver) Retried(Message, int, time.Duration) {}
-func (nopObserver) DeadLettered(Message, error)         {}
-func (nopObserver) Leases(int)                          {}
-func (nopObserver) Up(bool)                             {}
+// Claimed does nothing.
+func (NopObserver) Claimed(int, time.Duration) {}
+
+// Published does nothing.
+func (NopObserver) Published(Message, time.Duration) {}
+
+// Failed does nothing.
+func (NopObserver) Failed(Message, ErrorClass, error) {}
+
+// Retried does nothing.
+func (NopObserver) Retried(Message, int, time.Duration) {}
+
+// DeadLettered does nothing.
+func (NopObserver) DeadLettered(Message, error) {}
+
+// Leases does nothing.
+func (NopObserver) Leases(int) {}
+
+// Up does nothing.
+func (NopObserver) Up(bool) {}
+
+// PublishObserver is an optional interface of an Observer, for tracing
+// (package github.com/sqloutbox/outbox/otel implements it with
+// OpenTelemetry spans). If Config.Observer implements it, the relay calls
+// StartPublish just before each Publisher.Publish call with that call's
+// context and batch (in outbox id order), passes the returned context to
+// Publish (so a publisher's own instrumentation nests under a span started
+// here), and calls end exactly once, right after Publish returns, with
+// Publish's result: nil when every message was acknowledged, a
+// PublishErrors when some failed, any other error when the batch failed
+// as a whole (see Publisher). StartPublish must return a non-nil context
+// (ctx itself if it adds nothing) and a non-nil end (the relay uses ctx
+// for a nil context and skips a nil end). It may read msgs until
+// end returns but must neither modify nor keep them. Like Observer's
+// methods, both must be quick and must not block. An Observer that does
+// not implement it costs the relay nothing.
+type PublishObserver interface {
+	StartPublish(ctx context.Context, msgs []Message) (_ context.Context, end func(err error))
+}

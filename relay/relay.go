@@ -174,7 +174,10 @@ type Config struct {
 	// instead of marking them sent: no history to retain, at the price of
 	// no record of what was sent (stats show no sent rows).
 	DeleteOnPublish bool
-	// Observer receives the relay's events, for metrics. Default none.
+	// Observer receives the relay's events, for metrics. Default none. If
+	// it also implements PublishObserver, each Publish call is wrapped by
+	// its StartPublish (tracing spans); if PartitionObserver, it hears
+	// about partition mismatches.
 	Observer Observer
 	// Clock is the host clock the relay's backoff computations read
 	// (cenkalti/backoff's Clock). Default the system clock. No decision
@@ -228,7 +231,7 @@ func (c Config) withDefaults() Config {
 		c.PartitionCheckInterval = DefaultPartitionCheckInterval
 	}
 	if c.Observer == nil {
-		c.Observer = nopObserver{}
+		c.Observer = NopObserver{}
 	}
 	if c.HealthInterval == 0 {
 		c.HealthInterval = DefaultHealthInterval
@@ -621,7 +624,19 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, budget)
-	perr := r.cfg.Publisher.Publish(pctx, msgs)
+	var perr error
+	if po, ok := r.cfg.Observer.(PublishObserver); ok {
+		sctx, end := po.StartPublish(pctx, msgs)
+		if sctx == nil { // a broken observer must not break publishing
+			sctx = pctx
+		}
+		perr = r.cfg.Publisher.Publish(sctx, msgs)
+		if end != nil {
+			end(perr)
+		}
+	} else {
+		perr = r.cfg.Publisher.Publish(pctx, msgs)
+	}
 	cancel()
 	failpoint.Inject(failpoint.AfterPublish)
 	// The previous batch's mark-sent ran while this batch was claimed and

@@ -1,0 +1,90 @@
+// Package outboxotel carries OpenTelemetry trace context through the
+// outbox: from the span active at outbox.Emit, through the outbox row and
+// the relay's publish, to the consumer that receives the Kafka record. It
+// lives in its own module (github.com/sqloutbox/outbox/otel), so the
+// outbox's core packages neither import OpenTelemetry nor make their users
+// download it; it plugs into two hooks of the core, each off unless set:
+//
+//   - Capture returns an emit.Capture for driver.Config.Capture: every Emit
+//     injects its ctx's context, through the configured propagator, into
+//     the event's headers. With the W3C propagators these are
+//     "traceparent" and "tracestate" (propagation.TraceContext) and
+//     "baggage" (propagation.Baggage), the names a Kafka consumer's
+//     OpenTelemetry instrumentation reads. They are ordinary event headers:
+//     stored in the row's headers column (no schema change), counted
+//     toward emit.Limits (an event they push past MaxRecordBytes is
+//     refused at Emit with emit.ErrRecordTooLarge, never written), and
+//     published by relay/kafka as record headers, byte for byte.
+//   - NewObserver returns a relay.Observer that also implements
+//     relay.PublishObserver: it wraps each Publisher.Publish call in a
+//     producer span (below) and forwards everything else to the Observer
+//     it wraps (metrics.RelayMetrics, say).
+//
+// On the consumer side, ExtractFranz and ExtractSarama return a context
+// carrying the span context and baggage of a received record, to start
+// the consumer's span under.
+//
+// # When the application sets its own trace headers
+//
+// One rule: the application's headers win; nothing it set is overwritten
+// (emit.Capture enforces this for every header name). Since traceparent and
+// tracestate describe one span context, an event whose Headers already hold
+// either of them gets neither captured (a captured tracestate beside the
+// application's traceparent would describe another span). Baggage is
+// captured unless the application set "baggage" itself. Header names are
+// compared byte for byte, as Kafka compares them.
+//
+// # Spans
+//
+// The relay publishes in batches (one Publish call per claimed batch), so
+// NewObserver creates one span per batch, as OpenTelemetry's messaging
+// semantic conventions prescribe for batch sends: kind producer, named
+// "send <topic>" ("send" when the batch spans several topics), with
+// messaging.system "kafka", messaging.operation.name "send",
+// messaging.operation.type "send", messaging.batch.message_count, and
+// messaging.destination.name when every message goes to one topic. Each
+// message whose headers carry a valid span context (captured at Emit)
+// becomes a link to that context, with messaging.message.id,
+// messaging.kafka.message.key (the aggregate ID) and
+// messaging.destination.name as link attributes; a batch of one message
+// also carries those on the span itself. The span's parent is whatever
+// span the relay's context holds (normally none: a new root), not a
+// message's span: one span cannot be the child of every message it sends,
+// and a batch's messages come from many traces. A span per message would
+// cost the relay a span per row at thousands of rows per second for the
+// same information the links carry. The SDK keeps at most 128 links per
+// span by default (OTEL_SPAN_LINK_COUNT_LIMIT, or sdktrace.WithSpanLimits),
+// fewer than the relay's default batch of 500; links past it are counted as
+// dropped. Raise the limit, or choose WithSpanPerMessage: one producer span
+// per message instead, a child of the message's originating span (the
+// publish then appears inside the request's trace, with that message's own
+// outcome), at the cost of a span per row.
+//
+// A failed Publish sets the span's status to Error with the error's text,
+// records the error as an event, and sets error.type: "batch" (the batch
+// failed as a whole), "unavailable" (relay.ErrUnavailable) or "partial"
+// (relay.PublishErrors: some messages failed; outbox.publish.failed_count
+// says how many). With WithSpanPerMessage each message's span gets its own
+// outcome: its relay.PublishErrors entry ("permanent" for
+// relay.ErrPermanent, "unavailable", else "transient"), or the batch's error.
+// A message is retried in a later batch and so a later span, linked to (or
+// the child of) the same originating context.
+//
+// The relay does not rewrite the captured headers: a consumer extracting
+// them continues the trace of the span that was active at Emit (the batch
+// publish span, in a trace of its own, links to that span; with
+// WithSpanPerMessage the publish span is the consumer span's sibling), which
+// keeps invariant 5, bytes in = bytes out.
+//
+// # Defaults
+//
+// Without WithPropagator, the global otel.GetTextMapPropagator() is used,
+// which propagates nothing until the application installs one, e.g.
+//
+//	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(
+//		propagation.TraceContext{}, propagation.Baggage{}))
+//
+// Without WithTracerProvider, the global otel.GetTracerProvider() is used.
+// Both globals are looked up when Capture or NewObserver is called; they
+// delegate to what is installed later.
+package outboxotel
