@@ -23,8 +23,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
 // testPKI is a throwaway certificate authority with a server certificate
