@@ -359,6 +359,20 @@ func (in *Inbox) handle(ctx context.Context, db *sql.DB, msg Message, fn func(ct
 		return 0, fmt.Errorf("inbox: message %q: begin: %w", msg.ID, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	if msg.held() && in.s.dialect == driver.Postgres {
+		res, err := tx.ExecContext(ctx, in.s.q("insert_processed_unheld"), in.cfg.Consumer, msg.ID,
+			msg.AggregateType, msg.AggregateID, msg.Topic, msg.Partition, msg.Offset,
+			in.cfg.Consumer, msg.AggregateType, msg.AggregateID)
+		if err != nil {
+			return 0, fmt.Errorf("inbox: message %q: recording: %w", msg.ID, err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return 0, fmt.Errorf("inbox: message %q: recording: %w", msg.ID, err)
+		} else if n == 1 {
+			return in.run(ctx, tx, msg, fn)
+		}
+		// Held or a duplicate: the statements below tell which.
+	}
 	held := false
 	if msg.held() {
 		var one int
@@ -394,16 +408,22 @@ func (in *Inbox) handle(ctx context.Context, db *sql.DB, msg Message, fn func(ct
 		}
 		return Duplicate, nil
 	}
-	if !held {
-		if err := fn(ctx, tx); err != nil {
-			return 0, fmt.Errorf("%w: message %q: %w", ErrHandler, msg.ID, err)
+	if held {
+		if err := tx.Commit(); err != nil {
+			return 0, fmt.Errorf("inbox: message %q: commit: %w", msg.ID, err)
 		}
+		return Held, nil
+	}
+	return in.run(ctx, tx, msg, fn)
+}
+
+// run runs fn in tx, where msg's inbox row is recorded, and commits.
+func (in *Inbox) run(ctx context.Context, tx *sql.Tx, msg Message, fn func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
+	if err := fn(ctx, tx); err != nil {
+		return 0, fmt.Errorf("%w: message %q: %w", ErrHandler, msg.ID, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("inbox: message %q: commit: %w", msg.ID, err)
-	}
-	if held {
-		return Held, nil
 	}
 	return Applied, nil
 }

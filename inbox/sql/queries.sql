@@ -50,3 +50,13 @@ DELETE FROM {{.Table}} WHERE status IN (1, 4) AND id IN
 
 -- name: stored_keys
 SELECT id, aggregate_type, aggregate_id FROM {{.Table}} WHERE consumer = ? AND status IN (2, 3)
+
+-- name: insert_processed_unheld
+-- PostgreSQL only: insert_processed and the held probe in one statement (one
+-- round trip fewer on the common path). 0 rows: held or a duplicate, and the
+-- two-statement path decides. (Not on MySQL: INSERT ... SELECT takes shared
+-- next-key locks on what its SELECT reads, and writers of neighbouring
+-- aggregates would deadlock on the hold index's gaps.)
+INSERT INTO {{.Table}} (consumer, message_id, status, aggregate_type, aggregate_id, topic, kafka_partition, kafka_offset, created_at, updated_at, processed_at)
+SELECT CAST(? AS TEXT), CAST(? AS TEXT), 1, CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS INTEGER), CAST(? AS BIGINT), {{.Now}}, {{.Now}}, {{.Now}}
+WHERE NOT EXISTS (SELECT 1 FROM {{.Table}} WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND status IN (2, 3)){{.OnConflict}}
