@@ -2,7 +2,10 @@ module github.com/sqloutbox/outbox/inbox
 
 go 1.26.0
 
-require github.com/sqloutbox/outbox v0.0.0
+require (
+	github.com/sqloutbox/outbox v0.0.0
+	modernc.org/sqlite v1.62.0
+)
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
@@ -24,7 +27,6 @@ require (
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
-	modernc.org/sqlite v1.62.0 // indirect
 )
 
 replace github.com/sqloutbox/outbox => ../

@@ -375,14 +375,17 @@ func (in *Inbox) handle(ctx context.Context, db *sql.DB, msg Message, fn func(ct
 	}
 	held := false
 	if msg.held() {
-		var one int
-		err := tx.QueryRowContext(ctx, in.s.q("held"), in.cfg.Consumer, msg.AggregateType, msg.AggregateID).Scan(&one)
-		switch {
-		case err == nil:
-			held = true
-		case !errors.Is(err, sql.ErrNoRows):
+		// One probe: recorded before (a duplicate, or stored parked or
+		// held), or held behind a parked message of its aggregate.
+		var status, hold sql.NullInt64
+		err := tx.QueryRowContext(ctx, in.s.q("recorded"), in.cfg.Consumer, msg.ID, in.cfg.Consumer, msg.AggregateType, msg.AggregateID).Scan(&status, &hold)
+		if err != nil {
 			return 0, fmt.Errorf("inbox: message %q: hold check: %w", msg.ID, err)
 		}
+		if status.Valid {
+			return recordedOutcome(int(status.Int64)), nil
+		}
+		held = hold.Valid
 	}
 	var res sql.Result
 	if held {
@@ -403,10 +406,7 @@ func (in *Inbox) handle(ctx context.Context, db *sql.DB, msg Message, fn func(ct
 		if err := tx.QueryRowContext(ctx, in.s.q("status"), in.cfg.Consumer, msg.ID).Scan(&status); err != nil {
 			return 0, fmt.Errorf("inbox: message %q: reading the recorded status: %w", msg.ID, err)
 		}
-		if status == statusParked || status == statusHeld {
-			return Held, nil
-		}
-		return Duplicate, nil
+		return recordedOutcome(status), nil
 	}
 	if held {
 		if err := tx.Commit(); err != nil {
@@ -426,6 +426,15 @@ func (in *Inbox) run(ctx context.Context, tx *sql.Tx, msg Message, fn func(ctx c
 		return 0, fmt.Errorf("inbox: message %q: commit: %w", msg.ID, err)
 	}
 	return Applied, nil
+}
+
+// recordedOutcome is Handle's answer for a message recorded before with
+// status.
+func recordedOutcome(status int) Outcome {
+	if status == statusParked || status == statusHeld {
+		return Held
+	}
+	return Duplicate
 }
 
 func (in *Inbox) storedArgs(msg Message, status int, why string, attempts int) []any {

@@ -225,7 +225,11 @@ func TestConcurrentDeliveryAppliesOnce(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					<-start
-					outs[g], errs[g] = b.in.Handle(b.ctx, b.db, msg(id), b.apply("shipping", id))
+					m := msg(id)
+					if i%2 == 1 { // with an aggregate: the hold probe runs first
+						m.AggregateType, m.AggregateID = "order", id
+					}
+					outs[g], errs[g] = b.in.Handle(b.ctx, b.db, m, b.apply("shipping", id))
 				}()
 			}
 			close(start)

@@ -152,6 +152,13 @@ func (t tmpl) ForUpdate() string {
 	return " FOR UPDATE"
 }
 
+func (t tmpl) ForShare() string {
+	if t.s.dialect == driver.MySQL {
+		return " LOCK IN SHARE MODE"
+	}
+	return ""
+}
+
 func (s *schema) render(name, text string) (string, error) {
 	tp, err := template.New(name).Parse(text)
 	if err != nil {

@@ -4,7 +4,7 @@
 -- {{.Ago}}: the database clock minus a bind parameter in microseconds;
 -- {{.InsertIgnore}} ... {{.OnConflict}}: an INSERT that skips a duplicate
 -- (consumer, message_id) and reports 0 rows; {{.ForUpdate}}: a row lock,
--- empty on SQLite). Placeholders are written ? and rendered $n on PostgreSQL.
+-- empty on SQLite; {{.ForShare}}: a shared lock on MySQL, empty elsewhere). Placeholders are written ? and rendered $n on PostgreSQL.
 -- status: 1 processed, 2 parked, 3 held, 4 skipped.
 
 -- name: held
@@ -19,7 +19,16 @@ VALUES (?, ?, 1, ?, ?, ?, ?, ?, {{.Now}}, {{.Now}}, {{.Now}}){{.OnConflict}}
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {{.Now}}, {{.Now}}){{.OnConflict}}
 
 -- name: status
-SELECT status FROM {{.Table}} WHERE consumer = ? AND message_id = ?
+-- After an INSERT that found the key taken: a locking read on MySQL, whose
+-- plain SELECT would read the transaction's snapshot, older than the commit
+-- the INSERT waited for.
+SELECT status FROM {{.Table}} WHERE consumer = ? AND message_id = ?{{.ForShare}}
+
+-- name: recorded
+-- One probe before the INSERT: the message's status if recorded, and 1 if its
+-- aggregate is held.
+SELECT (SELECT status FROM {{.Table}} WHERE consumer = ? AND message_id = ?),
+       (SELECT 1 FROM {{.Table}} WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND status IN (2, 3) LIMIT 1)
 
 -- name: park_update
 UPDATE {{.Table}} SET status = 2, cause = ?, attempts = attempts + ?, msg_key = ?, headers = ?, payload = ?, updated_at = {{.Now}}
