@@ -222,7 +222,10 @@ func (in *Inbox) Migrate(ctx context.Context, db *sql.DB) error {
 // Check reports whether db's inbox table is migrated to the version this
 // build needs, without changing anything (for a consumer's start-up or
 // readiness check): nil, or ErrSchemaMissing, ErrSchemaOutdated or
-// ErrSchemaTooNew (wrapped with the versions), or the database error.
+// ErrSchemaTooNew (wrapped with the versions), or the database error. A
+// schema applied from DDL by another tool has no recorded version: run
+// Migrate over it once (it only records the version; every statement is
+// IF NOT EXISTS) or Check reports ErrSchemaMissing.
 func (in *Inbox) Check(ctx context.Context, db *sql.DB) error {
 	if db == nil {
 		return fmt.Errorf("%w: Check needs a *sql.DB", ErrInvalidConfig)

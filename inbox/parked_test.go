@@ -277,6 +277,12 @@ func TestRetention(t *testing.T) {
 		if n, err := r.RunOnce(b.ctx); err != nil || n != 0 {
 			t.Fatalf("second RunOnce = %d, %v", n, err)
 		}
+		// Run returns nil once its context ends.
+		done, stop := context.WithCancel(b.ctx)
+		stop()
+		if err := r.Run(done); err != nil {
+			t.Fatalf("Run = %v", err)
+		}
 		// A replay older than the window applies again (documented).
 		out, err := b.in.Handle(b.ctx, b.db, msg("old-1"), nop)
 		must(t, out, err, inbox.Applied)
