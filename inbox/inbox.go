@@ -329,6 +329,10 @@ func cause(err error) string {
 // is written; a database error is returned wrapped, and the message
 // counts as not processed (a redelivery decides).
 //
+// A panic in fn rolls the transaction back and goes on. On SQLite give db
+// one connection (db.SetMaxOpenConns(1)), as for the outbox: SQLite has
+// one writer, and a transaction that read first cannot always wait for it.
+//
 // The held check assumes one aggregate's messages are handled one at a
 // time, in order (the Kafka runner does so per partition): a message
 // handled concurrently with the Park of an earlier one of its aggregate
