@@ -290,8 +290,8 @@ func validate(m Message) error {
 	return nil
 }
 
-// cause renders a park or retry cause for the cause column.
-func cause(err error) string {
+// causeText renders a park or retry cause for the cause column.
+func causeText(err error) string {
 	if err == nil {
 		return ""
 	}
