@@ -628,6 +628,7 @@ func (s *suite) outage(t *testing.T) {
 	if err == nil {
 		t.Fatal("Publish with the broker unreachable succeeded")
 	}
+	t.Logf("Publish during the outage, after %s: %v", elapsed.Round(time.Millisecond), err)
 	if pe, ok := asPublishErrors(err); ok {
 		t.Errorf("broker outage reported as PublishErrors %v, want one error for the batch", pe)
 	}
@@ -650,8 +651,11 @@ func (s *suite) outage(t *testing.T) {
 		if err == nil {
 			break
 		}
-		if ctx.Err() != nil {
+		// Pace the retries as the relay's backoff would.
+		select {
+		case <-ctx.Done():
 			t.Fatalf("Publish after the broker came back: %v", err)
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	all := append(slices.Clone(before), during...)
