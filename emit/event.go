@@ -50,7 +50,7 @@ type Event struct {
 	// NATS headers) as given. Names: 1 to MaxHeaderNameBytes bytes of
 	// visible ASCII without any of "()/,:;<=>?@[\]{} and the double quote
 	// (NATS refuses them in header keys), not starting with
-	// ReservedHeaderPrefix in any case. Values: valid UTF-8 without CR or LF,
+	// ReservedHeaderPrefix or BrokerHeaderPrefix in any case. Values: valid UTF-8 without CR or LF,
 	// not beginning or ending with a space or tab (NATS headers are lines,
 	// and their values are trimmed), empty allowed. Emit refuses the rest
 	// with ErrInvalidHeader: what one supported broker cannot carry byte
@@ -82,6 +82,12 @@ const DefaultContentType = "application/json"
 // ReservedHeaderPrefix starts every header the relay writes itself; user
 // headers may not use it (compared case-insensitively).
 const ReservedHeaderPrefix = "outbox-"
+
+// BrokerHeaderPrefix starts the headers NATS JetStream acts on
+// (Nats-Msg-Id, Nats-Expected-Stream, Nats-Expected-Last-Sequence, ...)
+// instead of storing them as data; user headers must not start with it,
+// in any case (ErrReservedHeader). relay/nats sets Nats-Msg-Id itself.
+const BrokerHeaderPrefix = "Nats-"
 
 // Headers the relay adds to every record. Their values come from the event,
 // so no user header can override them.
@@ -199,6 +205,9 @@ func prepareOwned(ev *Event, limits Limits, owned bool) (int, error) {
 	for k, v := range ev.Headers {
 		if len(k) >= len(ReservedHeaderPrefix) && strings.EqualFold(k[:len(ReservedHeaderPrefix)], ReservedHeaderPrefix) {
 			return 0, invalid(headerField(k), ErrReservedHeader, "names starting with %q are written by the relay", ReservedHeaderPrefix)
+		}
+		if len(k) >= len(BrokerHeaderPrefix) && strings.EqualFold(k[:len(BrokerHeaderPrefix)], BrokerHeaderPrefix) {
+			return 0, invalid(headerField(k), ErrReservedHeader, "names starting with %q are instructions to NATS JetStream (Nats-Msg-Id, Nats-Expected-*), not data", BrokerHeaderPrefix)
 		}
 		if k == "" || len(k) > MaxHeaderNameBytes || !headerName(k) {
 			return 0, invalid(headerField(k), ErrInvalidHeader, "name must be 1 to %d bytes of visible ASCII other than %s (what every supported broker's headers can carry)", MaxHeaderNameBytes, headerNameForbidden)
