@@ -352,13 +352,13 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox/nats: publishing %d messages: %w", len(msgs), err)
+		return fmt.Errorf("outbox/nats: %w", err)
 	}
 	failed, unavailable := 0, 0
 	for _, e := range errs {
 		var eb errBatch
 		if errors.As(e, &eb) {
-			return fmt.Errorf("outbox/nats: publishing %d messages: %w", len(msgs), eb.err)
+			return fmt.Errorf("outbox/nats: %w", eb.err)
 		}
 		if e != nil {
 			failed++
