@@ -457,7 +457,9 @@ func TestPublishAfterClose(t *testing.T) {
 
 // TestStalledServer: the connection stays open but nothing comes back (the
 // proxy drops every byte): Publish returns one error for the batch (not
-// PublishErrors) wrapping context.DeadlineExceeded by its deadline. The
+// PublishErrors) wrapping context.DeadlineExceeded by its deadline, having
+// sent one message per aggregate (pipelined across aggregates, not within
+// one). The
 // relay's re-send after the stall is acknowledged, and whatever of the
 // first attempt reached the stream is not stored twice (Nats-Msg-Id).
 func TestStalledServer(t *testing.T) {
@@ -472,6 +474,7 @@ func TestStalledServer(t *testing.T) {
 	p := newPublisher(t, natspub.Config{Conn: nc, Subject: s.Subject})
 	batch := msgs(30, 5)
 	proxy.Stall(true)
+	sentBefore := nc.Stats().OutMsgs
 	const deadline = time.Second
 	short, cancel := context.WithTimeout(t.Context(), deadline)
 	defer cancel()
@@ -484,6 +487,12 @@ func TestStalledServer(t *testing.T) {
 	}
 	if elapsed > deadline+time.Second {
 		t.Errorf("Publish returned after %s with a %s deadline", elapsed, deadline)
+	}
+	// Without PubAcks exactly the first message of each of the 5
+	// aggregates went out: aggregates pipeline, an aggregate's next message
+	// waits for the previous one's PubAck.
+	if sent := nc.Stats().OutMsgs - sentBefore; sent != 5 {
+		t.Errorf("%d messages sent while no PubAck came back, want 5 (one per aggregate)", sent)
 	}
 	proxy.Stall(false)
 	proxy.CutAll() // the stalled stream lost bytes: start a clean connection
@@ -512,5 +521,59 @@ func TestStalledServer(t *testing.T) {
 			t.Errorf("%s stored twice", id)
 		}
 		seen[id] = true
+	}
+}
+
+// TestMaxInFlight: with the server stalled, at most MaxInFlight aggregates
+// have a message out awaiting its PubAck.
+func TestMaxInFlight(t *testing.T) {
+	t.Parallel()
+	s := newSpace(t, 0)
+	proxy, err := faultproxy.Start(strings.TrimPrefix(serverURL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	nc := connect(t, "nats://"+proxy.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	p := newPublisher(t, natspub.Config{Conn: nc, Subject: s.Subject, MaxInFlight: 2})
+	proxy.Stall(true)
+	before := nc.Stats().OutMsgs
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	if err := p.Publish(ctx, msgs(10, 5)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Publish = %v, want the deadline", err)
+	}
+	if sent := nc.Stats().OutMsgs - before; sent != 2 {
+		t.Errorf("%d messages sent without PubAcks, want MaxInFlight = 2", sent)
+	}
+}
+
+// TestErrorSources: the classes wrap what JetStream said: a subject no
+// stream binds is relay.ErrUnavailable wrapping ErrNoStreamResponse (one
+// error for an all-missing batch); a message above the stream's
+// max_msg_size is relay.ErrPermanent wrapping the API error 10054.
+func TestErrorSources(t *testing.T) {
+	t.Parallel()
+	s := newSpace(t, 1_000)
+	p := newPublisher(t, natspub.Config{Conn: connect(t, serverURL()), Subject: s.Subject})
+	ctx := testCtx(t, 30*time.Second)
+
+	missing := msgs(2, 2)
+	for i := range missing {
+		missing[i].Topic = "outboxtest-nostream-" + unique()
+	}
+	err := p.Publish(ctx, missing)
+	var pe relay.PublishErrors
+	if errors.As(err, &pe) || !errors.Is(err, relay.ErrUnavailable) || !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		t.Errorf("Publish to a missing stream = %v, want one error wrapping ErrUnavailable and ErrNoStreamResponse", err)
+	}
+
+	big := msgs(1, 1)
+	big[0].Payload = bytes.Repeat([]byte("x"), 2_000)
+	err = p.Publish(ctx, big)
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &pe) || !errors.Is(pe[0], relay.ErrPermanent) || !errors.As(pe[0], &apiErr) ||
+		apiErr.ErrorCode != jetstream.JSErrCodeStreamMessageExceedsMaximum {
+		t.Errorf("Publish above max_msg_size = %v, want PublishErrors{ErrPermanent wrapping API error 10054}", err)
 	}
 }
