@@ -373,7 +373,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	case unavailable == len(msgs):
 		for _, e := range errs {
 			if errors.Is(e, relay.ErrUnavailable) {
-				return fmt.Errorf("outbox/nats: no message of the batch has a route: %w", e)
+				return fmt.Errorf("outbox/nats: every message of the batch failed on its route: %w", e)
 			}
 		}
 	}

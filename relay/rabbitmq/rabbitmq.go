@@ -619,7 +619,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	case failed == 0:
 		return nil
 	case unavailable == len(msgs) && firstUnavailable != nil:
-		return fmt.Errorf("outbox/rabbitmq: no message of the batch has a route: %w", firstUnavailable)
+		return fmt.Errorf("outbox/rabbitmq: every message of the batch failed on its route: %w", firstUnavailable)
 	}
 	return relay.PublishErrors(errs)
 }

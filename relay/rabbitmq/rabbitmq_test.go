@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -472,4 +473,54 @@ func TestStalledBroker(t *testing.T) {
 			t.Errorf("%s not delivered", m.MessageID)
 		}
 	}
+}
+
+// rabbitmqctl runs the broker's CLI (on this host) and skips the test if
+// it is not available here.
+func rabbitmqctl(t *testing.T, args ...string) {
+	t.Helper()
+	path, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		t.Skip("rabbitmqctl not on PATH: cannot create a broker user")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, path, args...).CombinedOutput(); err != nil {
+		t.Skipf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// TestWriteRefused: a user (created for this test under a unique name,
+// removed at cleanup) that may not write to the exchange gets
+// relay.ErrUnavailable for the batch (access refused is a configuration
+// mistake: no attempt counted, nothing dead-lettered), never ErrPermanent.
+func TestWriteRefused(t *testing.T) {
+	t.Parallel()
+	s := newSpace(t, "#")
+	user, pass := "outboxtest-"+unique(), unique()
+	u, err := amqp.ParseURI(brokerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vhost := u.Vhost
+	if vhost == "" {
+		vhost = "/"
+	}
+	rabbitmqctl(t, "add_user", user, pass)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if out, err := exec.CommandContext(ctx, "rabbitmqctl", "delete_user", user).CombinedOutput(); err != nil {
+			t.Errorf("removing the test's user %s: %v\n%s", user, err, out)
+		}
+	})
+	rabbitmqctl(t, "set_permissions", "-p", vhost, user, "", "", ".*") // configure none, write none, read all
+	u.Username, u.Password = user, pass
+	p := newPublisher(t, rabbitmq.Config{URL: u.String(), Exchange: s.Exchange})
+	err = p.Publish(testCtx(t, 30*time.Second), msgs(3, 3))
+	var pe relay.PublishErrors
+	if err == nil || errors.As(err, &pe) || !errors.Is(err, relay.ErrUnavailable) || errors.Is(err, relay.ErrPermanent) {
+		t.Errorf("Publish without write permission = %v, want one error wrapping ErrUnavailable", err)
+	}
+	t.Logf("Publish without write permission: %v", err)
 }
