@@ -357,7 +357,7 @@ func (s *suite) headers(t *testing.T) {
 	tg := s.target(t)
 	ctx := s.ctx(t)
 	base := relay.Message{AggregateType: "order", EventType: "order.noted", ContentType: "text/plain; charset=utf-8", Payload: []byte("x")}
-	ids := []string{"plain", "with space", "dots.and*stars>", "ünïcødé-€", "slash/colon:semi;", "%25percent%", "_", strings.Repeat("L", 200)}
+	ids := []string{"plain", "with space", "dots.and*stars>", "hash#tag", "ünïcødé-€", "slash/colon:semi;", "%25percent%", "_", strings.Repeat("L", 200)}
 	msgs := make([]relay.Message, 0, len(ids)*2)
 	for i, id := range ids {
 		m := base

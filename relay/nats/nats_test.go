@@ -39,7 +39,7 @@ func serverURL() string {
 // connect connects to url and closes the connection when the test ends. A
 // server that does not answer skips the test (fails it with
 // OUTBOX_TEST_REQUIRE=1).
-func connect(t *testing.T, url string, opts ...nats.Option) *nats.Conn {
+func connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	opts = append([]nats.Option{nats.Timeout(5 * time.Second)}, opts...)
 	nc, err := nats.Connect(url, opts...)
@@ -53,7 +53,7 @@ func connect(t *testing.T, url string, opts ...nats.Option) *nats.Conn {
 	return nc
 }
 
-func testCtx(t *testing.T, d time.Duration) context.Context {
+func testCtx(t testing.TB, d time.Duration) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	t.Cleanup(cancel)
@@ -76,7 +76,7 @@ type space struct {
 
 // newSpace creates a uniquely named memory stream binding Prefix+".>" with
 // maxMsgSize (0: unlimited), on its own admin connection.
-func newSpace(t *testing.T, maxMsgSize int32) *space {
+func newSpace(t testing.TB, maxMsgSize int32) *space {
 	t.Helper()
 	nc := connect(t, serverURL())
 	js, err := jetstream.New(nc)

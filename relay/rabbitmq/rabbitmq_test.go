@@ -61,7 +61,7 @@ func unique() string {
 	return hex.EncodeToString(b)
 }
 
-func testCtx(t *testing.T, d time.Duration) context.Context {
+func testCtx(t testing.TB, d time.Duration) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	t.Cleanup(cancel)
@@ -70,7 +70,7 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 
 // admin connects directly (skipping the test if the broker does not
 // answer, failing with OUTBOX_TEST_REQUIRE=1) and returns a channel.
-func admin(t *testing.T) (*amqp.Connection, *amqp.Channel) {
+func admin(t testing.TB) (*amqp.Connection, *amqp.Channel) {
 	t.Helper()
 	conn, err := amqp.Dial(brokerURL())
 	if err != nil {
