@@ -293,14 +293,23 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 	case <-ctx.Done():
 		return nil, errBatch{ctx.Err()}
 	}
-	var s *session
-	err := inBackground(ctx, func() error {
+	type result struct {
+		s   *session
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
 		defer func() { <-p.opening }()
-		var err error
-		s, err = p.open(ctx)
-		return err
-	})
-	return s, err
+		s, err := p.open(ctx)
+		done <- result{s, err}
+	}()
+	select {
+	case r := <-done:
+		return r.s, r.err
+	case <-ctx.Done():
+		// open finishes in the background and installs what it opened.
+		return nil, errBatch{ctx.Err()}
+	}
 }
 
 // open is session's work, under the opening lock.
