@@ -35,8 +35,10 @@
 //     relay.ErrPermanent, inside relay.PublishErrors; the earlier ones are
 //     acknowledged and delivered in order; the later ones either are too
 //     (Quirks.HoldsBack false) or fail without wrapping ErrPermanent and
-//     are not delivered (HoldsBack true); the oversized message alone is
-//     still a per-message ErrPermanent, never a whole-batch error.
+//     are not delivered (HoldsBack true), and then, sent again as the
+//     relay's next batch, are delivered after the earlier ones; the
+//     oversized message alone is still a per-message ErrPermanent, never a
+//     whole-batch error.
 //   - Unroutable (Target.Unroutable set): a batch whose every message has
 //     no route fails as a whole (one error, not PublishErrors) wrapping
 //     relay.ErrUnavailable, before its deadline; one unroutable message among
@@ -469,6 +471,16 @@ func (s *suite) tooLarge(t *testing.T) {
 	if pe, ok := asPublishErrors(err); !ok || len(pe) != 1 || !errors.Is(pe[0], relay.ErrPermanent) {
 		t.Errorf("Publish of the oversized message alone = %v, want PublishErrors{ErrPermanent}", err)
 	}
+	if !s.cfg.Quirks.HoldsBack {
+		return
+	}
+	// The relay dead-letters the oversized message and sends the held-back
+	// ones in its next batch: they follow the earlier ones.
+	if err := tg.Publisher.Publish(ctx, msgs[bigAt+1:51]); err != nil {
+		t.Fatalf("Publish of the held-back messages: %v", err)
+	}
+	all := append(slices.Clone(msgs[:bigAt]), msgs[bigAt+1:]...)
+	s.check(t, s.receive(ctx, t, tg, len(all)), all)
 }
 
 // routed returns n small messages over 3 aggregates.
