@@ -19,7 +19,10 @@
 // created, never a poison row found later by the relay: required fields,
 // syntax and length of every field (so each fits its column and Kafka's
 // rules), JSON validity of payloads of the default content type, header
-// names (the "outbox-" prefix is reserved for the relay's own headers),
+// names (the "outbox-" prefix is reserved for the relay's own headers)
+// and values restricted to what every supported broker carries byte for
+// byte (NATS header keys are tokens of visible ASCII, its header lines end
+// at CR LF and their values are trimmed: see Event.Headers),
 // the Kafka record size (RecordSize against Limits.MaxRecordBytes, which
 // defaults to the broker's default message.max.bytes), duplicate IDs in the
 // transaction, and the per-transaction caps. A rejected Emit changes

@@ -46,7 +46,8 @@ var (
 	ErrInvalidHeader = errors.New("invalid header")
 
 	// ErrReservedHeader: a header name starts with ReservedHeaderPrefix
-	// ("outbox-", any case); those headers are written by the relay.
+	// ("outbox-", any case; those headers are written by the relay) or
+	// BrokerHeaderPrefix ("Nats-", any case; JetStream acts on those).
 	ErrReservedHeader = errors.New("reserved header name")
 
 	// ErrDuplicateID: the event's ID equals the ID of an event already

@@ -28,10 +28,12 @@ type Event struct {
 	// topic "outbox.event.<AggregateType>" is always a legal Kafka topic.
 	AggregateType string
 	// AggregateID identifies the aggregate instance; it is the Kafka key.
-	// 1 to MaxAggregateIDBytes bytes of valid UTF-8 without control characters.
+	// 1 to MaxAggregateIDBytes bytes of valid UTF-8 without control
+	// characters, not beginning or ending with a space (it travels as a
+	// header too, and NATS trims header values).
 	AggregateID string
 	// Type is the event type ("order.paid"). 1 to MaxTypeBytes bytes of valid
-	// UTF-8 without control characters.
+	// UTF-8 without control characters, not beginning or ending with a space.
 	Type string
 	// Payload is the record value, delivered byte for byte. With the default
 	// ContentType it must be one valid JSON value (ErrPayloadNotJSON); key
@@ -42,11 +44,18 @@ type Event struct {
 	// +json suffix, any case, with parameters) are validated as one UTF-8
 	// JSON value. Any other value (e.g. "application/octet-stream",
 	// "application/x-protobuf") accepts Payload as raw bytes, empty included. At most MaxContentTypeBytes of
-	// visible ASCII or spaces.
+	// visible ASCII or spaces, not beginning or ending with a space.
 	ContentType string
-	// Headers are added to the Kafka record as given. Names: 1 to
-	// MaxHeaderNameBytes bytes of valid UTF-8 without control characters,
-	// not starting with ReservedHeaderPrefix in any case. Values: valid UTF-8.
+	// Headers are added to the broker's message (Kafka record headers,
+	// NATS headers) as given. Names: 1 to MaxHeaderNameBytes bytes of
+	// visible ASCII without any of "()/,:;<=>?@[\]{} and the double quote
+	// (NATS refuses them in header keys), not starting with
+	// ReservedHeaderPrefix or BrokerHeaderPrefix in any case. Values: valid UTF-8 without CR or LF,
+	// not beginning or ending with a space or tab (NATS headers are lines,
+	// and their values are trimmed), empty allowed. Emit refuses the rest
+	// with ErrInvalidHeader: what one supported broker cannot carry byte
+	// for byte is refused for all, so that changing brokers never turns
+	// stored rows into poison.
 	Headers map[string]string
 	// Topic overrides the relay's topic router for this event. Empty: the
 	// router decides. Set: a legal Kafka topic name, 1 to 249 bytes of
@@ -73,6 +82,12 @@ const DefaultContentType = "application/json"
 // ReservedHeaderPrefix starts every header the relay writes itself; user
 // headers may not use it (compared case-insensitively).
 const ReservedHeaderPrefix = "outbox-"
+
+// BrokerHeaderPrefix starts the headers NATS JetStream acts on
+// (Nats-Msg-Id, Nats-Expected-Stream, Nats-Expected-Last-Sequence, ...)
+// instead of storing them as data; user headers must not start with it,
+// in any case (ErrReservedHeader). relay/nats sets Nats-Msg-Id itself.
+const BrokerHeaderPrefix = "Nats-"
 
 // Headers the relay adds to every record. Their values come from the event,
 // so no user header can override them.
@@ -169,20 +184,20 @@ func prepareOwned(ev *Event, limits Limits, owned bool) (int, error) {
 		return 0, invalid("AggregateType", ErrInvalidField, "want 1 to %d bytes of [A-Za-z0-9._-], got %q", MaxAggregateTypeBytes, truncate(ev.AggregateType))
 	case ev.AggregateID == "":
 		return 0, invalid("AggregateID", ErrMissingField, "set the aggregate instance's ID")
-	case len(ev.AggregateID) > MaxAggregateIDBytes || !cleanText(ev.AggregateID):
-		return 0, invalid("AggregateID", ErrInvalidField, "want 1 to %d bytes of UTF-8 without control characters, got %d bytes", MaxAggregateIDBytes, len(ev.AggregateID))
+	case len(ev.AggregateID) > MaxAggregateIDBytes || !cleanText(ev.AggregateID) || !untrimmed(ev.AggregateID):
+		return 0, invalid("AggregateID", ErrInvalidField, "want 1 to %d bytes of UTF-8 without control characters, not beginning or ending with a space, got %d bytes", MaxAggregateIDBytes, len(ev.AggregateID))
 	case ev.Type == "":
 		return 0, invalid("Type", ErrMissingField, "set the event type, e.g. \"order.paid\"")
-	case len(ev.Type) > MaxTypeBytes || !cleanText(ev.Type):
-		return 0, invalid("Type", ErrInvalidField, "want 1 to %d bytes of UTF-8 without control characters, got %d bytes", MaxTypeBytes, len(ev.Type))
+	case len(ev.Type) > MaxTypeBytes || !cleanText(ev.Type) || !untrimmed(ev.Type):
+		return 0, invalid("Type", ErrInvalidField, "want 1 to %d bytes of UTF-8 without control characters, not beginning or ending with a space, got %d bytes", MaxTypeBytes, len(ev.Type))
 	}
 	if ev.Topic != "" && (len(ev.Topic) > MaxTopicBytes || !topicChars(ev.Topic) || ev.Topic == "." || ev.Topic == "..") {
 		return 0, invalid("Topic", ErrInvalidField, "want a legal Kafka topic: 1 to %d bytes of [A-Za-z0-9._-], not \".\" or \"..\", got %q", MaxTopicBytes, truncate(ev.Topic))
 	}
 	if ev.ContentType == "" {
 		ev.ContentType = DefaultContentType
-	} else if len(ev.ContentType) > MaxContentTypeBytes || !printableASCII(ev.ContentType) {
-		return 0, invalid("ContentType", ErrInvalidField, "want at most %d bytes of printable ASCII", MaxContentTypeBytes)
+	} else if len(ev.ContentType) > MaxContentTypeBytes || !printableASCII(ev.ContentType) || !untrimmed(ev.ContentType) {
+		return 0, invalid("ContentType", ErrInvalidField, "want at most %d bytes of printable ASCII, not beginning or ending with a space", MaxContentTypeBytes)
 	}
 	if isJSON(ev.ContentType) && (!utf8.Valid(ev.Payload) || !json.Valid(ev.Payload)) {
 		return 0, invalid("Payload", ErrPayloadNotJSON, "%d bytes of content type %s are not one valid UTF-8 JSON value (RFC 8259); emit raw bytes with a non-JSON ContentType", len(ev.Payload), ev.ContentType)
@@ -191,11 +206,17 @@ func prepareOwned(ev *Event, limits Limits, owned bool) (int, error) {
 		if len(k) >= len(ReservedHeaderPrefix) && strings.EqualFold(k[:len(ReservedHeaderPrefix)], ReservedHeaderPrefix) {
 			return 0, invalid(headerField(k), ErrReservedHeader, "names starting with %q are written by the relay", ReservedHeaderPrefix)
 		}
-		if k == "" || len(k) > MaxHeaderNameBytes || !cleanText(k) {
-			return 0, invalid(headerField(k), ErrInvalidHeader, "name must be 1 to %d bytes of UTF-8 without control characters", MaxHeaderNameBytes)
+		if len(k) >= len(BrokerHeaderPrefix) && strings.EqualFold(k[:len(BrokerHeaderPrefix)], BrokerHeaderPrefix) {
+			return 0, invalid(headerField(k), ErrReservedHeader, "names starting with %q are instructions to NATS JetStream (Nats-Msg-Id, Nats-Expected-*), not data", BrokerHeaderPrefix)
+		}
+		if k == "" || len(k) > MaxHeaderNameBytes || !headerName(k) {
+			return 0, invalid(headerField(k), ErrInvalidHeader, "name must be 1 to %d bytes of visible ASCII other than %s (what every supported broker's headers can carry)", MaxHeaderNameBytes, headerNameForbidden)
 		}
 		if !utf8.ValidString(v) {
 			return 0, invalid(headerField(k), ErrInvalidHeader, "value is not valid UTF-8")
+		}
+		if strings.ContainsAny(v, "\r\n") || !untrimmed(v) {
+			return 0, invalid(headerField(k), ErrInvalidHeader, "value must not contain CR or LF nor begin or end with a space or tab (NATS headers cannot carry them)")
 		}
 	}
 	size := RecordSize(ev)
@@ -267,6 +288,36 @@ func topicChars(s string) bool {
 
 // cleanText reports whether s is valid UTF-8 without control characters
 // (C0, DEL, C1); NUL in particular is rejected by PostgreSQL text columns.
+// headerNameForbidden are the visible ASCII characters a header name must
+// not contain: NATS (ADR-4 and nats.go) refuses them in header keys, and
+// ':' would end the name on the wire.
+const headerNameForbidden = `"()/,:;<=>?@[\]{}`
+
+// headerName reports whether s is a header name every supported broker
+// carries byte for byte: visible ASCII (0x21 to 0x7e) without
+// headerNameForbidden.
+func headerName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x21 || c > 0x7e || strings.IndexByte(headerNameForbidden, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// untrimmed reports whether s neither begins nor ends with a space or a
+// tab: NATS header values are trimmed of both on the wire, so such a value
+// (or an aggregate ID, event type or content type, which travel as the
+// relay's headers) would not arrive byte for byte.
+func untrimmed(s string) bool {
+	if s == "" {
+		return true
+	}
+	first, last := s[0], s[len(s)-1]
+	return first != ' ' && first != '\t' && last != ' ' && last != '\t'
+}
+
 func cleanText(s string) bool {
 	if !utf8.ValidString(s) {
 		return false

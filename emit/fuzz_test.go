@@ -48,6 +48,26 @@ func oracleContentType(s string) bool { // at most 127 bytes of visible ASCII or
 	return true
 }
 
+// oracleUntrimmed: NATS trims spaces and tabs off both ends of a header
+// value, so nothing that travels as one may have them there.
+func oracleUntrimmed(s string) bool {
+	return strings.TrimLeft(s, " \t") == s && strings.TrimRight(s, " \t") == s
+}
+
+// oracleHeaderName: NATS header keys are printable ASCII from '!' to '~'
+// except the characters nats.go forbids.
+func oracleHeaderName(s string) bool {
+	if len(s) < 1 || len(s) > MaxHeaderNameBytes {
+		return false
+	}
+	for _, r := range s {
+		if r <= ' ' || r > '~' || strings.ContainsRune(`"()/,:;<=>?@[\]{}`, r) {
+			return false
+		}
+	}
+	return true
+}
+
 type violation struct {
 	field    string
 	sentinel error
@@ -72,12 +92,12 @@ func oracleViolations(ev Event, maxRecord int) ([]violation, int) {
 	}
 	if ev.AggregateID == "" {
 		add("AggregateID", ErrMissingField)
-	} else if !oracleText(ev.AggregateID, MaxAggregateIDBytes) {
+	} else if !oracleText(ev.AggregateID, MaxAggregateIDBytes) || !oracleUntrimmed(ev.AggregateID) {
 		add("AggregateID", ErrInvalidField)
 	}
 	if ev.Type == "" {
 		add("Type", ErrMissingField)
-	} else if !oracleText(ev.Type, MaxTypeBytes) {
+	} else if !oracleText(ev.Type, MaxTypeBytes) || !oracleUntrimmed(ev.Type) {
 		add("Type", ErrInvalidField)
 	}
 	if ev.Topic != "" && (!oracleTopicChars(ev.Topic, MaxTopicBytes) || ev.Topic == "." || ev.Topic == "..") {
@@ -87,7 +107,7 @@ func oracleViolations(ev Event, maxRecord int) ([]violation, int) {
 	if ct == "" {
 		ct = DefaultContentType
 	}
-	if !oracleContentType(ct) {
+	if !oracleContentType(ct) || !oracleUntrimmed(ct) {
 		add("ContentType", ErrInvalidField)
 	} else if ct == DefaultContentType && !json.Valid(ev.Payload) {
 		add("Payload", ErrPayloadNotJSON)
@@ -98,10 +118,10 @@ func oracleViolations(ev Event, maxRecord int) ([]violation, int) {
 	for k, val := range ev.Headers {
 		size += len(k) + len(val) + 10
 		field := headerField(k)
-		if strings.HasPrefix(strings.ToLower(k), "outbox-") {
+		if strings.HasPrefix(strings.ToLower(k), "outbox-") || strings.HasPrefix(strings.ToLower(k), "nats-") {
 			add(field, ErrReservedHeader)
 		}
-		if !oracleText(k, MaxHeaderNameBytes) || !utf8.ValidString(val) {
+		if !oracleHeaderName(k) || !utf8.ValidString(val) || strings.ContainsAny(val, "\r\n") || !oracleUntrimmed(val) {
 			add(field, ErrInvalidHeader)
 		}
 	}
@@ -140,6 +160,12 @@ func FuzzPrepare(f *testing.F) {
 		{"", "order", "o", "t", "", "", []byte(`1`), "", "value", false},
 		{"", "order", "o", "t", "", "", []byte(`1`), "h\n", "v", false},
 		{"", "order", "o", "t", "", "", []byte(`1`), "h", "\xff", false},
+		{"", "order", "o", "t", "", "", []byte(`1`), "h", "a\r\nb", false},
+		{"", "order", "o", "t", "", "", []byte(`1`), "h", " a", false},
+		{"", "order", "o", "t", "", "", []byte(`1`), "a:b", "v", false},
+		{"", "order", "o", "t", "", "", []byte(`1`), "Nats-Msg-Id", "v", false},
+		{"", "order", " o", "t", "", "", []byte(`1`), "", "", false},
+		{"", "order", "o", "t ", "", "", []byte(`1`), "", "", false},
 		{"", "order", "o", "t", "", "", []byte(`"` + strings.Repeat("a", 700) + `"`), "", "", true},
 		{"", "order", "o", "t", "", "x/y", bytes.Repeat([]byte{0}, 2000), "", "", true},
 		{"", "", "", "", "", "", nil, "", "", false},

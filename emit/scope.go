@@ -193,8 +193,8 @@ func (b *Batch) Len() int {
 // value.
 //
 // Captured headers are validated and counted like the application's: a
-// name starting with ReservedHeaderPrefix or a value that is not UTF-8
-// makes Emit return a *ValidationError (ErrReservedHeader,
+// name starting with ReservedHeaderPrefix, a name or value the brokers
+// cannot carry (see Event.Headers) makes Emit return a *ValidationError (ErrReservedHeader,
 // ErrInvalidHeader), and their bytes count toward RecordSize, so an event
 // that the captured headers push past Limits.MaxRecordBytes is refused
 // with ErrRecordTooLarge at Emit, never written. A Capture has no error

@@ -1,0 +1,533 @@
+// Package natspub publishes outbox messages to NATS JetStream with
+// github.com/nats-io/nats.go, so that per-aggregate order and
+// at-least-once delivery hold. It is its own module
+// (github.com/sqloutbox/outbox/relay/nats): only its users download the
+// NATS client.
+//
+// # What "acknowledged" means
+//
+// Publish returns nil only after JetStream answered every message with a
+// PubAck. A PubAck means the stream stored the message according to its
+// own configuration: in memory for MemoryStorage, on disk (fsynced on the
+// server's sync interval) for FileStorage, and on a quorum of Replicas for
+// a replicated stream. Choose the stream's storage and replicas for the
+// durability you need; the publisher reports no more than the stream
+// promises. Nothing is reported acknowledged without its PubAck.
+//
+// # Subjects and order
+//
+// Every message goes to a subject of its own aggregate: DefaultSubject is
+// DefaultSubjectPrefix + AggregateType + "." + SubjectToken(AggregateID)
+// ("outbox.event.order.o-17"); a message's Topic, if set, replaces
+// DefaultSubjectPrefix + AggregateType; Config.Subject replaces the
+// whole scheme. A stream binding "outbox.event.order.>" then stores all
+// order events, and each aggregate's messages are the messages of one
+// subject.
+//
+// SubjectToken encodes an arbitrary aggregate ID into one subject token:
+// bytes in [A-Za-z0-9_-] are kept, every other byte (the token separator
+// '.', the wildcards '*' and '>', spaces, '%' itself, every non-ASCII
+// byte) becomes '%' and two upper-case hex digits. The encoding is
+// reversible (DecodeSubjectToken), distinct IDs get distinct tokens, and a
+// token is never empty, so no ID can reach another aggregate's subject or
+// a wildcard.
+//
+// Within one aggregate Publish does not pipeline: it sends an aggregate's
+// next message only after the previous one's PubAck, so the stream stores
+// an aggregate's messages in outbox id order, and a stream consumer
+// (ordered, or any consumer with one subject's messages in stream
+// sequence order) sees them in that order. Once a message fails, the
+// aggregate's later messages in the batch fail with ErrHeldBack without
+// being sent (the relay re-sends them after the failed one, as its
+// contract requires). Different aggregates pipeline freely: up to
+// Config.MaxInFlight aggregates have a message awaiting its PubAck at
+// once (asynchronous publishes with PubAck futures on one connection).
+//
+// # Deduplication
+//
+// The Nats-Msg-Id header is the message ID: JetStream drops a second
+// message with the same ID that arrives within the stream's duplicate
+// window (Duplicates, 2 minutes by default) and answers it with a PubAck
+// marked duplicate. So a relay that re-sends a batch after a timeout or
+// a crash (at-least-once) does not store the same event twice in the
+// stream within that window; after the window, or across streams, it
+// does, and consumers still dedupe by the outbox-message-id header.
+//
+// # Headers
+//
+// Each message carries emit's relay headers (outbox-message-id,
+// outbox-event-type, outbox-aggregate-type, outbox-aggregate-id,
+// outbox-content-type, outbox-partition, outbox-epoch), then the event's
+// own headers (trace context included), as NATS headers, byte for byte,
+// and Nats-Msg-Id. Emit refuses header names and values NATS cannot carry
+// (see emit.Event.Headers); a row written before that rule with such a
+// header fails with relay.ErrPermanent (a dead letter), never altered.
+//
+// # Errors
+//
+//   - The server unreachable, the connection closed or reconnecting, ctx
+//     done, a PubAck that did not arrive in time: Publish returns one error
+//     for the batch (not relay.PublishErrors), and the relay re-sends the
+//     batch later without counting an attempt.
+//   - No stream for the subject (no responders), a JetStream API error
+//     with status 403 or 404: the message's error wraps
+//     relay.ErrUnavailable; if every message failed so, Publish returns one
+//     error wrapping it (the relay backs off, dead-letters nothing).
+//   - A message larger than the server's max_payload or the stream's
+//     max_msg_size: relay.ErrPermanent for that message only.
+//   - Any other JetStream error: that message fails (retried by the
+//     relay), its aggregate's later ones are held back.
+//
+// A publish permission the connection lacks is reported by the NATS
+// server asynchronously (a permissions violation, the message dropped):
+// the PubAck then never arrives and the batch fails as a timeout; watch
+// the connection's error handler for the reason.
+package natspub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// DefaultSubjectPrefix is prepended to the aggregate type by
+// DefaultSubject, as relay/kafka's DefaultTopicPrefix names topics.
+const DefaultSubjectPrefix = "outbox.event."
+
+// Defaults of Config.
+const (
+	// DefaultMaxInFlight is how many aggregates may have a message
+	// awaiting its PubAck at once.
+	DefaultMaxInFlight = 256
+	// DefaultAckTimeout is how long one message waits for its PubAck
+	// before it fails (as a timeout of the batch).
+	DefaultAckTimeout = 30 * time.Second
+)
+
+// MsgIDHeader is the JetStream deduplication header, set to the message ID.
+const MsgIDHeader = jetstream.MsgIDHeader
+
+var (
+	// ErrConfig is returned by NewPublisher for an unusable Config.
+	ErrConfig = errors.New("outbox/nats: invalid config")
+	// ErrClosed is returned by Publish after Close.
+	ErrClosed = errors.New("outbox/nats: publisher closed")
+	// ErrHeldBack fails a message that was not sent because an earlier
+	// message of its aggregate in the same batch failed.
+	ErrHeldBack = errors.New("outbox/nats: held back behind a failed message of the same aggregate")
+)
+
+// SubjectToken encodes s into one NATS subject token: bytes in
+// [A-Za-z0-9_-] are kept, every other byte becomes '%' followed by two
+// upper-case hex digits; "" becomes "%". Distinct inputs give distinct
+// tokens (DecodeSubjectToken reverses it).
+func SubjectToken(s string) string {
+	if s == "" {
+		return "%"
+	}
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-' {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&15])
+	}
+	return b.String()
+}
+
+// ErrBadToken is returned by DecodeSubjectToken for a string SubjectToken
+// cannot have produced.
+var ErrBadToken = errors.New("outbox/nats: not a subject token of SubjectToken")
+
+// DecodeSubjectToken returns the string SubjectToken encoded into tok, or
+// an error wrapping ErrBadToken.
+func DecodeSubjectToken(tok string) (string, error) {
+	switch tok {
+	case "":
+		return "", fmt.Errorf("%w: empty", ErrBadToken)
+	case "%":
+		return "", nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(tok); i++ {
+		c := tok[i]
+		if c != '%' {
+			if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+				return "", fmt.Errorf("%w: byte %q at %d", ErrBadToken, c, i)
+			}
+			b.WriteByte(c)
+			continue
+		}
+		if i+2 >= len(tok) {
+			return "", fmt.Errorf("%w: truncated escape at %d", ErrBadToken, i)
+		}
+		v, err := strconv.ParseUint(tok[i+1:i+3], 16, 8)
+		if err != nil || strings.ToUpper(tok[i+1:i+3]) != tok[i+1:i+3] {
+			return "", fmt.Errorf("%w: bad escape %q at %d", ErrBadToken, tok[i:i+3], i)
+		}
+		b.WriteByte(byte(v))
+		i += 2
+	}
+	return b.String(), nil
+}
+
+// DefaultSubject is the subject of m unless Config.Subject says otherwise:
+// m.Topic (if set) or DefaultSubjectPrefix + m.AggregateType, then "."
+// and SubjectToken(m.AggregateID).
+func DefaultSubject(m relay.Message) string {
+	base := m.Topic
+	if base == "" {
+		base = DefaultSubjectPrefix + m.AggregateType
+	}
+	return base + "." + SubjectToken(m.AggregateID)
+}
+
+// Config configures a Publisher.
+type Config struct {
+	// Conn is the NATS connection to publish on. Required. Its options
+	// (URLs, TLS, credentials, reconnect behaviour) are the caller's, and
+	// so is closing it: Publisher.Close does not.
+	Conn *nats.Conn
+	// Subject returns a message's subject. It must give all messages of
+	// one aggregate the same subject and other aggregates other subjects
+	// (or the relay's order per aggregate is only as good as the mapping).
+	// Nil: DefaultSubject.
+	Subject func(relay.Message) string
+	// MaxInFlight bounds how many aggregates may have a message awaiting
+	// its PubAck at once. 0: DefaultMaxInFlight.
+	MaxInFlight int
+	// AckTimeout bounds the wait for one message's PubAck, in addition to
+	// Publish's ctx. 0: DefaultAckTimeout.
+	AckTimeout time.Duration
+}
+
+// Publisher is a relay.Publisher and relay.HealthChecker for NATS
+// JetStream. Safe for concurrent use. Create it with NewPublisher.
+type Publisher struct {
+	cfg Config
+	js  jetstream.JetStream
+
+	mu     sync.RWMutex
+	closed bool
+}
+
+// NewPublisher returns a Publisher on cfg.Conn. It returns an error
+// wrapping ErrConfig if Conn is nil or a bound is negative; it does not
+// contact the server (Healthy does).
+func NewPublisher(cfg Config) (*Publisher, error) {
+	switch {
+	case cfg.Conn == nil:
+		return nil, fmt.Errorf("%w: Conn is required", ErrConfig)
+	case cfg.MaxInFlight < 0:
+		return nil, fmt.Errorf("%w: MaxInFlight %d is negative", ErrConfig, cfg.MaxInFlight)
+	case cfg.AckTimeout < 0:
+		return nil, fmt.Errorf("%w: AckTimeout %s is negative", ErrConfig, cfg.AckTimeout)
+	}
+	if cfg.Subject == nil {
+		cfg.Subject = DefaultSubject
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.AckTimeout == 0 {
+		cfg.AckTimeout = DefaultAckTimeout
+	}
+	js, err := jetstream.New(cfg.Conn, jetstream.WithPublishAsyncTimeout(cfg.AckTimeout),
+		// Room beyond MaxInFlight for publishes of earlier batches that
+		// gave up on their PubAck (they time out after AckTimeout).
+		jetstream.WithPublishAsyncMaxPending(4*cfg.MaxInFlight))
+	if err != nil {
+		return nil, fmt.Errorf("outbox/nats: %w", err)
+	}
+	return &Publisher{cfg: cfg, js: js}, nil
+}
+
+// MaxRecordBytes returns the largest record Emit should accept for this
+// server: its max_payload less room for the headers NATS adds
+// (Nats-Msg-Id, framing), at most emit.DefaultMaxRecordBytes. Pass it to
+// driver.Config.Limits.MaxRecordBytes. A stream's max_msg_size, if
+// smaller, is not known here: use the smaller one.
+func (p *Publisher) MaxRecordBytes() int {
+	n := int(p.cfg.Conn.MaxPayload()) - 256
+	if n <= 0 || n > emit.DefaultMaxRecordBytes {
+		return emit.DefaultMaxRecordBytes
+	}
+	return n
+}
+
+// Healthy reports whether the connection is up and JetStream answers (an
+// account info round trip). It implements relay.HealthChecker.
+func (p *Publisher) Healthy(ctx context.Context) error {
+	if s := p.cfg.Conn.Status(); s != nats.CONNECTED {
+		return fmt.Errorf("outbox/nats: connection %s", s)
+	}
+	if _, err := p.js.AccountInfo(ctx); err != nil {
+		return fmt.Errorf("outbox/nats: JetStream account info: %w", classify(err))
+	}
+	return nil
+}
+
+// Close makes later Publish calls return ErrClosed; it does not close
+// Config.Conn. It is safe to call more than once and concurrently, and
+// waits for running Publish calls to return.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	return nil
+}
+
+// errBatch marks an error that fails the whole batch.
+type errBatch struct{ err error }
+
+func (e errBatch) Error() string { return e.err.Error() }
+func (e errBatch) Unwrap() error { return e.err }
+
+// Publish sends msgs and waits for every PubAck (see the package doc for
+// order, errors and what an acknowledgement means). It returns nil when
+// all were acknowledged; relay.PublishErrors when some failed; one error
+// for the batch when the server could not be reached, ctx ended, every
+// message's route is unavailable (wrapping relay.ErrUnavailable), or
+// after Close (ErrClosed).
+func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	// Group by aggregate, keeping batch order within each.
+	type key struct{ typ, id string }
+	index := map[key]int{}
+	var groups [][]int
+	for i, m := range msgs {
+		k := key{m.AggregateType, m.AggregateID}
+		g, ok := index[k]
+		if !ok {
+			g = len(groups)
+			index[k] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	errs := make([]error, len(msgs))
+	sem := make(chan struct{}, p.cfg.MaxInFlight)
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			p.publishAggregate(ctx, msgs, g, errs)
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("outbox/nats: %w", err)
+	}
+	failed, unavailable := 0, 0
+	for _, e := range errs {
+		var eb errBatch
+		if errors.As(e, &eb) {
+			return fmt.Errorf("outbox/nats: %w", eb.err)
+		}
+		if e != nil {
+			failed++
+			if errors.Is(e, relay.ErrUnavailable) || errors.Is(e, ErrHeldBack) {
+				unavailable++
+			}
+		}
+	}
+	switch {
+	case failed == 0:
+		return nil
+	case unavailable == len(msgs):
+		for _, e := range errs {
+			if errors.Is(e, relay.ErrUnavailable) {
+				return fmt.Errorf("outbox/nats: every message of the batch failed on its route: %w", e)
+			}
+		}
+	}
+	return relay.PublishErrors(errs)
+}
+
+// publishAggregate sends one aggregate's messages (indexes into msgs, in
+// batch order) one after the other, each after the previous PubAck.
+func (p *Publisher) publishAggregate(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
+	for n, i := range idx {
+		err := p.publishOne(ctx, &msgs[i])
+		if err == nil {
+			continue
+		}
+		errs[i] = err
+		var eb errBatch
+		if errors.As(err, &eb) {
+			return // the batch fails as a whole
+		}
+		for _, j := range idx[n+1:] {
+			errs[j] = fmt.Errorf("%w (message %s failed: %v)", ErrHeldBack, msgs[i].MessageID, err)
+		}
+		return
+	}
+}
+
+// publishOne sends m and waits for its PubAck.
+func (p *Publisher) publishOne(ctx context.Context, m *relay.Message) error {
+	nm, err := p.message(m)
+	if err != nil {
+		return err
+	}
+	f, err := p.js.PublishMsgAsync(nm, jetstream.WithMsgID(m.MessageID))
+	if err != nil {
+		return classify(err)
+	}
+	timer := time.NewTimer(p.cfg.AckTimeout)
+	defer timer.Stop()
+	select {
+	case <-f.Ok():
+		return nil
+	case err := <-f.Err():
+		return classify(err)
+	case <-ctx.Done():
+		return errBatch{ctx.Err()}
+	case <-timer.C:
+		return errBatch{fmt.Errorf("no PubAck for %s within %s: %w", m.MessageID, p.cfg.AckTimeout, context.DeadlineExceeded)}
+	}
+}
+
+// message builds the NATS message of m, or an error wrapping
+// relay.ErrPermanent if m cannot be carried byte for byte.
+func (p *Publisher) message(m *relay.Message) (*nats.Msg, error) {
+	subject := p.cfg.Subject(*m)
+	if !validSubject(subject) {
+		return nil, fmt.Errorf("%w: message %s: subject %q is not a valid NATS subject", relay.ErrPermanent, m.MessageID, subject)
+	}
+	h := make(nats.Header, 8+len(m.Headers))
+	set := func(k, v string) error {
+		if !carried(v) {
+			return fmt.Errorf("%w: message %s: header %q: value %q cannot be carried in NATS headers byte for byte", relay.ErrPermanent, m.MessageID, k, v)
+		}
+		h[k] = []string{v}
+		return nil
+	}
+	for _, kv := range [...][2]string{
+		{emit.HeaderMessageID, m.MessageID},
+		{emit.HeaderEventType, m.EventType},
+		{emit.HeaderAggregateType, m.AggregateType},
+		{emit.HeaderAggregateID, m.AggregateID},
+		{emit.HeaderContentType, m.ContentType},
+		{emit.HeaderPartition, strconv.Itoa(m.Partition)},
+		{emit.HeaderEpoch, strconv.FormatInt(m.Epoch, 10)},
+	} {
+		if err := set(kv[0], kv[1]); err != nil {
+			return nil, err
+		}
+	}
+	for k, v := range m.Headers {
+		if !validHeaderName(k) || strings.HasPrefix(strings.ToLower(k), "nats-") {
+			return nil, fmt.Errorf("%w: message %s: header name %q cannot be carried in NATS headers", relay.ErrPermanent, m.MessageID, k)
+		}
+		if err := set(k, v); err != nil {
+			return nil, err
+		}
+	}
+	data := m.Payload
+	if data == nil {
+		data = []byte{}
+	}
+	return &nats.Msg{Subject: subject, Header: h, Data: data}, nil
+}
+
+// carried reports whether NATS carries header value v unchanged: nats.go
+// trims leading and trailing spaces and tabs and replaces CR and LF.
+func carried(v string) bool {
+	if strings.ContainsAny(v, "\r\n") {
+		return false
+	}
+	return v == strings.Trim(v, " \t")
+}
+
+// validHeaderName is nats.go's header key rule: visible ASCII without
+// "()/,:;<=>?@[\]{} and the double quote.
+func validHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c < 0x21 || c > 0x7e || strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// validSubject reports whether s is a literal NATS subject: tokens
+// separated by '.', none empty, none containing a wildcard, whitespace or
+// a control character.
+func validSubject(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" || tok == "*" || tok == ">" {
+			return false
+		}
+		for i := 0; i < len(tok); i++ {
+			if c := tok[i]; c <= ' ' || c == 0x7f || c == '*' || c == '>' {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// classify maps a publish error to the relay's classes (see the package
+// doc). Errors of the connection fail the batch (errBatch).
+func classify(err error) error {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload):
+		return fmt.Errorf("%w: %w", relay.ErrPermanent, err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+		return fmt.Errorf("%w: %w", relay.ErrPermanent, err)
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
+		return fmt.Errorf("%w: no JetStream stream answers for the subject: %w", relay.ErrUnavailable, err)
+	case errors.As(err, &apiErr) && (apiErr.Code == http.StatusForbidden || apiErr.Code == http.StatusNotFound):
+		return fmt.Errorf("%w: %w", relay.ErrUnavailable, err)
+	case errors.As(err, &apiErr):
+		return err // this message fails; the relay retries it
+	}
+	// The connection (closed, reconnecting with a full buffer, a timeout,
+	// a stalled async publisher): the batch as a whole.
+	return errBatch{err}
+}

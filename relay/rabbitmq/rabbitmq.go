@@ -1,0 +1,752 @@
+// Package rabbitmq publishes outbox messages to RabbitMQ with
+// github.com/rabbitmq/amqp091-go, with publisher confirms and mandatory
+// routing, so that per-aggregate order and at-least-once delivery hold. It
+// is its own module (github.com/sqloutbox/outbox/relay/rabbitmq): only its
+// users download the AMQP client.
+//
+// # What "acknowledged" means
+//
+// Publish returns nil only after the broker confirmed every message
+// (publisher confirms, basic.ack) and returned none as unroutable
+// (mandatory: a basic.return is an error, not a success). RabbitMQ
+// confirms a persistent message (every message here is published with
+// DeliveryMode Persistent) once every queue it was routed to has it: a
+// durable classic queue has written it to disk, a quorum queue has it on a
+// majority of its replicas; a non-durable queue holds it in memory only.
+// Declare durable (or quorum) queues for the durability you need.
+//
+// # Exchanges, routing keys and order
+//
+// Messages go to Config.Exchange (DefaultExchange, a topic exchange the
+// operator declares: the publisher declares nothing) or, for a message
+// with a Topic, to the exchange of that name, with the routing key
+// DefaultRoutingKey: AggregateType + "." + RoutingToken(AggregateID)
+// ("order.o-17"), so a binding "order.#" takes all order events and one
+// aggregate's messages share one routing key. RoutingToken keeps the bytes
+// [A-Za-z0-9_-] and writes every other byte (the separator '.', the
+// wildcards '*' and '#', spaces, non-ASCII) as '%' and two hex digits; a
+// key that would exceed AMQP's 255 bytes uses "~" and the SHA-256 of the
+// ID instead (of type and ID if the type itself is that long). Distinct
+// aggregates get distinct keys.
+//
+// A RabbitMQ queue is FIFO: messages published on one channel and routed
+// to one queue are enqueued in publish order. Publish never hands the
+// broker an aggregate's next message before the previous one is confirmed
+// (no pipelining within an aggregate), and fails the aggregate's later
+// messages in the batch with ErrHeldBack once one failed, so each queue
+// holds an aggregate's messages in outbox id order. A consumer sees that
+// order if it is the queue's only consumer at a time (declare the queue
+// with x-single-active-consumer): competing consumers of one queue
+// process messages concurrently and lose it. To spread aggregates over
+// several queues keeping each aggregate on one, bind queues to an
+// x-consistent-hash exchange (the rabbitmq_consistent_hash_exchange
+// plugin, not enabled by default; the publisher does not need it: the
+// routing key is already per aggregate) each with a single active
+// consumer. Different aggregates pipeline: up to Config.MaxInFlight
+// aggregates have a message awaiting its confirm at once, on one channel.
+//
+// # Headers
+//
+// Each message carries emit's relay headers (outbox-message-id,
+// outbox-event-type, outbox-aggregate-type, outbox-aggregate-id,
+// outbox-content-type, outbox-partition, outbox-epoch) and the event's own
+// as AMQP header table entries of type long string, byte for byte; the
+// properties message-id, type and content-type repeat the message ID,
+// event type and content type.
+//
+// # Errors
+//
+//   - The broker unreachable, the connection lost, ctx done, a confirm not
+//     arriving in time: one error for the batch; the relay re-sends it
+//     later without counting an attempt. The publisher reconnects on the
+//     next Publish.
+//   - An exchange that does not exist (checked with a passive declare on a
+//     channel of its own, so the publishing channel is not closed by the
+//     broker's 404), access refused (403), a message returned as
+//     unroutable (no queue bound for its routing key): the message's error
+//     wraps relay.ErrUnavailable; if every message failed so, Publish
+//     returns one error wrapping it.
+//   - A message larger than Config.MaxMessageBytes: relay.ErrPermanent for
+//     it alone, refused before sending. Set MaxMessageBytes no higher than
+//     the broker's max_message_size: a larger message makes the broker
+//     close the channel (406), which fails every message in flight on it as
+//     retriable and cannot be pinned on one.
+//   - A nack (the broker could not store the message), the publishing
+//     channel closed by the broker: that message fails (the relay retries
+//     it), the channel is replaced on the next Publish. A channel closed
+//     with 404 (an exchange deleted after it was checked) or 403 fails the
+//     messages in flight on it with relay.ErrUnavailable, and the next
+//     Publish checks every exchange again.
+package rabbitmq
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// DefaultExchange is the exchange messages without a Topic go to unless
+// Config.Exchange says otherwise.
+const DefaultExchange = "outbox.event"
+
+// Defaults of Config.
+const (
+	// DefaultMaxInFlight is how many aggregates may have a message
+	// awaiting its confirm at once.
+	DefaultMaxInFlight = 256
+	// DefaultMaxMessageBytes is the largest message (body plus header
+	// names and values) Publish sends: emit.DefaultMaxRecordBytes, far
+	// below RabbitMQ's default max_message_size (128 MiB).
+	DefaultMaxMessageBytes = emit.DefaultMaxRecordBytes
+	// DefaultExchangeCheckInterval is how long an exchange found to exist
+	// is trusted before it is checked again.
+	DefaultExchangeCheckInterval = 30 * time.Second
+)
+
+// MaxRoutingKeyBytes is AMQP's limit on a routing key (a short string).
+const MaxRoutingKeyBytes = 255
+
+var (
+	// ErrConfig is returned by NewPublisher for an unusable Config.
+	ErrConfig = errors.New("outbox/rabbitmq: invalid config")
+	// ErrClosed is returned by Publish after Close.
+	ErrClosed = errors.New("outbox/rabbitmq: publisher closed")
+	// ErrHeldBack fails a message that was not sent because an earlier
+	// message of its aggregate in the same batch failed.
+	ErrHeldBack = errors.New("outbox/rabbitmq: held back behind a failed message of the same aggregate")
+	// ErrReturned is wrapped (with relay.ErrUnavailable) by the error of a
+	// message the broker returned as unroutable.
+	ErrReturned = errors.New("outbox/rabbitmq: returned unroutable")
+	// ErrNacked is wrapped by the error of a message the broker nacked.
+	ErrNacked = errors.New("outbox/rabbitmq: nacked by the broker")
+)
+
+func tokenByte(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// RoutingToken encodes s into one routing-key word: bytes in
+// [A-Za-z0-9_-] are kept, every other byte becomes '%' and two upper-case
+// hex digits; "" becomes "%". Distinct inputs give distinct words.
+func RoutingToken(s string) string {
+	if s == "" {
+		return "%"
+	}
+	const digits = "0123456789ABCDEF"
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; tokenByte(c) {
+			b = append(b, c)
+		} else {
+			b = append(b, '%', digits[c>>4], digits[c&15])
+		}
+	}
+	return string(b)
+}
+
+// DefaultRoutingKey is m's routing key unless Config.RoutingKey says
+// otherwise: AggregateType + "." + RoutingToken(AggregateID); if that is
+// longer than MaxRoutingKeyBytes, AggregateType + ".~" + the hex SHA-256
+// of AggregateID; if that is still too long, "~" + the hex SHA-256 of
+// AggregateType, a NUL byte and AggregateID.
+func DefaultRoutingKey(m relay.Message) string {
+	if k := m.AggregateType + "." + RoutingToken(m.AggregateID); len(k) <= MaxRoutingKeyBytes {
+		return k
+	}
+	sum := sha256.Sum256([]byte(m.AggregateID))
+	if k := m.AggregateType + ".~" + hex.EncodeToString(sum[:]); len(k) <= MaxRoutingKeyBytes {
+		return k
+	}
+	sum = sha256.Sum256([]byte(m.AggregateType + "\x00" + m.AggregateID))
+	return "~" + hex.EncodeToString(sum[:])
+}
+
+// Config configures a Publisher.
+type Config struct {
+	// URL is the broker's AMQP URI (amqp://user:pass@host:5672/vhost or
+	// amqps://...). Required.
+	URL string
+	// AMQP is the connection configuration (TLS, SASL, vhost, heartbeat,
+	// dialer); the zero value is amqp091-go's defaults.
+	AMQP amqp.Config
+	// Exchange is the exchange of messages without a Topic. "":
+	// DefaultExchange. It must exist; the publisher declares nothing.
+	Exchange string
+	// RoutingKey returns a message's routing key; it must give one
+	// aggregate's messages one key. Nil: DefaultRoutingKey.
+	RoutingKey func(relay.Message) string
+	// MaxInFlight bounds how many aggregates may have a message awaiting
+	// its confirm at once. 0: DefaultMaxInFlight.
+	MaxInFlight int
+	// MaxMessageBytes is the largest body plus header names and values
+	// Publish sends; larger messages fail with relay.ErrPermanent. 0:
+	// DefaultMaxMessageBytes.
+	MaxMessageBytes int
+	// ExchangeCheckInterval is how long an exchange found to exist is
+	// trusted before the next passive declare. 0:
+	// DefaultExchangeCheckInterval.
+	ExchangeCheckInterval time.Duration
+}
+
+// Publisher is a relay.Publisher and relay.HealthChecker for RabbitMQ.
+// Safe for concurrent use. Create it with NewPublisher; Close it.
+type Publisher struct {
+	cfg Config
+
+	opening chan struct{} // a one-slot lock held while a session is being opened
+
+	mu       sync.Mutex
+	closed   bool
+	s        *session
+	verified map[string]time.Time // exchange -> checked to exist at
+}
+
+// session is one connection and its confirming publishing channel.
+type session struct {
+	conn     *amqp.Connection
+	ch       *amqp.Channel
+	chDone   chan struct{} // closed once ch has closed and closeErr is set
+	closeErr error         // why ch closed (the broker's reason if it gave one)
+	returns  chan amqp.Return
+
+	mu       sync.Mutex
+	returned map[string]amqp.Return // returns by message ID, not yet matched
+	broken   bool
+}
+
+// NewPublisher connects to cfg.URL and opens a confirming channel. It
+// returns an error wrapping ErrConfig for an unusable Config, and the
+// dial's error (wrapping relay.ErrUnavailable for refused credentials or
+// vhost access) if the broker cannot be reached.
+func NewPublisher(cfg Config) (*Publisher, error) {
+	switch {
+	case cfg.URL == "":
+		return nil, fmt.Errorf("%w: URL is required", ErrConfig)
+	case cfg.MaxInFlight < 0 || cfg.MaxMessageBytes < 0 || cfg.ExchangeCheckInterval < 0:
+		return nil, fmt.Errorf("%w: MaxInFlight, MaxMessageBytes and ExchangeCheckInterval must not be negative", ErrConfig)
+	}
+	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+		return nil, fmt.Errorf("%w: URL: %w", ErrConfig, err)
+	}
+	if cfg.Exchange == "" {
+		cfg.Exchange = DefaultExchange
+	}
+	if cfg.RoutingKey == nil {
+		cfg.RoutingKey = DefaultRoutingKey
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if cfg.ExchangeCheckInterval == 0 {
+		cfg.ExchangeCheckInterval = DefaultExchangeCheckInterval
+	}
+	p := &Publisher{cfg: cfg, verified: map[string]time.Time{}, opening: make(chan struct{}, 1)}
+	ctx, cancel := context.WithTimeout(context.Background(), newTimeout)
+	defer cancel()
+	if _, err := p.session(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// MaxRecordBytes returns Config.MaxMessageBytes, for
+// driver.Config.Limits.MaxRecordBytes.
+func (p *Publisher) MaxRecordBytes() int { return p.cfg.MaxMessageBytes }
+
+// newTimeout bounds NewPublisher's first connection.
+const newTimeout = 30 * time.Second
+
+// inBackground runs fn and returns its error, or ctx's error if ctx ends
+// first (fn then finishes in the background): amqp091-go's dial, channel
+// open and passive declare take no context.
+func inBackground(ctx context.Context, fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return errBatch{ctx.Err()}
+	}
+}
+
+// session returns the open session, opening a new channel (and, if the
+// connection is gone, a new connection) if there is none or it broke.
+// ctx bounds the wait.
+func (p *Publisher) session(ctx context.Context) (*session, error) {
+	select {
+	case p.opening <- struct{}{}:
+	case <-ctx.Done():
+		return nil, errBatch{ctx.Err()}
+	}
+	type result struct {
+		s   *session
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer func() { <-p.opening }()
+		s, err := p.open(ctx)
+		done <- result{s, err}
+	}()
+	select {
+	case r := <-done:
+		return r.s, r.err
+	case <-ctx.Done():
+		// open finishes in the background and installs what it opened.
+		return nil, errBatch{ctx.Err()}
+	}
+}
+
+// open is session's work, under the opening lock.
+func (p *Publisher) open(ctx context.Context) (*session, error) {
+	p.mu.Lock()
+	old, closed := p.s, p.closed
+	p.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	var conn *amqp.Connection
+	if old != nil {
+		old.mu.Lock()
+		ok := !old.broken && !old.conn.IsClosed() && !old.ch.IsClosed()
+		old.mu.Unlock()
+		if ok {
+			return old, nil
+		}
+		if !old.conn.IsClosed() {
+			conn = old.conn
+			// Unconfirmed publishes of the old channel may still be
+			// enqueued; an aggregate's retry re-sends them first, so its
+			// first deliveries keep their order. Close it without waiting.
+			go func() { _ = old.ch.Close() }()
+		}
+	}
+	if conn == nil {
+		cfg := p.cfg.AMQP
+		dial := cfg.Dial
+		if dial == nil {
+			dial = amqp.DefaultDial(newTimeout)
+		}
+		cfg.Dial = func(network, addr string) (net.Conn, error) {
+			c, err := dial(network, addr)
+			if err == nil {
+				if d, ok := ctx.Deadline(); ok {
+					// Bounds the TLS and AMQP handshakes; amqp091-go clears
+					// it once the connection is open.
+					_ = c.SetDeadline(d)
+				}
+			}
+			return c, err
+		}
+		c, err := amqp.DialConfig(p.cfg.URL, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("outbox/rabbitmq: connecting: %w", classifyConn(err))
+		}
+		conn = c
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		go func() { _ = conn.CloseDeadline(time.Now().Add(closeWait)) }()
+		p.mu.Lock()
+		p.s = nil
+		p.mu.Unlock()
+		return nil, errBatch{fmt.Errorf("outbox/rabbitmq: opening a confirming channel: %w", classifyConn(err))}
+	}
+	s := &session{conn: conn, ch: ch, returned: map[string]amqp.Return{}}
+	s.chDone = make(chan struct{})
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	go func() {
+		err := error(amqp.ErrClosed)
+		if ae := <-chClosed; ae != nil {
+			err = ae
+		}
+		s.mu.Lock()
+		s.closeErr = err
+		s.broken = true
+		s.mu.Unlock()
+		close(s.chDone)
+	}()
+	// Buffered so that amqp091-go's reader puts a basic.return here before
+	// it dispatches the basic.ack that follows it on the wire.
+	s.returns = ch.NotifyReturn(make(chan amqp.Return, 4*p.cfg.MaxInFlight))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		go func() { _ = conn.CloseDeadline(time.Now().Add(closeWait)) }()
+		return nil, ErrClosed
+	}
+	p.s = s
+	return s, nil
+}
+
+// wasReturned reports (and forgets) the return of the message with this
+// ID, draining the returns received so far.
+func (s *session) wasReturned(id string) (amqp.Return, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for drained := false; !drained; {
+		select {
+		case r, ok := <-s.returns:
+			if !ok {
+				drained = true
+				break
+			}
+			s.returned[r.MessageId] = r
+		default:
+			drained = true
+		}
+	}
+	r, ok := s.returned[id]
+	delete(s.returned, id)
+	return r, ok
+}
+
+func (s *session) breakOff() {
+	s.mu.Lock()
+	s.broken = true
+	s.mu.Unlock()
+}
+
+// exchangeOK reports nil if exchange exists (by a recent check or a
+// passive declare on a channel of its own), else an error wrapping
+// relay.ErrUnavailable for a missing one or access refused, or a
+// connection error (errBatch).
+func (p *Publisher) exchangeOK(ctx context.Context, s *session, exchange string) error {
+	p.mu.Lock()
+	at, ok := p.verified[exchange]
+	p.mu.Unlock()
+	if ok && time.Since(at) < p.cfg.ExchangeCheckInterval {
+		return nil
+	}
+	if exchange == "" { // the default exchange always exists
+		return nil
+	}
+	var declareErr error
+	err := inBackground(ctx, func() error {
+		ch, err := s.conn.Channel()
+		if err != nil {
+			return errBatch{fmt.Errorf("outbox/rabbitmq: opening a channel: %w", err)}
+		}
+		declareErr = ch.ExchangeDeclarePassive(exchange, amqp.ExchangeTopic, false, false, false, false, nil)
+		_ = ch.Close()
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	err = declareErr
+	if err == nil {
+		p.mu.Lock()
+		p.verified[exchange] = time.Now()
+		p.mu.Unlock()
+		return nil
+	}
+	var ae *amqp.Error
+	if errors.As(err, &ae) && (ae.Code == amqp.NotFound || ae.Code == amqp.AccessRefused) {
+		return fmt.Errorf("%w: exchange %q: %w", relay.ErrUnavailable, exchange, err)
+	}
+	return errBatch{fmt.Errorf("outbox/rabbitmq: checking exchange %q: %w", exchange, err)}
+}
+
+// Healthy reports whether the broker answers: the connection is (re)opened
+// if needed and Config.Exchange is checked with a passive declare. It
+// implements relay.HealthChecker.
+func (p *Publisher) Healthy(ctx context.Context) error {
+	s, err := p.session(ctx)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	delete(p.verified, p.cfg.Exchange)
+	p.mu.Unlock()
+	return p.exchangeOK(ctx, s, p.cfg.Exchange)
+}
+
+// Close closes the connection; Publish returns ErrClosed after it. Safe to
+// call more than once and concurrently. Publish calls waiting for confirms
+// fail (as a batch error).
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.s == nil {
+		return nil
+	}
+	err := p.s.conn.CloseDeadline(time.Now().Add(closeWait))
+	p.s = nil
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// errBatch marks an error that fails the whole batch.
+type errBatch struct{ err error }
+
+func (e errBatch) Error() string { return e.err.Error() }
+func (e errBatch) Unwrap() error { return e.err }
+
+// classifyConn maps a connection-level error: refused credentials or
+// vhost access are relay.ErrUnavailable.
+func classifyConn(err error) error {
+	var ae *amqp.Error
+	if errors.Is(err, amqp.ErrSASL) || errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost) ||
+		(errors.As(err, &ae) && ae.Code == amqp.AccessRefused) {
+		return fmt.Errorf("%w: %w", relay.ErrUnavailable, err)
+	}
+	return err
+}
+
+// Publish sends msgs and waits for every confirm (see the package doc for
+// order, errors and what a confirm means). It returns nil when all were
+// confirmed and none returned; relay.PublishErrors when some failed; one
+// error for the batch when the broker could not be reached, the
+// connection was lost, ctx ended, every message's route is unavailable
+// (wrapping relay.ErrUnavailable), or after Close (ErrClosed).
+func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(msgs) == 0 {
+		p.mu.Lock()
+		closed := p.closed
+		p.mu.Unlock()
+		if closed {
+			return ErrClosed
+		}
+		return nil
+	}
+	s, err := p.session(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox/rabbitmq: %w", err)
+	}
+	// The exchanges of the batch, each checked once.
+	exchangeErr := map[string]error{}
+	for i := range msgs {
+		ex := p.exchangeOf(&msgs[i])
+		if _, done := exchangeErr[ex]; done {
+			continue
+		}
+		err := p.exchangeOK(ctx, s, ex)
+		var eb errBatch
+		if errors.As(err, &eb) {
+			return err
+		}
+		exchangeErr[ex] = err
+	}
+
+	type key struct{ typ, id string }
+	index := map[key]int{}
+	var groups [][]int
+	for i, m := range msgs {
+		k := key{m.AggregateType, m.AggregateID}
+		g, ok := index[k]
+		if !ok {
+			g = len(groups)
+			index[k] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	errs := make([]error, len(msgs))
+	sem := make(chan struct{}, p.cfg.MaxInFlight)
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			for n, i := range g {
+				err := exchangeErr[p.exchangeOf(&msgs[i])]
+				if err == nil {
+					err = p.publishOne(ctx, s, &msgs[i])
+				}
+				if err == nil {
+					continue
+				}
+				errs[i] = err
+				var eb errBatch
+				if errors.As(err, &eb) {
+					return
+				}
+				for _, j := range g[n+1:] {
+					errs[j] = fmt.Errorf("%w (message %s failed: %v)", ErrHeldBack, msgs[i].MessageID, err)
+				}
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		s.breakOff() // confirms of this batch may still arrive: start clean
+		return fmt.Errorf("outbox/rabbitmq: %w", err)
+	}
+	failed, unavailable := 0, 0
+	var firstUnavailable error
+	for _, e := range errs {
+		var eb errBatch
+		if errors.As(e, &eb) {
+			s.breakOff()
+			return fmt.Errorf("outbox/rabbitmq: %w", eb.err)
+		}
+		if e != nil {
+			failed++
+			if errors.Is(e, relay.ErrUnavailable) && firstUnavailable == nil {
+				firstUnavailable = e
+			}
+			if errors.Is(e, relay.ErrUnavailable) || errors.Is(e, ErrHeldBack) {
+				unavailable++
+			}
+		}
+	}
+	switch {
+	case failed == 0:
+		return nil
+	case unavailable == len(msgs) && firstUnavailable != nil:
+		return fmt.Errorf("outbox/rabbitmq: every message of the batch failed on its route: %w", firstUnavailable)
+	}
+	return relay.PublishErrors(errs)
+}
+
+func (p *Publisher) exchangeOf(m *relay.Message) string {
+	if m.Topic != "" {
+		return m.Topic
+	}
+	return p.cfg.Exchange
+}
+
+// publishOne sends m and waits for its confirm.
+func (p *Publisher) publishOne(ctx context.Context, s *session, m *relay.Message) error {
+	pub, size := p.publishing(m)
+	if size > p.cfg.MaxMessageBytes {
+		return fmt.Errorf("%w: message %s of %d bytes exceeds MaxMessageBytes %d", relay.ErrPermanent, m.MessageID, size, p.cfg.MaxMessageBytes)
+	}
+	key := p.cfg.RoutingKey(*m)
+	if len(key) > MaxRoutingKeyBytes {
+		return fmt.Errorf("%w: message %s: routing key of %d bytes exceeds %d", relay.ErrPermanent, m.MessageID, len(key), MaxRoutingKeyBytes)
+	}
+	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchangeOf(m), key, true, false, pub)
+	if err != nil {
+		if ctx.Err() != nil {
+			return errBatch{ctx.Err()}
+		}
+		return p.closedErr(ctx, s, err)
+	}
+	select {
+	case <-dc.Done():
+	case <-ctx.Done():
+		return errBatch{ctx.Err()}
+	case <-s.chDone:
+		return p.closedErr(ctx, s, nil)
+	}
+	if !dc.Acked() {
+		// A nack, or the channel closed under the confirm.
+		if s.ch.IsClosed() {
+			return p.closedErr(ctx, s, nil)
+		}
+		return fmt.Errorf("%w: message %s", ErrNacked, m.MessageID)
+	}
+	if r, ok := s.wasReturned(m.MessageID); ok {
+		return fmt.Errorf("%w: %w: message %s to exchange %q with routing key %q: %d %s",
+			relay.ErrUnavailable, ErrReturned, m.MessageID, p.exchangeOf(m), key, r.ReplyCode, r.ReplyText)
+	}
+	return nil
+}
+
+// closeWait bounds how long a failed publish waits for the channel's
+// close reason (amqp091-go marks the channel closed before it delivers the
+// reason).
+const closeWait = time.Second
+
+// closedErr classifies a publish on a channel that closed (err: what the
+// publish call itself returned, if anything): the connection gone fails
+// the batch; a 404 or 403 from the broker is relay.ErrUnavailable; else
+// the message fails (retriable). The next Publish opens a new channel.
+func (p *Publisher) closedErr(ctx context.Context, s *session, err error) error {
+	s.breakOff()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case <-s.chDone:
+		s.mu.Lock()
+		err = s.closeErr
+		s.mu.Unlock()
+	case <-ctx.Done():
+		return errBatch{ctx.Err()}
+	case <-t.C:
+		if err == nil {
+			err = amqp.ErrClosed
+		}
+	}
+	if s.conn.IsClosed() {
+		return errBatch{fmt.Errorf("connection lost: %w", err)}
+	}
+	var ae *amqp.Error
+	if errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotFound) {
+		// An exchange deleted (or access revoked) since it was checked:
+		// check again on the next Publish.
+		p.mu.Lock()
+		clear(p.verified)
+		p.mu.Unlock()
+		return fmt.Errorf("%w: channel closed by the broker: %w", relay.ErrUnavailable, err)
+	}
+	return fmt.Errorf("outbox/rabbitmq: channel closed, outcome unknown: %w", err)
+}
+
+// publishing builds m's AMQP message and its size (body plus header names
+// and values).
+func (p *Publisher) publishing(m *relay.Message) (amqp.Publishing, int) {
+	h := make(amqp.Table, 7+len(m.Headers))
+	size := len(m.Payload)
+	set := func(k, v string) {
+		h[k] = v
+		size += len(k) + len(v)
+	}
+	set(emit.HeaderMessageID, m.MessageID)
+	set(emit.HeaderEventType, m.EventType)
+	set(emit.HeaderAggregateType, m.AggregateType)
+	set(emit.HeaderAggregateID, m.AggregateID)
+	set(emit.HeaderContentType, m.ContentType)
+	set(emit.HeaderPartition, strconv.Itoa(m.Partition))
+	set(emit.HeaderEpoch, strconv.FormatInt(m.Epoch, 10))
+	for k, v := range m.Headers {
+		set(k, v)
+	}
+	body := m.Payload
+	if body == nil {
+		body = []byte{}
+	}
+	return amqp.Publishing{
+		Headers:      h,
+		ContentType:  m.ContentType,
+		DeliveryMode: amqp.Persistent,
+		MessageId:    m.MessageID,
+		Type:         m.EventType,
+		Body:         body,
+	}, size
+}
