@@ -286,8 +286,6 @@ func topicChars(s string) bool {
 	return true
 }
 
-// cleanText reports whether s is valid UTF-8 without control characters
-// (C0, DEL, C1); NUL in particular is rejected by PostgreSQL text columns.
 // headerNameForbidden are the visible ASCII characters a header name must
 // not contain: NATS (ADR-4 and nats.go) refuses them in header keys, and
 // ':' would end the name on the wire.
@@ -318,6 +316,8 @@ func untrimmed(s string) bool {
 	return first != ' ' && first != '\t' && last != ' ' && last != '\t'
 }
 
+// cleanText reports whether s is valid UTF-8 without control characters
+// (C0, DEL, C1); NUL in particular is rejected by PostgreSQL text columns.
 func cleanText(s string) bool {
 	if !utf8.ValidString(s) {
 		return false
