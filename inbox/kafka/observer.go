@@ -1,0 +1,51 @@
+package inboxkafka
+
+import (
+	"time"
+
+	"github.com/sqloutbox/outbox/inbox"
+)
+
+// Observer is told what the runner does, for metrics. Its methods are
+// called from partition workers concurrently and must not block. Metrics
+// (NewMetrics) implements it.
+type Observer interface {
+	// Processed is called once per record whose outcome is stored.
+	Processed(Result)
+	// HandlerFailed is called for every failed handler attempt (attempt
+	// counts from 1), before the retry or the park.
+	HandlerFailed(topic string, partition int32, attempt int, err error)
+	// Lag is called after each record with the partition's lag: the high
+	// watermark of the last fetch minus the offset after that record
+	// (records), never negative.
+	Lag(topic string, partition int32, lag int64)
+	// PartitionRevoked is called when the runner stopped a partition's
+	// worker because the partition was revoked or lost.
+	PartitionRevoked(topic string, partition int32)
+}
+
+// Result is one record's stored outcome.
+type Result struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	// Outcome is the inbox's (Applied, Duplicate or Held); meaningless
+	// when Parked.
+	Outcome inbox.Outcome
+	// Parked: every attempt failed and the record was parked (with
+	// SkipAfterPark, also skipped).
+	Parked bool
+	// Attempts is the number of handler attempts (1 for a success at the
+	// first try; counting those that failed).
+	Attempts int
+	// Duration is the last attempt's inbox.Handle call, transaction
+	// included (0 for a parked record).
+	Duration time.Duration
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Processed(Result)                        {}
+func (nopObserver) HandlerFailed(string, int32, int, error) {}
+func (nopObserver) Lag(string, int32, int64)                {}
+func (nopObserver) PartitionRevoked(string, int32)          {}

@@ -1,0 +1,297 @@
+package inboxkafka_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/inbox"
+	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
+	"github.com/sqloutbox/outbox/internal/testdb"
+)
+
+var pgx = testdb.Target{Name: "pgx", Dialect: driver.Postgres}
+
+// newRunner builds a runner on c for topic with quick test settings; mod
+// adjusts the config.
+func newRunner(t testing.TB, brokers []string, group, topic string, c *consumerDB, mod func(*inboxkafka.Config)) *inboxkafka.Runner {
+	t.Helper()
+	cfg := inboxkafka.Config{Brokers: brokers, Group: group, Topics: []string{topic}, Inbox: c.inbox, DB: c.db,
+		Handler: ledgerHandler(c.env.Target.Dialect, c.ledger), Backoff: fastRetry, Logger: quietLogger(),
+		CommitInterval: 20 * time.Millisecond, Kgo: groupSettings()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := inboxkafka.NewRunner(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groupOf.Store(r, group)
+	return r
+}
+
+func TestNewRunnerRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	in, err := inbox.New(inbox.Config{Dialect: driver.Postgres, Consumer: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := &sql.DB{}
+	ok := inboxkafka.Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, Inbox: in, DB: db,
+		Handler: func(context.Context, *sql.Tx, inbox.Message) error { return nil }}
+	for name, mod := range map[string]func(*inboxkafka.Config){
+		"NoBrokers":      func(c *inboxkafka.Config) { c.Brokers = nil },
+		"NoGroup":        func(c *inboxkafka.Config) { c.Group = "" },
+		"NoTopics":       func(c *inboxkafka.Config) { c.Topics = nil },
+		"EmptyTopic":     func(c *inboxkafka.Config) { c.Topics = []string{""} },
+		"NoInbox":        func(c *inboxkafka.Config) { c.Inbox = nil },
+		"NoDB":           func(c *inboxkafka.Config) { c.DB = nil },
+		"NoHandler":      func(c *inboxkafka.Config) { c.Handler = nil },
+		"NegativeTries":  func(c *inboxkafka.Config) { c.MaxAttempts = -1 },
+		"CommitInterval": func(c *inboxkafka.Config) { c.CommitInterval = time.Nanosecond },
+		"Buffered":       func(c *inboxkafka.Config) { c.MaxBufferedRecords = -1 },
+		"Policy":         func(c *inboxkafka.Config) { c.OnFailure = 7 },
+	} {
+		cfg := ok
+		mod(&cfg)
+		if _, err := inboxkafka.NewRunner(cfg); !errors.Is(err, inboxkafka.ErrInvalidConfig) {
+			t.Errorf("%s: err %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	r, err := inboxkafka.NewRunner(ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Run(ctx); !errors.Is(err, inboxkafka.ErrStarted) {
+		t.Fatalf("second Run: %v, want ErrStarted", err)
+	}
+}
+
+// TestRunnerAppliesInOrderPerPartition: every record applied once, each
+// partition's offsets handled strictly in order, each aggregate's seqs in
+// order, and the offsets committed up to the end.
+func TestRunnerAppliesInOrderPerPartition(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 4)
+	c := newConsumerDB(t, pgx)
+	want := produce(t, b.Addrs(), topic, 12, 25)
+	var mu sync.Mutex
+	lastOffset := map[int32]int64{}
+	var outOfOrder []string
+	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+		cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+			mu.Lock()
+			if last, ok := lastOffset[m.Partition]; ok && m.Offset != last+1 {
+				outOfOrder = append(outOfOrder, fmt.Sprintf("p%d: %d after %d", m.Partition, m.Offset, last))
+			}
+			lastOffset[m.Partition] = m.Offset
+			mu.Unlock()
+			return inner(ctx, tx, m)
+		}
+	})
+	runRunner(t, r)
+	ctx := testCtx(t, 60*time.Second)
+	testdb.Eventually(t, ctx, "every record applied", func() bool { return countRows(t, c.db, c.ledger) >= 12*25 })
+	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+		t.Fatalf("ledger: %v", probs)
+	}
+	mu.Lock()
+	if len(outOfOrder) > 0 {
+		t.Fatalf("out of order: %v", outOfOrder)
+	}
+	mu.Unlock()
+	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool {
+		return committedTotal(t, ctx, b.Addrs(), r, topic) == 12*25
+	})
+	if st := r.Stats(); st.Applied != 12*25 || st.Duplicates != 0 || st.HandlerErrors != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+var groupOf sync.Map // *Runner -> group, for committedTotal
+
+// committedTotal sums the group's committed offsets of topic.
+func committedTotal(t testing.TB, ctx context.Context, brokers []string, r *inboxkafka.Runner, topic string) int64 {
+	t.Helper()
+	g, _ := groupOf.Load(r)
+	group, _ := g.(string)
+	if group == "" {
+		t.Fatal("runner's group unknown: create it with newRunner")
+	}
+	return committed(t, ctx, brokers, group, topic)
+}
+
+func committed(t testing.TB, ctx context.Context, brokers []string, group, topic string) int64 {
+	t.Helper()
+	adm, err := kadm.NewOptClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	offs, err := adm.FetchOffsets(ctx, group)
+	if err != nil {
+		return -1
+	}
+	var n int64
+	for _, ps := range offs {
+		for _, o := range ps {
+			if o.Topic == topic && o.At > 0 {
+				n += o.At
+			}
+		}
+	}
+	return n
+}
+
+// TestRunnerCommitsOnlyAfterTheTransaction: inside each handler, before
+// its transaction commits, the group's committed offset of the partition
+// is never past the record (commits every millisecond to give a premature
+// commit every chance).
+func TestRunnerCommitsOnlyAfterTheTransaction(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 2)
+	c := newConsumerDB(t, pgx)
+	produce(t, b.Addrs(), topic, 4, 10)
+	group := randomName("g-")
+	adm, err := kadm.NewOptClient(kgo.SeedBrokers(b.Addrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	var early atomic.Int64
+	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	r := newRunner(t, b.Addrs(), group, topic, c, func(cfg *inboxkafka.Config) {
+		cfg.CommitInterval = time.Millisecond
+		cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+			if err := inner(ctx, tx, m); err != nil {
+				return err
+			}
+			// Give the committer time to run while this transaction is open.
+			deadline := time.Now().Add(5 * time.Millisecond)
+			for time.Now().Before(deadline) {
+				offs, err := adm.FetchOffsets(ctx, group)
+				if err != nil {
+					return err
+				}
+				if o, ok := offs.Lookup(m.Topic, m.Partition); ok && o.At > m.Offset {
+					early.Add(1)
+				}
+			}
+			return nil
+		}
+	})
+	runRunner(t, r)
+	ctx := testCtx(t, 60*time.Second)
+	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool { return committedTotal(t, ctx, b.Addrs(), r, topic) == 40 })
+	if n := early.Load(); n != 0 {
+		t.Fatalf("%d times an offset was committed past a record whose transaction was open", n)
+	}
+	if n := countRows(t, c.db, c.ledger); n != 40 {
+		t.Fatalf("%d ledger rows, want 40", n)
+	}
+}
+
+// TestRunnerRetriesThenParksThenHolds: a handler failing for one message
+// is tried MaxAttempts times, then the message is parked; its aggregate's
+// later records are held, not applied; other aggregates go on; a handler
+// error wrapping ErrPermanent parks at the first attempt; a panic is an
+// error.
+func TestRunnerRetriesThenParksThenHolds(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 2)
+	c := newConsumerDB(t, pgx)
+	want := produce(t, b.Addrs(), topic, 4, 5)
+	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	var attempts sync.Map
+	var failures atomic.Int64
+	reg := prometheus.NewRegistry()
+	m, err := inboxkafka.NewMetrics(reg, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+		cfg.MaxAttempts = 3
+		cfg.Observer = m
+		cfg.Handler = func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
+			n, _ := attempts.LoadOrStore(msg.ID, new(atomic.Int64))
+			n.(*atomic.Int64).Add(1)
+			var seq struct{ Seq int }
+			switch {
+			case msg.AggregateID == "agg-000" && strings.Contains(string(msg.Payload), `"seq":2`):
+				failures.Add(1)
+				return errors.New("agg-000 seq 2 always fails")
+			case msg.AggregateID == "agg-001" && strings.Contains(string(msg.Payload), `"seq":3`):
+				failures.Add(1)
+				return fmt.Errorf("bad: %w", inboxkafka.ErrPermanent)
+			case msg.AggregateID == "agg-002" && strings.Contains(string(msg.Payload), `"seq":4`):
+				failures.Add(1)
+				panic("agg-002 seq 4 panics")
+			}
+			_ = seq
+			return inner(ctx, tx, msg)
+		}
+	})
+	runRunner(t, r)
+	ctx := testCtx(t, 60*time.Second)
+	// agg-000 applies seq 1, agg-001 seqs 1-2, agg-002 seqs 1-3, agg-003 all 5.
+	testdb.Eventually(t, ctx, "3 parked, the rest applied or held", func() bool {
+		st := r.Stats()
+		return st.Parked == 3 && st.Applied+st.Held == 20-3
+	})
+	st := r.Stats()
+	// 3 + 1 + 3 failed attempts; held: agg-000 3, agg-001 2, agg-002 1.
+	if st.HandlerErrors != 7 || failures.Load() != 7 || st.Held != 6 || st.Applied != 11 {
+		t.Fatalf("stats %+v, handler failures %d", st, failures.Load())
+	}
+	rows := readLedger(t, c.db, c.ledger)
+	want["agg-000"], want["agg-001"], want["agg-002"] = 1, 2, 3
+	if probs := checkLedger(rows, want); len(probs) > 0 {
+		t.Fatalf("ledger: %v", probs)
+	}
+	for name, v := range map[string]float64{
+		inboxkafka.MetricParked: 3, inboxkafka.MetricHeld: 6, inboxkafka.MetricProcessed: 11, inboxkafka.MetricHandlerErrors: 7,
+	} {
+		if got := counterValue(t, reg, name); got != v {
+			t.Errorf("%s = %v, want %v", name, got, v)
+		}
+	}
+}
+
+func counterValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			var v float64
+			for _, m := range mf.Metric {
+				v += m.GetCounter().GetValue()
+			}
+			return v
+		}
+	}
+	t.Fatalf("metric %s not gathered", name)
+	return 0
+}
+
+var _ = testutil.ToFloat64
