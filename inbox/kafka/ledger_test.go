@@ -2,7 +2,6 @@ package inboxkafka_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -296,5 +295,3 @@ func writeLedger(t *testing.T, ctx context.Context, e *testdb.Env, writers, aggr
 	wg.Wait()
 	return want
 }
-
-var _ = sql.ErrNoRows

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -233,7 +232,6 @@ func TestRunnerRetriesThenParksThenHolds(t *testing.T) {
 		cfg.Handler = func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
 			n, _ := attempts.LoadOrStore(msg.ID, new(atomic.Int64))
 			n.(*atomic.Int64).Add(1)
-			var seq struct{ Seq int }
 			switch {
 			case msg.AggregateID == "agg-000" && strings.Contains(string(msg.Payload), `"seq":2`):
 				failures.Add(1)
@@ -245,7 +243,6 @@ func TestRunnerRetriesThenParksThenHolds(t *testing.T) {
 				failures.Add(1)
 				panic("agg-002 seq 4 panics")
 			}
-			_ = seq
 			return inner(ctx, tx, msg)
 		}
 	})
@@ -294,4 +291,52 @@ func counterValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
-var _ = testutil.ToFloat64
+
+
+// TestMetricsLagAndDuration: the lag gauge of a partition reaches 0 when
+// its records are done, the duration histogram counts every stored
+// outcome, a second registration errors, an empty group is refused.
+func TestMetricsLagAndDuration(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 2)
+	c := newConsumerDB(t, pgx)
+	produce(t, b.Addrs(), topic, 16, 2)
+	reg := prometheus.NewRegistry()
+	m, err := inboxkafka.NewMetrics(reg, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inboxkafka.NewMetrics(reg, "g"); err == nil {
+		t.Fatal("a second registration of group g succeeded")
+	}
+	if _, err := inboxkafka.NewMetrics(reg, ""); !errors.Is(err, inboxkafka.ErrInvalidConfig) {
+		t.Fatalf("empty group: %v", err)
+	}
+	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) { cfg.Observer = m })
+	runRunner(t, r)
+	ctx := testCtx(t, 60*time.Second)
+	testdb.Eventually(t, ctx, "32 processed", func() bool { return r.Stats().Applied == 32 })
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lagSeries int
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case inboxkafka.MetricLag:
+			for _, s := range mf.Metric {
+				lagSeries++
+				if s.GetGauge().GetValue() != 0 {
+					t.Errorf("lag %v after every record was done", s)
+				}
+			}
+		case inboxkafka.MetricHandlerDuration:
+			if n := mf.Metric[0].GetHistogram().GetSampleCount(); n != 32 {
+				t.Errorf("duration samples %d, want 32", n)
+			}
+		}
+	}
+	if lagSeries != 2 {
+		t.Errorf("%d lag series, want one per partition (2)", lagSeries)
+	}
+}
