@@ -5,33 +5,38 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqloutbox/outbox/driver"
 	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
 	"github.com/sqloutbox/outbox/internal/testdb"
 )
 
 // BenchmarkRunner measures consumed events per second through the runner
-// on PostgreSQL: b.N records (already in the topic, spread over
+// on PostgreSQL and MariaDB: b.N records (already in the topic, spread over
 // aggregates) applied through the inbox by one runner, each in its own
 // transaction (dedupe row + one ledger insert), timed from Run (the
 // group join included, tens of milliseconds) to the last outcome stored.
 func BenchmarkRunner(b *testing.B) {
-	for _, parts := range []int32{1, 8} {
-		b.Run(fmt.Sprintf("partitions=%d", parts), func(b *testing.B) {
-			br, topic := startBroker(b, parts)
-			c := newConsumerDB(b, pgx)
-			produce(b, br.Addrs(), topic, 64, (b.N+63)/64)
-			total := int64(64 * ((b.N + 63) / 64))
-			r := newRunner(b, br.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
-				cfg.CommitInterval = inboxkafka.DefaultCommitInterval
-			})
-			ctx := testCtx(b, 10*time.Minute)
-			b.ResetTimer()
-			start := time.Now()
-			runRunner(b, r)
-			testdb.Eventually(b, ctx, "every record stored", func() bool { return r.Stats().Applied >= total })
-			el := time.Since(start)
-			b.StopTimer()
-			b.ReportMetric(float64(total)/el.Seconds(), "events/s")
-		})
+	for _, tg := range []testdb.Target{pgx, {Name: "mysql", Dialect: driver.MySQL}} {
+		for _, parts := range []int32{1, 8} {
+			b.Run(fmt.Sprintf("%s/partitions=%d", tg.Name, parts), func(b *testing.B) { benchRunner(b, tg, parts) })
+		}
 	}
+}
+
+func benchRunner(b *testing.B, tg testdb.Target, parts int32) {
+	br, topic := startBroker(b, parts)
+	c := newConsumerDB(b, tg)
+	produce(b, br.Addrs(), topic, 64, (b.N+63)/64)
+	total := int64(64 * ((b.N + 63) / 64))
+	r := newRunner(b, br.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+		cfg.CommitInterval = inboxkafka.DefaultCommitInterval
+	})
+	ctx := testCtx(b, 10*time.Minute)
+	b.ResetTimer()
+	start := time.Now()
+	runRunner(b, r)
+	testdb.Eventually(b, ctx, "every record stored", func() bool { return r.Stats().Applied >= total })
+	el := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(total)/el.Seconds(), "events/s")
 }

@@ -291,8 +291,6 @@ func counterValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
-
-
 // TestMetricsLagAndDuration: the lag gauge of a partition reaches 0 when
 // its records are done, the duration histogram counts every stored
 // outcome, a second registration errors, an empty group is refused.
