@@ -35,6 +35,7 @@ require (
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/rcrowley/go-metrics v0.0.0-20250401214520-65e299d6c5c9 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	github.com/sqloutbox/outbox/inbox v0.0.0
 	github.com/twmb/franz-go/pkg/kadm v1.18.0 // indirect
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
@@ -51,3 +52,5 @@ require (
 replace github.com/sqloutbox/outbox => ..
 
 replace github.com/sqloutbox/outbox/outboxtest/kafkatest => ../outboxtest/kafkatest
+
+replace github.com/sqloutbox/outbox/inbox => ../inbox

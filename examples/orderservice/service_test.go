@@ -15,7 +15,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/examples/orderservice/inbox"
+	"github.com/sqloutbox/outbox/inbox"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
@@ -105,8 +105,11 @@ func TestHappyPath(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			in := inbox.New(db, inbox.Dialect(tg.Dialect), "shipping_inbox")
-			if err := in.Migrate(ctx); err != nil {
+			in, err := inbox.New(inbox.Config{Dialect: tg.Dialect, Table: "shipping_inbox", Consumer: "shipping"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := in.Migrate(ctx, db); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := db.ExecContext(ctx, "CREATE TABLE shipment (order_id VARCHAR(64) PRIMARY KEY)"); err != nil {
@@ -119,7 +122,9 @@ func TestHappyPath(t *testing.T) {
 			dups := 0
 			for pass := 0; pass < 2; pass++ { // every record delivered twice
 				for _, rec := range recs {
-					dup, err := in.Handle(ctx, rec.Headers[emit.HeaderMessageID], func(ctx context.Context, tx *sql.Tx) error {
+					msg := inbox.Message{ID: rec.Headers[emit.HeaderMessageID], AggregateType: rec.Headers[emit.HeaderAggregateType],
+						AggregateID: rec.Headers[emit.HeaderAggregateID], Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: rec.Key, Headers: rec.Headers, Payload: rec.Value}
+					out, err := in.Handle(ctx, db, msg, func(ctx context.Context, tx *sql.Tx) error {
 						if rec.Headers[emit.HeaderEventType] != "order.paid" {
 							return nil
 						}
@@ -129,7 +134,7 @@ func TestHappyPath(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if dup {
+					if out == inbox.Duplicate {
 						dups++
 					}
 				}

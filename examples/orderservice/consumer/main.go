@@ -1,8 +1,9 @@
 // Command consumer reads the order service's events from Kafka and ships
 // paid orders exactly once despite at-least-once delivery: each record's
 // effect and its message ID (header outbox-message-id) are committed in
-// one database transaction through package inbox, and the Kafka offset is
-// committed only after that.
+// one database transaction through package inbox
+// (github.com/sqloutbox/outbox/inbox), and the Kafka offset is committed only
+// after that.
 //
 //	go run ./examples/orderservice/consumer -db 'postgres://...' -brokers localhost:9092
 package main
@@ -20,8 +21,9 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/examples/orderservice/inbox"
+	"github.com/sqloutbox/outbox/inbox"
 )
 
 func main() {
@@ -51,8 +53,11 @@ func run(dsn, brokers, topic, group string, log *slog.Logger) error {
 		return err
 	}
 	defer db.Close()
-	in := inbox.New(db, "postgres", "shipping_inbox")
-	if err := in.Migrate(ctx); err != nil {
+	in, err := inbox.New(inbox.Config{Dialect: driver.Postgres, Table: "shipping_inbox", Consumer: group, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := in.Migrate(ctx, db); err != nil {
 		return err
 	}
 	if _, err := db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS shipment (order_id VARCHAR(64) PRIMARY KEY)"); err != nil {
@@ -74,17 +79,9 @@ func run(dsn, brokers, topic, group string, log *slog.Logger) error {
 			if failed != nil {
 				return
 			}
-			var id, typ string
-			for _, h := range r.Headers {
-				switch h.Key {
-				case emit.HeaderMessageID:
-					id = string(h.Value)
-				case emit.HeaderEventType:
-					typ = string(h.Value)
-				}
-			}
-			dup, err := in.Handle(ctx, id, func(ctx context.Context, tx *sql.Tx) error {
-				if typ == "order.paid" {
+			msg := Message(r)
+			out, err := in.Handle(ctx, db, msg, func(ctx context.Context, tx *sql.Tx) error {
+				if msg.Headers[emit.HeaderEventType] == "order.paid" {
 					return Ship(ctx, tx, string(r.Key))
 				}
 				return nil
@@ -93,7 +90,7 @@ func run(dsn, brokers, topic, group string, log *slog.Logger) error {
 				failed = err
 				return
 			}
-			log.Info("event", "message_id", id, "type", typ, "duplicate", dup)
+			log.Info("event", "message_id", msg.ID, "type", msg.Headers[emit.HeaderEventType], "outcome", out.String())
 		})
 		if failed != nil {
 			return failed // offsets not committed: redelivered after restart, deduped then
@@ -101,5 +98,25 @@ func run(dsn, brokers, topic, group string, log *slog.Logger) error {
 		if err := cl.CommitUncommittedOffsets(ctx); err != nil {
 			return err
 		}
+	}
+}
+
+// Message is a Kafka record as the inbox sees it: the outbox's message ID
+// and aggregate headers, where it came from, and its bytes.
+func Message(r *kgo.Record) inbox.Message {
+	h := make(map[string]string, len(r.Headers))
+	for _, kv := range r.Headers {
+		h[kv.Key] = string(kv.Value)
+	}
+	return inbox.Message{
+		ID:            h[emit.HeaderMessageID],
+		AggregateType: h[emit.HeaderAggregateType],
+		AggregateID:   h[emit.HeaderAggregateID],
+		Topic:         r.Topic,
+		Partition:     r.Partition,
+		Offset:        r.Offset,
+		Key:           r.Key,
+		Headers:       h,
+		Payload:       r.Value,
 	}
 }

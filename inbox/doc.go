@@ -1,0 +1,96 @@
+// Package inbox is the consumer side of the outbox: it turns at-least-once
+// delivery into exactly-once effects by recording each message's ID in an
+// inbox table, under a unique key, in the same database transaction as the
+// message's business effect (the seed article's "unique-key table", its
+// recommended default).
+//
+//	in, err := inbox.New(inbox.Config{Dialect: driver.Postgres, Consumer: "shipping"})
+//	// once: in.Migrate(ctx, db), or apply in.DDL() with your migration tool
+//	out, err := in.Handle(ctx, db, msg, func(ctx context.Context, tx *sql.Tx) error {
+//		_, err := tx.ExecContext(ctx, "UPDATE orders SET shipped = true WHERE id = $1", id)
+//		return err // an error rolls back the effect and the inbox row
+//	})
+//	// out: inbox.Applied, inbox.Duplicate (skipped, handler not run) or inbox.Held
+//
+// # Dedupe
+//
+// The dedupe key is (Config.Consumer, Message.ID): several consumers may
+// share one table and each applies a message once. Handle begins a
+// transaction, checks whether the message's aggregate is held, inserts the
+// row (an INSERT that skips a duplicate key: ON CONFLICT DO NOTHING,
+// INSERT IGNORE), runs the handler only if the insert added a row, and
+// commits. Two deliveries of one message at once meet on the unique key:
+// the second waits for the first's commit and then finds the duplicate (or
+// applies, if the first rolled back). The handler's transaction carries a
+// fresh outbox emit scope, so a handler may call outbox.Emit through an
+// outbox-wrapped *sql.DB: consume, change state and emit the next event in
+// one commit.
+//
+// # Pre-filter
+//
+// An optional Filter (package github.com/sqloutbox/outbox/inbox/redis: a
+// Redis key per message, with an expiry) is asked before the transaction:
+// a certain "seen" skips the message without touching the database; "not
+// seen" or an error falls back to the table. The key is written only after
+// the commit. The table stays the authority, so a Redis outage or a lost
+// key costs a transaction, never a double effect.
+//
+// # Business state machines
+//
+// The seed's third method, a business state machine ("an order that is
+// already paid ignores another paid event"), needs no helper: it is a
+// guarded UPDATE inside the handler, and it is the only method that also
+// catches a repeated event with a different message ID (a producer that
+// retried at the business level):
+//
+//	res, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'paid' WHERE id = $1 AND status = 'created'", id)
+//	if n, _ := res.RowsAffected(); n == 0 {
+//		return nil // already paid (or not payable): ignore; the inbox row still records the message
+//	}
+//
+// (TestStateMachine shows it.) Use it beside the inbox, not instead of it.
+//
+// # Parking and holding
+//
+// A consumer that gives up on a message (its handler keeps failing) calls
+// Park: the message is stored with its bytes, the cause and the attempts,
+// in the parked state. While a message is parked, Handle stores the later
+// messages of the same consumer and aggregate (Message.AggregateType and
+// AggregateID) as held, without running them, so the aggregate's order is
+// kept although the broker's offsets move on. ListParked shows parked and
+// held messages; Retry runs an aggregate's stored messages in order through
+// a handler (stopping at the first failure); Skip marks parked messages
+// skipped, so that Retry then runs the held ones behind them.
+//
+// # Retention
+//
+// Processed rows are the dedupe window: Retention deletes the consumer's
+// processed and skipped rows older than RetentionConfig.Window (default 7
+// days), in batches. A message redelivered or replayed after its row was
+// deleted (a consumer group reset to an offset older than the window) is
+// applied twice: keep the window longer than any replay you may run, or
+// make such handlers state machines too. Parked and held rows are never
+// deleted. Processed rows keep no key, headers or payload (NULL), so the
+// window costs about 100-200 bytes a message plus the indexes.
+//
+// # Schema
+//
+// One table (default inbox_message) with an identity primary key, a unique
+// key (consumer, message_id), a status (1 processed, 2 parked, 3 held, 4
+// skipped), the aggregate, topic, partition and offset, key, headers and
+// payload (parked and held rows only), cause, attempts, and created,
+// updated and processed times with microseconds (PostgreSQL TIMESTAMPTZ,
+// MySQL DATETIME(6) in UTC, SQLite INTEGER microseconds), and two indexes:
+// hold_idx makes "is this aggregate held?" one probe (a partial index of
+// parked and held rows on PostgreSQL and SQLite; on MySQL
+// (consumer, aggregate, status, id)), retention_idx serves Retention.
+// Identifiers are VARBINARY on MySQL (byte comparison: IDs differing only
+// in case are different), headers are stored in a length-prefixed binary
+// encoding (not JSON: jsonb rejects NUL, MySQL's JSON reorders keys), and
+// every text field is validated (UTF-8 without NUL, bounded lengths)
+// before anything is written. The SQL is in sql/ (embedded): numbered
+// migrations per dialect and one queries.sql. The package has its own
+// small migrator (a <table>_migrations table, the outbox's locking scheme)
+// rather than the root module's internal/dialect, whose runner is bound to
+// the outbox table's SQL files and its server checks.
+package inbox

@@ -1,0 +1,71 @@
+-- The inbox's statements, one "-- name: X" section each, shared by the three
+-- dialects: the templates below render what differs ({{.Now}}: the database
+-- clock; {{.Micros "col"}}: a timestamp as microseconds since the epoch;
+-- {{.Ago}}: the database clock minus a bind parameter in microseconds;
+-- {{.InsertIgnore}} ... {{.OnConflict}}: an INSERT that skips a duplicate
+-- (consumer, message_id) and reports 0 rows; {{.ForUpdate}}: a row lock,
+-- empty on SQLite; {{.ForShare}}: a shared lock on MySQL, empty elsewhere). Placeholders are written ? and rendered $n on PostgreSQL.
+-- status: 1 processed, 2 parked, 3 held, 4 skipped.
+
+-- name: held
+SELECT 1 FROM {{.Table}} WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND status IN (2, 3) LIMIT 1
+
+-- name: insert_processed
+{{.InsertIgnore}} INTO {{.Table}} (consumer, message_id, status, aggregate_type, aggregate_id, topic, kafka_partition, kafka_offset, created_at, updated_at, processed_at)
+VALUES (?, ?, 1, ?, ?, ?, ?, ?, {{.Now}}, {{.Now}}, {{.Now}}){{.OnConflict}}
+
+-- name: insert_stored
+{{.InsertIgnore}} INTO {{.Table}} (consumer, message_id, status, aggregate_type, aggregate_id, topic, kafka_partition, kafka_offset, msg_key, headers, payload, cause, attempts, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {{.Now}}, {{.Now}}){{.OnConflict}}
+
+-- name: status
+-- After an INSERT that found the key taken: a locking read on MySQL, whose
+-- plain SELECT would read the transaction's snapshot, older than the commit
+-- the INSERT waited for.
+SELECT status FROM {{.Table}} WHERE consumer = ? AND message_id = ?{{.ForShare}}
+
+-- name: recorded
+-- One probe before the INSERT: the message's status if recorded, and 1 if its
+-- aggregate is held.
+SELECT (SELECT status FROM {{.Table}} WHERE consumer = ? AND message_id = ?),
+       (SELECT 1 FROM {{.Table}} WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND status IN (2, 3) LIMIT 1)
+
+-- name: park_update
+UPDATE {{.Table}} SET status = 2, cause = ?, attempts = attempts + ?, msg_key = ?, headers = ?, payload = ?, updated_at = {{.Now}}
+WHERE consumer = ? AND message_id = ? AND status IN (2, 3)
+
+-- name: stored
+SELECT id, message_id, status, aggregate_type, aggregate_id, topic, kafka_partition, kafka_offset, msg_key, headers, payload, cause, attempts, {{.Micros "created_at"}}, {{.Micros "updated_at"}}
+FROM {{.Table}} WHERE consumer = ? AND status IN (2, 3)
+
+-- name: lock
+SELECT status FROM {{.Table}} WHERE id = ?{{.ForUpdate}}
+
+-- name: mark_processed
+UPDATE {{.Table}} SET status = 1, msg_key = NULL, headers = NULL, payload = NULL, updated_at = {{.Now}}, processed_at = {{.Now}}
+WHERE id = ? AND status IN (2, 3)
+
+-- name: retry_failed
+UPDATE {{.Table}} SET status = 2, cause = ?, attempts = attempts + 1, updated_at = {{.Now}} WHERE id = ?
+
+-- name: skip
+UPDATE {{.Table}} SET status = 4, updated_at = {{.Now}}, processed_at = {{.Now}} WHERE consumer = ? AND status = 2
+
+-- name: retention_select
+SELECT id FROM {{.Table}} WHERE consumer = ? AND processed_at < {{.Ago}} AND status IN (1, 4) ORDER BY processed_at
+
+-- name: retention_delete
+DELETE FROM {{.Table}} WHERE status IN (1, 4) AND id IN
+
+-- name: stored_keys
+SELECT id, aggregate_type, aggregate_id FROM {{.Table}} WHERE consumer = ? AND status IN (2, 3)
+
+-- name: insert_processed_unheld
+-- PostgreSQL only: insert_processed and the held probe in one statement (one
+-- round trip fewer on the common path). 0 rows: held or a duplicate, and the
+-- two-statement path decides. (Not on MySQL: INSERT ... SELECT takes shared
+-- next-key locks on what its SELECT reads, and writers of neighbouring
+-- aggregates would deadlock on the hold index's gaps.)
+INSERT INTO {{.Table}} (consumer, message_id, status, aggregate_type, aggregate_id, topic, kafka_partition, kafka_offset, created_at, updated_at, processed_at)
+SELECT CAST(? AS TEXT), CAST(? AS TEXT), 1, CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS INTEGER), CAST(? AS BIGINT), {{.Now}}, {{.Now}}, {{.Now}}
+WHERE NOT EXISTS (SELECT 1 FROM {{.Table}} WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND status IN (2, 3)){{.OnConflict}}
