@@ -97,6 +97,8 @@
 // # Metrics
 //
 // [NewMetrics] registers Prometheus collectors (processed, duplicates, held,
-// parked, handler errors, handler duration, lag per partition) and is an
-// [Observer]; set it as Config.Observer.
+// parked, handler errors, handler duration, lag per partition). It is an
+// [inbox.Observer] (the outcomes, counted where the inbox decides them, so
+// Retry's work counts too) and an [Observer] of the runner (the lag): give
+// it to inbox.Config.Observer and to Config.Observer.
 package inboxkafka

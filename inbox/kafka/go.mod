@@ -33,7 +33,6 @@ require (
 	github.com/jcmturner/gokrb5/v8 v8.4.4 // indirect
 	github.com/jcmturner/rpc/v2 v2.0.3 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
-	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/lib/pq v1.12.3 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
@@ -60,6 +59,6 @@ require (
 
 replace github.com/sqloutbox/outbox => ../../
 
-replace github.com/sqloutbox/outbox/inbox => /tmp/inboxstub
+replace github.com/sqloutbox/outbox/inbox => ../
 
 replace github.com/sqloutbox/outbox/outboxtest/kafkatest => ../../outboxtest/kafkatest

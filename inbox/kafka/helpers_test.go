@@ -117,6 +117,16 @@ func newConsumerDB(t testing.TB, tg testdb.Target) *consumerDB {
 	return c
 }
 
+// observed returns another Inbox on c's table with obs as its Observer.
+func (c *consumerDB) observed(t testing.TB, obs inbox.Observer) *inbox.Inbox {
+	t.Helper()
+	in, err := inbox.New(inbox.Config{Dialect: c.env.Target.Dialect, Table: c.itable, Consumer: c.cname, Logger: quietLogger(), Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
 func placeholder(d driver.Dialect, n int) string {
 	if d == driver.Postgres {
 		return "$" + strconv.Itoa(n)
@@ -327,7 +337,7 @@ func (o fileObserver) Processed(r inboxkafka.Result) {
 	}
 	_, _ = fmt.Fprintf(o.f, "%s %s/%d/%d\n", kind, r.Topic, r.Partition, r.Offset)
 }
-func (fileObserver) HandlerFailed(string, int32, int, error) {}
+func (fileObserver) AttemptFailed(string, int32, int, error) {}
 func (fileObserver) Lag(string, int32, int64)                {}
 func (fileObserver) PartitionRevoked(string, int32)          {}
 

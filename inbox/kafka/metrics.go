@@ -3,6 +3,7 @@ package inboxkafka
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -25,8 +26,8 @@ const (
 	MetricParked = "outbox_inbox_parked_total"
 	// MetricHandlerErrors is a counter of failed handler attempts.
 	MetricHandlerErrors = "outbox_inbox_handler_errors_total"
-	// MetricHandlerDuration is a histogram, in seconds, of the successful
-	// inbox.Handle calls (dedupe row, handler, commit).
+	// MetricHandlerDuration is a histogram, in seconds, of the applied
+	// messages' transactions (hold check, dedupe row, handler, commit).
 	MetricHandlerDuration = "outbox_inbox_handler_duration_seconds"
 	// MetricLag is a gauge per topic and partition (labels topic,
 	// partition) of records fetched-but-not-finished plus not yet fetched:
@@ -38,18 +39,31 @@ const (
 // 0.1 ms doubling to 6.6 s (17 buckets): a SQLite commit to a slow handler.
 var handlerDurationBuckets = prometheus.ExponentialBuckets(0.0001, 2, 17)
 
-// Metrics is an Observer recording a runner's outcomes as Prometheus
-// metrics (the Metric* names). Create it with NewMetrics and set it as
-// Config.Observer. Its methods only update atomic collectors; they never
-// block and are safe for concurrent use. It is also a
-// prometheus.Collector (NewMetrics registers it).
+// Metrics records a consumer's outcomes as Prometheus metrics (the
+// Metric* names). It is two observers: an inbox.Observer, counting what
+// the inbox does (applied, duplicates, held, parked, handler errors,
+// handler duration; Retry's work included), and an Observer of the
+// runner, recording lag per partition. Create it with NewMetrics and give
+// it to both:
+//
+//	m, _ := inboxkafka.NewMetrics(reg, "billing")
+//	in, _ := inbox.New(inbox.Config{..., Observer: m})
+//	r, _ := inboxkafka.NewRunner(inboxkafka.Config{..., Inbox: in, Observer: m})
+//
+// (NewRunner logs a warning when the runner has it and the inbox has not.)
+// Its methods only update atomic collectors; they never block and are
+// safe for concurrent use. It is also a prometheus.Collector (NewMetrics
+// registers it).
 type Metrics struct {
 	processed, duplicates, held, parked, handlerErrors prometheus.Counter
 	duration                                           prometheus.Histogram
 	lag                                                *prometheus.GaugeVec
 }
 
-var _ Observer = (*Metrics)(nil)
+var (
+	_ Observer       = (*Metrics)(nil)
+	_ inbox.Observer = (*Metrics)(nil)
+)
 
 // NewMetrics creates the metrics of the consumer group named group (the
 // group label) and registers them with reg (prometheus.DefaultRegisterer
@@ -104,24 +118,32 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Processed implements Observer.
-func (m *Metrics) Processed(r Result) {
-	switch {
-	case r.Parked:
-		m.parked.Inc()
-		return
-	case r.Outcome == inbox.Duplicate:
-		m.duplicates.Inc()
-	case r.Outcome == inbox.Held:
-		m.held.Inc()
-	default:
-		m.processed.Inc()
-	}
-	m.duration.Observe(r.Duration.Seconds())
+// Applied implements inbox.Observer: a handler's transaction committed
+// (through the runner, Handle or Retry).
+func (m *Metrics) Applied(_ inbox.Message, took time.Duration) {
+	m.processed.Inc()
+	m.duration.Observe(took.Seconds())
 }
 
-// HandlerFailed implements Observer.
-func (m *Metrics) HandlerFailed(string, int32, int, error) { m.handlerErrors.Inc() }
+// Duplicate implements inbox.Observer.
+func (m *Metrics) Duplicate(inbox.Message) { m.duplicates.Inc() }
+
+// Held implements inbox.Observer.
+func (m *Metrics) Held(inbox.Message) { m.held.Inc() }
+
+// HandlerFailed implements inbox.Observer: one failed handler attempt.
+func (m *Metrics) HandlerFailed(inbox.Message, error) { m.handlerErrors.Inc() }
+
+// Parked implements inbox.Observer.
+func (m *Metrics) Parked(inbox.Message, error) { m.parked.Inc() }
+
+// Processed implements Observer; it does nothing: outcomes are counted
+// through inbox.Observer, so that Retry and other callers of the inbox
+// count too.
+func (m *Metrics) Processed(Result) {}
+
+// AttemptFailed implements Observer; it does nothing (see HandlerFailed).
+func (m *Metrics) AttemptFailed(string, int32, int, error) {}
 
 // Lag implements Observer.
 func (m *Metrics) Lag(topic string, partition int32, lag int64) {

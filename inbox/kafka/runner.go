@@ -128,9 +128,10 @@ type Config struct {
 	// the package documentation for outboxotel.ExtractFranz). The record
 	// must not be modified. Default: ctx unchanged.
 	ContextFor func(ctx context.Context, rec *kgo.Record) context.Context
-	// Observer is told about every outcome (NewMetrics for Prometheus).
-	// Its methods are called from the partition workers concurrently and
-	// must not block. Default none.
+	// Observer is told about every record's outcome and each partition's
+	// lag (NewMetrics for Prometheus; give it to the Inbox too). Its
+	// methods are called from the partition workers concurrently and must
+	// not block. Default none.
 	Observer Observer
 	// Logger receives the runner's logs. Default slog.Default().
 	Logger *slog.Logger
@@ -195,6 +196,10 @@ type Stats struct {
 	HandlerErrors int64
 	// StoreErrors: failed inbox operations (the database, not the handler).
 	StoreErrors int64
+	// Invalid: records the inbox refused to store (inbox.ErrInvalidMessage:
+	// a message ID, aggregate or topic it cannot hold), logged at ERROR and
+	// passed over.
+	Invalid int64
 	// Commits: successful offset commits.
 	Commits int64
 }
@@ -214,7 +219,7 @@ type Runner struct {
 
 	commitMu sync.Mutex // serializes commits with revocations
 
-	applied, duplicates, held, parked, handlerErrs, storeErrs, commits atomic.Int64
+	applied, duplicates, held, parked, handlerErrs, storeErrs, invalid, commits atomic.Int64
 }
 
 type tp struct {
@@ -251,6 +256,9 @@ func NewRunner(cfg Config) (*Runner, error) {
 	}
 	r := &Runner{cfg: cfg, workers: map[tp]*worker{},
 		log: cfg.Logger.With("component", "inboxkafka", "group", cfg.Group)}
+	if m, ok := cfg.Observer.(*Metrics); ok && cfg.Inbox.Config().Observer != inbox.Observer(m) {
+		r.log.Warn("the Metrics given as Config.Observer is not the Inbox's Observer: only lag is recorded; give it to inbox.Config.Observer too")
+	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
@@ -279,7 +287,7 @@ func (r *Runner) Stats() Stats {
 	return Stats{
 		Applied: r.applied.Load(), Duplicates: r.duplicates.Load(), Held: r.held.Load(),
 		Parked: r.parked.Load(), HandlerErrors: r.handlerErrs.Load(),
-		StoreErrors: r.storeErrs.Load(), Commits: r.commits.Load(),
+		StoreErrors: r.storeErrs.Load(), Invalid: r.invalid.Load(), Commits: r.commits.Load(),
 	}
 }
 
@@ -658,7 +666,16 @@ func (r *Runner) process(w *worker, rec *kgo.Record) bool {
 				Outcome: outcome, Attempts: attempt, Duration: dur})
 			return true
 		}
-		if herr == nil {
+		if errors.Is(err, inbox.ErrInvalidMessage) {
+			// Never storable (a header the inbox refuses): waiting would
+			// stop the partition forever.
+			r.invalid.Add(1)
+			r.log.Error("record cannot be stored by the inbox; passed over", "topic", rec.Topic, "partition", rec.Partition,
+				"offset", rec.Offset, "err", err)
+			r.cfg.Observer.Processed(Result{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Invalid: true, Attempts: attempt})
+			return true
+		}
+		if herr == nil && !errors.Is(err, inbox.ErrHandler) {
 			// The inbox failed, not the handler: retry without limit.
 			r.storeErrs.Add(1)
 			attempt--
@@ -672,9 +689,12 @@ func (r *Runner) process(w *worker, rec *kgo.Record) bool {
 			continue
 		}
 		storeWait = nil
+		if herr == nil {
+			herr = err
+		}
 		lastErr = herr
 		r.handlerErrs.Add(1)
-		r.cfg.Observer.HandlerFailed(rec.Topic, rec.Partition, attempt, herr)
+		r.cfg.Observer.AttemptFailed(rec.Topic, rec.Partition, attempt, herr)
 		if attempt >= r.cfg.MaxAttempts || errors.Is(herr, ErrPermanent) {
 			break
 		}
@@ -687,14 +707,28 @@ func (r *Runner) process(w *worker, rec *kgo.Record) bool {
 	return r.park(w, rec, msg, attempt, lastErr)
 }
 
-// park parks msg (retrying the database without limit) and applies
-// OnFailure.
+// park parks msg with the number of failed attempts (retrying the
+// database without limit) and applies OnFailure.
 func (r *Runner) park(w *worker, rec *kgo.Record, msg inbox.Message, attempts int, cause error) bool {
 	wait := r.cfg.Backoff()
 	for {
-		err := r.cfg.Inbox.Park(r.runCtx, r.cfg.DB, msg, cause)
+		err := r.cfg.Inbox.ParkAfter(r.runCtx, r.cfg.DB, msg, cause, attempts)
 		if err == nil && r.cfg.OnFailure == SkipAfterPark {
-			err = skipParked(r.runCtx, r.cfg.Inbox, r.cfg.DB, msg)
+			// Parked just now, by this worker, which alone handles the
+			// aggregate's partition: nothing of it is held behind it yet.
+			if _, err = r.cfg.Inbox.Skip(r.runCtx, r.cfg.DB, inbox.ParkedFilter{ID: msg.ID}); errors.Is(err, inbox.ErrNothingMatched) {
+				err = nil // processed or skipped meanwhile
+			}
+			if err != nil {
+				err = fmt.Errorf("inboxkafka: skipping parked message %q: %w", msg.ID, err)
+			}
+		}
+		if errors.Is(err, inbox.ErrInvalidMessage) {
+			// Handle accepted it, so this cannot happen; never loop on it.
+			r.log.Error("parked record cannot be stored by the inbox; passed over", "topic", rec.Topic,
+				"partition", rec.Partition, "offset", rec.Offset, "err", err)
+			r.invalid.Add(1)
+			return true
 		}
 		if err == nil {
 			break

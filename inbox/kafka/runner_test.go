@@ -229,6 +229,7 @@ func TestRunnerRetriesThenParksThenHolds(t *testing.T) {
 	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
 		cfg.MaxAttempts = 3
 		cfg.Observer = m
+		cfg.Inbox = c.observed(t, m)
 		cfg.Handler = func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
 			n, _ := attempts.LoadOrStore(msg.ID, new(atomic.Int64))
 			n.(*atomic.Int64).Add(1)
@@ -310,7 +311,10 @@ func TestMetricsLagAndDuration(t *testing.T) {
 	if _, err := inboxkafka.NewMetrics(reg, ""); !errors.Is(err, inboxkafka.ErrInvalidConfig) {
 		t.Fatalf("empty group: %v", err)
 	}
-	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) { cfg.Observer = m })
+	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+		cfg.Observer = m
+		cfg.Inbox = c.observed(t, m)
+	})
 	runRunner(t, r)
 	ctx := testCtx(t, 60*time.Second)
 	testdb.Eventually(t, ctx, "32 processed", func() bool { return r.Stats().Applied == 32 })
