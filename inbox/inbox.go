@@ -57,6 +57,11 @@ var (
 	ErrNothingMatched = errors.New("inbox: no parked message matched")
 	// ErrSchemaTooNew: the inbox table was migrated by a newer build.
 	ErrSchemaTooNew = errors.New("inbox: schema is newer than this build")
+	// ErrSchemaMissing: Check found no migrated inbox table.
+	ErrSchemaMissing = errors.New("inbox: inbox table is missing or not migrated")
+	// ErrSchemaOutdated: Check found the table at an older version than
+	// this build needs; run Migrate.
+	ErrSchemaOutdated = errors.New("inbox: inbox schema is outdated")
 )
 
 // Message is one received message as the inbox sees it.
@@ -214,6 +219,37 @@ func (in *Inbox) Migrate(ctx context.Context, db *sql.DB) error {
 	return in.s.migrate(ctx, db)
 }
 
+// Check reports whether db's inbox table is migrated to the version this
+// build needs, without changing anything (for a consumer's start-up or
+// readiness check): nil, or ErrSchemaMissing, ErrSchemaOutdated or
+// ErrSchemaTooNew (wrapped with the versions), or the database error. A
+// schema applied from DDL by another tool has no recorded version: run
+// Migrate over it once (it only records the version; every statement is
+// IF NOT EXISTS) or Check reports ErrSchemaMissing.
+func (in *Inbox) Check(ctx context.Context, db *sql.DB) error {
+	if db == nil {
+		return fmt.Errorf("%w: Check needs a *sql.DB", ErrInvalidConfig)
+	}
+	var v sql.NullInt64
+	if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM "+in.s.migrationsTable()).Scan(&v); err != nil {
+		// A missing table is the common case of "not migrated"; the
+		// ping tells it apart from a dead connection.
+		if perr := db.PingContext(ctx); perr != nil {
+			return fmt.Errorf("inbox: check: %w", perr)
+		}
+		v = sql.NullInt64{}
+	}
+	switch latest := int64(in.s.latest()); {
+	case !v.Valid || v.Int64 == 0:
+		return fmt.Errorf("%w: table %s (run Migrate or apply DDL)", ErrSchemaMissing, in.cfg.Table)
+	case v.Int64 < latest:
+		return fmt.Errorf("%w: table %s at version %d, this build needs %d", ErrSchemaOutdated, in.cfg.Table, v.Int64, latest)
+	case v.Int64 > latest:
+		return fmt.Errorf("%w: table %s at version %d, this build knows up to %d", ErrSchemaTooNew, in.cfg.Table, v.Int64, latest)
+	}
+	return nil
+}
+
 // DDL returns the inbox's schema as one SQL script for the configured
 // dialect and table, for teams that apply schema changes with their own
 // tool (the <table>_migrations bookkeeping is not included).
@@ -254,8 +290,8 @@ func validate(m Message) error {
 	return nil
 }
 
-// cause renders a park or retry cause for the cause column.
-func cause(err error) string {
+// causeText renders a park or retry cause for the cause column.
+func causeText(err error) string {
 	if err == nil {
 		return ""
 	}
@@ -292,6 +328,10 @@ func cause(err error) string {
 // roll back tx. An invalid msg returns ErrInvalidMessage before anything
 // is written; a database error is returned wrapped, and the message
 // counts as not processed (a redelivery decides).
+//
+// A panic in fn rolls the transaction back and goes on. On SQLite give db
+// one connection (db.SetMaxOpenConns(1)), as for the outbox: SQLite has
+// one writer, and a transaction that read first cannot always wait for it.
 //
 // The held check assumes one aggregate's messages are handled one at a
 // time, in order (the Kafka runner does so per partition): a message

@@ -384,12 +384,16 @@ func TestInvalidInput(t *testing.T) {
 }
 
 // TestMigrate: Migrate is idempotent and safe from several goroutines at
-// once; DDL names the table.
+// once; Check tells a missing, current and too new schema apart; DDL
+// names the table.
 func TestMigrate(t *testing.T) {
 	t.Parallel()
 	forEach(t, func(t *testing.T, tg testdb.Target) {
 		b := setup(t, tg)
 		other := b.inbox(t, "x", func(c *inbox.Config) { c.Table = b.e.Q("inbox_other") })
+		if err := other.Check(b.ctx, b.db); !errors.Is(err, inbox.ErrSchemaMissing) {
+			t.Fatalf("Check before Migrate = %v, want ErrSchemaMissing", err)
+		}
 		var wg sync.WaitGroup
 		errs := make([]error, 4)
 		for i := range errs {
@@ -408,10 +412,88 @@ func TestMigrate(t *testing.T) {
 		if err := b.in.Migrate(b.ctx, b.db); err != nil {
 			t.Fatal(err)
 		}
+		if err := other.Check(b.ctx, b.db); err != nil {
+			t.Fatalf("Check after Migrate = %v", err)
+		}
+		if _, err := b.db.ExecContext(b.ctx, "INSERT INTO "+b.e.Q("inbox_other_migrations")+" (version, applied_at) VALUES (99, "+map[driver.Dialect]string{driver.Postgres: "now()", driver.MySQL: "UTC_TIMESTAMP(6)", driver.SQLite: "0"}[tg.Dialect]+")"); err != nil {
+			t.Fatal(err)
+		}
+		if err := other.Check(b.ctx, b.db); !errors.Is(err, inbox.ErrSchemaTooNew) {
+			t.Fatalf("Check of version 99 = %v, want ErrSchemaTooNew", err)
+		}
+		if err := other.Migrate(b.ctx, b.db); !errors.Is(err, inbox.ErrSchemaTooNew) {
+			t.Fatalf("Migrate of version 99 = %v, want ErrSchemaTooNew", err)
+		}
 		if ddl := other.DDL(); !strings.Contains(ddl, "inbox_other") || !strings.Contains(ddl, "hold_idx") {
 			t.Fatalf("DDL:\n%s", ddl)
 		}
-		out, err := other.Handle(b.ctx, b.db, msg("m"), func(context.Context, *sql.Tx) error { return nil })
+		// The DDL applied by a migration tool, then Migrate over it (it
+		// only records the version), then the inbox works.
+		byTool := b.inbox(t, "x", func(c *inbox.Config) { c.Table = b.e.Q("inbox_tool") })
+		for _, st := range strings.Split(byTool.DDL(), ";\n") {
+			if st = strings.TrimSpace(st); st != "" {
+				if _, err := b.db.ExecContext(b.ctx, st); err != nil {
+					t.Fatalf("DDL statement %q: %v", st, err)
+				}
+			}
+		}
+		if err := byTool.Check(b.ctx, b.db); !errors.Is(err, inbox.ErrSchemaMissing) {
+			t.Fatalf("Check after the DDL alone = %v, want ErrSchemaMissing (no version recorded)", err)
+		}
+		if err := byTool.Migrate(b.ctx, b.db); err != nil {
+			t.Fatal(err)
+		}
+		if err := byTool.Check(b.ctx, b.db); err != nil {
+			t.Fatal(err)
+		}
+		out, err := byTool.Handle(b.ctx, b.db, msg("m"), func(context.Context, *sql.Tx) error { return nil })
 		must(t, out, err, inbox.Applied)
+		out, err = other.Handle(b.ctx, b.db, msg("m"), func(context.Context, *sql.Tx) error { return nil })
+		must(t, out, err, inbox.Applied)
+	})
+}
+
+// recorder is an Observer that records the calls.
+type recorder struct {
+	inbox.NopObserver
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *recorder) add(s string) { r.mu.Lock(); r.calls = append(r.calls, s); r.mu.Unlock() }
+
+func (r *recorder) Applied(m inbox.Message, took time.Duration) {
+	if took <= 0 {
+		r.add("applied-without-time " + m.ID)
+		return
+	}
+	r.add("applied " + m.ID)
+}
+func (r *recorder) Duplicate(m inbox.Message)                { r.add("duplicate " + m.ID) }
+func (r *recorder) Held(m inbox.Message)                     { r.add("held " + m.ID) }
+func (r *recorder) HandlerFailed(m inbox.Message, err error) { r.add("failed " + m.ID) }
+func (r *recorder) Parked(m inbox.Message, cause error) {
+	r.add("parked " + m.ID + ": " + cause.Error())
+}
+
+// TestObserver: the Observer hears every outcome, after the fact.
+func TestObserver(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		rec := &recorder{}
+		b := setup(t, tg, func(c *inbox.Config) { c.Observer = rec })
+		nop := func(context.Context, *sql.Tx) error { return nil }
+		_, _ = b.in.Handle(b.ctx, b.db, msg("a"), nop)
+		_, _ = b.in.Handle(b.ctx, b.db, msg("a"), nop)
+		_, _ = b.in.Handle(b.ctx, b.db, msg("b"), func(context.Context, *sql.Tx) error { return errors.New("no") })
+		_ = b.in.Park(b.ctx, b.db, orderMsg("c", "o", 1), errors.New("gave up"))
+		_, _ = b.in.Handle(b.ctx, b.db, orderMsg("d", "o", 2), nop)
+		if _, err := b.in.Retry(b.ctx, b.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "o"}, nop); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"applied a", "duplicate a", "failed b", "parked c: gave up", "held d", "applied c", "applied d"}
+		if strings.Join(rec.calls, "|") != strings.Join(want, "|") {
+			t.Fatalf("observed %q\nwant     %q", rec.calls, want)
+		}
 	})
 }

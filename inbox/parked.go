@@ -89,7 +89,7 @@ func (in *Inbox) Park(ctx context.Context, db *sql.DB, msg Message, cause error)
 // added). A message already processed or skipped is left alone: ParkAfter
 // returns nil and changes nothing. It returns ErrInvalidMessage for an
 // invalid msg, or the database error, wrapped.
-func (in *Inbox) ParkAfter(ctx context.Context, db *sql.DB, msg Message, why error, attempts int) error {
+func (in *Inbox) ParkAfter(ctx context.Context, db *sql.DB, msg Message, cause error, attempts int) error {
 	if db == nil {
 		return fmt.Errorf("%w: Park needs a *sql.DB", ErrInvalidConfig)
 	}
@@ -99,7 +99,7 @@ func (in *Inbox) ParkAfter(ctx context.Context, db *sql.DB, msg Message, why err
 	if attempts < 1 {
 		attempts = 1
 	}
-	c := cause(why)
+	c := causeText(cause)
 	res, err := db.ExecContext(ctx, in.s.q("insert_stored"), in.storedArgs(msg, statusParked, c, attempts)...)
 	if err != nil {
 		return fmt.Errorf("inbox: parking message %q: %w", msg.ID, err)
@@ -125,7 +125,7 @@ func (in *Inbox) ParkAfter(ctx context.Context, db *sql.DB, msg Message, why err
 		}
 	}
 	in.stats.parked.Add(1)
-	in.obs.Parked(msg, why)
+	in.obs.Parked(msg, cause)
 	return nil
 }
 
@@ -363,7 +363,7 @@ func (in *Inbox) retryOne(ctx context.Context, db *sql.DB, id int64, msg Message
 		herr := fmt.Errorf("%w: message %q: %w", ErrHandler, msg.ID, ferr)
 		in.stats.handlerErrors.Add(1)
 		in.obs.HandlerFailed(msg, herr)
-		if _, err := db.ExecContext(ctx, in.s.q("retry_failed"), cause(ferr), id); err != nil {
+		if _, err := db.ExecContext(ctx, in.s.q("retry_failed"), causeText(ferr), id); err != nil {
 			return false, errors.Join(herr, fmt.Errorf("inbox: retry: message %q: recording the failure: %w", msg.ID, err))
 		}
 		return false, herr

@@ -277,8 +277,83 @@ func TestRetention(t *testing.T) {
 		if n, err := r.RunOnce(b.ctx); err != nil || n != 0 {
 			t.Fatalf("second RunOnce = %d, %v", n, err)
 		}
+		// Run returns nil once its context ends.
+		done, stop := context.WithCancel(b.ctx)
+		stop()
+		if err := r.Run(done); err != nil {
+			t.Fatalf("Run = %v", err)
+		}
 		// A replay older than the window applies again (documented).
 		out, err := b.in.Handle(b.ctx, b.db, msg("old-1"), nop)
 		must(t, out, err, inbox.Applied)
 	})
+}
+
+// TestConcurrentRetry: two Retry calls on one aggregate at once (two
+// operators) apply each stored message once, in order: the row lock in
+// each message's transaction decides who runs it.
+func TestConcurrentRetry(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		b := setup(t, tg)
+		if err := b.in.Park(b.ctx, b.db, orderMsg("r-0", "r", 0), errors.New("x")); err != nil {
+			t.Fatal(err)
+		}
+		const n = 20
+		for i := 1; i < n; i++ {
+			out, err := b.in.Handle(b.ctx, b.db, orderMsg(fmt.Sprintf("r-%d", i), "r", int64(i)), b.apply("shipping", "never"))
+			must(t, out, err, inbox.Held)
+		}
+		var ids []string
+		for _, p := range mustList(t, b) {
+			ids = append(ids, p.ID)
+		}
+		fn := func(ctx context.Context, tx *sql.Tx) error {
+			// Which message is being run is not passed to fn (it runs
+			// inside the message's transaction, after the row lock): read
+			// it back as the locked row of the aggregate with the
+			// smallest id still parked or held.
+			var id string
+			q := fmt.Sprintf("SELECT message_id FROM %s WHERE aggregate_id = 'r' AND status IN (2, 3) ORDER BY id LIMIT 1", b.e.Q("inbox_message"))
+			if err := tx.QueryRowContext(ctx, q).Scan(&id); err != nil {
+				return err
+			}
+			return b.apply("shipping", id)(ctx, tx)
+		}
+		errs := make(chan error, 2)
+		counts := make(chan int, 2)
+		for g := 0; g < 2; g++ {
+			go func() {
+				k, err := b.in.Retry(b.ctx, b.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "r"}, fn)
+				if errors.Is(err, inbox.ErrNothingMatched) {
+					err = nil // the other one finished first
+				}
+				counts <- k
+				errs <- err
+			}()
+		}
+		total := 0
+		for g := 0; g < 2; g++ {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+			total += <-counts
+		}
+		if total != n {
+			t.Fatalf("applied %d, want %d", total, n)
+		}
+		order := testdb.Column(t, b.ctx, b.db, fmt.Sprintf("SELECT id FROM %s WHERE id LIKE 'r-%%' ORDER BY seq", b.effects))
+		if !reflect.DeepEqual(order, ids) {
+			t.Fatalf("effects %v, want %v once each, in order", order, ids)
+		}
+	})
+}
+
+func mustList(t *testing.T, b *bundle) []inbox.Parked {
+	t.Helper()
+	list, err := b.in.ListParked(b.ctx, b.db, inbox.ParkedFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list
 }

@@ -15,6 +15,11 @@
 // duplicate, never a second effect. Redis never decides that a message is
 // new.
 //
+// An outage costs what the client's timeouts allow: Handle waits for Seen
+// (and, after the commit, Mark) to fail before it goes on, so give the
+// client short dial, read and write timeouts (say 50-200 ms) and few
+// retries; the table then decides at the price of those timeouts.
+//
 // It lives in its own module (github.com/sqloutbox/outbox/inbox/redis) so
 // that inbox users without Redis do not download go-redis.
 package inboxredis
