@@ -342,3 +342,115 @@ func TestMetricsLagAndDuration(t *testing.T) {
 		t.Errorf("%d lag series, want one per partition (2)", lagSeries)
 	}
 }
+
+// TestRunnerSkipAfterParkDoesNotHold: with SkipAfterPark a failing
+// message is parked and skipped at once; its aggregate's later records
+// are applied, and the skipped message stays a dead letter no more (a
+// redelivery would be a Duplicate).
+func TestRunnerSkipAfterParkDoesNotHold(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 1)
+	c := newConsumerDB(t, pgx)
+	produce(t, b.Addrs(), topic, 2, 4)
+	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+		cfg.OnFailure = inboxkafka.SkipAfterPark
+		cfg.MaxAttempts = 2
+		cfg.Handler = func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
+			if msg.AggregateID == "agg-000" && strings.Contains(string(msg.Payload), `"seq":2`) {
+				return errors.New("agg-000 seq 2 fails")
+			}
+			return inner(ctx, tx, msg)
+		}
+	})
+	runRunner(t, r)
+	ctx := testCtx(t, 60*time.Second)
+	testdb.Eventually(t, ctx, "7 applied, 1 parked", func() bool { st := r.Stats(); return st.Applied == 7 && st.Parked == 1 })
+	if st := r.Stats(); st.Held != 0 || st.HandlerErrors != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	parked, err := c.inbox.ListParked(ctx, c.db, inbox.ParkedFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parked) != 0 {
+		t.Fatalf("still parked or held after SkipAfterPark: %+v", parked)
+	}
+}
+
+// TestRunnerParkedThenRetried: a message parks its aggregate; the later
+// records are held as they arrive (their offsets committed); Retry with
+// a handler that now works applies the parked and held messages in order.
+func TestRunnerParkedThenRetried(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 1)
+	c := newConsumerDB(t, pgx)
+	want := produce(t, b.Addrs(), topic, 2, 5)
+	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	var broken atomic.Bool
+	broken.Store(true)
+	group := randomName("g-")
+	r := newRunner(t, b.Addrs(), group, topic, c, func(cfg *inboxkafka.Config) {
+		cfg.MaxAttempts = 2
+		cfg.Handler = func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
+			if broken.Load() && msg.AggregateID == "agg-001" && strings.Contains(string(msg.Payload), `"seq":3`) {
+				return errors.New("agg-001 seq 3 fails")
+			}
+			return inner(ctx, tx, msg)
+		}
+	})
+	runRunner(t, r)
+	ctx := testCtx(t, 60*time.Second)
+	testdb.Eventually(t, ctx, "offsets committed past the held records", func() bool { return committed(t, ctx, b.Addrs(), group, topic) == 10 })
+	if st := r.Stats(); st.Parked != 1 || st.Held != 2 || st.Applied != 7 {
+		t.Fatalf("stats %+v", st)
+	}
+	parked, err := c.inbox.ListParked(ctx, c.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parked) != 3 || parked[0].Held || !parked[1].Held || parked[0].Attempts != 2 {
+		t.Fatalf("parked %+v", parked)
+	}
+	broken.Store(false)
+	// inbox.Retry's handler gets no message: replay the stored ones in
+	// the order Retry runs them (stored order, as listed).
+	i := 0
+	n, err := c.inbox.Retry(ctx, c.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-001"}, func(ctx context.Context, tx *sql.Tx) error {
+		err := inner(ctx, tx, parked[i].Message)
+		i++
+		return err
+	})
+	if err != nil || n != 3 {
+		t.Fatalf("Retry: %d, %v", n, err)
+	}
+	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+		t.Fatalf("ledger: %v", probs)
+	}
+}
+
+// TestRunnerPassesOverInvalidRecords: a record whose message ID the inbox
+// cannot store (not UTF-8) is logged, counted and passed over; the
+// partition goes on.
+func TestRunnerPassesOverInvalidRecords(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 1)
+	c := newConsumerDB(t, pgx)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := record("agg-1", 1)
+	bad.Headers[0].Value = []byte{0xff, 0xfe}
+	ctx := testCtx(t, 60*time.Second)
+	if err := cl.ProduceSync(ctx, bad, record("agg-1", 1)).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, nil)
+	runRunner(t, r)
+	testdb.Eventually(t, ctx, "the valid record applied", func() bool { return r.Stats().Applied == 1 })
+	if st := r.Stats(); st.Invalid != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
