@@ -211,7 +211,7 @@ type Runner struct {
 	log *slog.Logger
 
 	started atomic.Bool
-	cl      *kgo.Client
+	opts    []kgo.Opt
 	runCtx  context.Context // values of Run's ctx, never cancelled
 
 	mu      sync.Mutex // guards workers
@@ -231,8 +231,8 @@ type tp struct {
 // wrapping ErrInvalidConfig for a missing Brokers, Group, Topics, Inbox, DB
 // or Handler, a negative MaxAttempts, CommitInterval below
 // MinCommitInterval, a negative MaxBufferedRecords or an unknown
-// OnFailure, and kgo's error (wrapped) for options it rejects. It does not
-// connect.
+// OnFailure, and kgo's error (wrapped) for options it rejects
+// (kgo.ValidateOpts). It does not connect: Run does.
 func NewRunner(cfg Config) (*Runner, error) {
 	cfg = cfg.withDefaults()
 	switch {
@@ -274,11 +274,10 @@ func NewRunner(cfg Config) (*Runner, error) {
 		kgo.OnPartitionsRevoked(r.revoked),
 		kgo.OnPartitionsLost(r.lost),
 	)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
+	if err := kgo.ValidateOpts(opts...); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	r.cl = cl
+	r.opts = opts
 	return r, nil
 }
 
@@ -291,28 +290,34 @@ func (r *Runner) Stats() Stats {
 	}
 }
 
-// Run joins the group and processes records until ctx is cancelled. Then it
+// Run creates the Kafka client, joins the group and processes records
+// until ctx is cancelled. Then it
 // stops every worker (a handler in progress finishes), commits the offsets
 // of every finished record (bounded by DefaultStopTimeout), leaves the
 // group, and returns nil. Broker and database errors during the run are
 // logged and retried; they do not end Run. It returns ErrStarted if called
-// twice. The client is closed when Run returns; a Runner is not reusable.
+// twice, or kgo's error (wrapped) if the client cannot be created. The
+// client is closed when Run returns; a Runner is not reusable.
 func (r *Runner) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return ErrStarted
 	}
 	r.runCtx = context.WithoutCancel(ctx)
+	cl, err := kgo.NewClient(r.opts...)
+	if err != nil {
+		return fmt.Errorf("inboxkafka: creating the Kafka client: %w", err)
+	}
 	r.log.Info("inbox consumer starting", "topics", r.cfg.Topics)
 
 	commitDone := make(chan struct{})
 	commitCtx, stopCommitter := context.WithCancel(r.runCtx)
 	go func() {
 		defer close(commitDone)
-		r.committer(commitCtx)
+		r.committer(commitCtx, cl)
 	}()
 
 	for ctx.Err() == nil {
-		fetches := r.cl.PollFetches(ctx)
+		fetches := cl.PollFetches(ctx)
 		if fetches.IsClientClosed() {
 			break
 		}
@@ -323,10 +328,10 @@ func (r *Runner) Run(ctx context.Context) error {
 		})
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 			if len(p.Records) > 0 {
-				r.worker(tp{p.Topic, p.Partition}).push(p.Records, p.HighWatermark)
+				r.worker(cl, tp{p.Topic, p.Partition}).push(p.Records, p.HighWatermark)
 			}
 		})
-		r.cl.AllowRebalance()
+		cl.AllowRebalance()
 	}
 
 	stopCommitter()
@@ -335,32 +340,32 @@ func (r *Runner) Run(ctx context.Context) error {
 	ws := r.take(nil)
 	stopAll(ws)
 	stopCtx, cancel := context.WithTimeout(r.runCtx, DefaultStopTimeout)
-	if err := r.commit(stopCtx, ws); err != nil {
+	if err := r.commit(stopCtx, cl, ws); err != nil {
 		r.log.Warn("final offset commit failed; the next owner redelivers, the inbox dedupes", "err", err)
 	}
 	cancel()
 	r.commitMu.Unlock()
-	r.cl.AllowRebalance()
-	r.cl.Close()
+	cl.AllowRebalance()
+	cl.Close()
 	r.log.Info("inbox consumer stopped")
 	return nil
 }
 
 // worker returns the partition's worker, starting one if the partition
 // has none (the assignment callback normally started it).
-func (r *Runner) worker(k tp) *worker {
+func (r *Runner) worker(cl *kgo.Client, k tp) *worker {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w := r.workers[k]
 	if w == nil {
-		w = r.startWorker(k)
+		w = r.startWorker(cl, k)
 	}
 	return w
 }
 
 // startWorker starts k's worker; r.mu is held.
-func (r *Runner) startWorker(k tp) *worker {
-	w := &worker{r: r, tp: k, stop: make(chan struct{}), done: make(chan struct{}),
+func (r *Runner) startWorker(cl *kgo.Client, k tp) *worker {
+	w := &worker{r: r, cl: cl, tp: k, stop: make(chan struct{}), done: make(chan struct{}),
 		wake: make(chan struct{}, 1), committed: -1, hw: -1}
 	r.workers[k] = w
 	go w.run()
@@ -400,13 +405,13 @@ func stopAll(ws []*worker) {
 	}
 }
 
-func (r *Runner) assigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+func (r *Runner) assigned(_ context.Context, cl *kgo.Client, m map[string][]int32) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for t, ps := range m {
 		for _, p := range ps {
 			if r.workers[tp{t, p}] == nil {
-				r.startWorker(tp{t, p})
+				r.startWorker(cl, tp{t, p})
 			}
 		}
 	}
@@ -417,7 +422,7 @@ func (r *Runner) assigned(_ context.Context, _ *kgo.Client, m map[string][]int32
 // commits what they finished, before the rebalance goes on. franz-go also
 // calls it, with an empty map, at the end of every group session: then it
 // commits what every worker finished.
-func (r *Runner) revoked(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+func (r *Runner) revoked(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
 	r.commitMu.Lock()
 	defer r.commitMu.Unlock()
 	ws := r.take(m)
@@ -431,27 +436,27 @@ func (r *Runner) revoked(ctx context.Context, _ *kgo.Client, m map[string][]int3
 	}
 	cctx, cancel := context.WithTimeout(ctx, DefaultStopTimeout)
 	defer cancel()
-	if err := r.commit(cctx, ws); err != nil {
+	if err := r.commit(cctx, cl, ws); err != nil {
 		r.log.Warn("offset commit at revocation failed; the next owner redelivers, the inbox dedupes", "err", err)
 	}
-	r.forget(ws, len(m) != 0)
+	r.forget(cl, ws, len(m) != 0)
 	r.log.Debug("partitions revoked", "partitions", m)
 }
 
 // lost stops the lost partitions' workers and waits for them, without a
 // commit (the member is no longer in the group).
-func (r *Runner) lost(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+func (r *Runner) lost(_ context.Context, cl *kgo.Client, m map[string][]int32) {
 	r.commitMu.Lock()
 	defer r.commitMu.Unlock()
 	ws := r.take(m)
 	stopAll(ws)
-	r.forget(ws, true)
+	r.forget(cl, ws, true)
 	r.log.Warn("partitions lost", "partitions", m)
 }
 
 // forget resumes stopped workers' paused partitions (a partition assigned
 // again must fetch) and tells the observer they are gone.
-func (r *Runner) forget(ws []*worker, gone bool) {
+func (r *Runner) forget(cl *kgo.Client, ws []*worker, gone bool) {
 	if !gone {
 		return
 	}
@@ -461,14 +466,14 @@ func (r *Runner) forget(ws []*worker, gone bool) {
 		w.paused = false
 		w.mu.Unlock()
 		if paused {
-			r.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+			cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 		}
 		r.cfg.Observer.PartitionRevoked(w.tp.topic, w.tp.partition)
 	}
 }
 
 // committer commits finished offsets every CommitInterval until ctx ends.
-func (r *Runner) committer(ctx context.Context) {
+func (r *Runner) committer(ctx context.Context, cl *kgo.Client) {
 	t := time.NewTicker(r.cfg.CommitInterval)
 	defer t.Stop()
 	for {
@@ -485,7 +490,7 @@ func (r *Runner) committer(ctx context.Context) {
 		}
 		r.mu.Unlock()
 		cctx, cancel := context.WithTimeout(ctx, DefaultStopTimeout)
-		if err := r.commit(cctx, ws); err != nil && ctx.Err() == nil {
+		if err := r.commit(cctx, cl, ws); err != nil && ctx.Err() == nil {
 			r.log.Warn("offset commit failed; retried at the next interval", "err", err)
 		}
 		cancel()
@@ -495,7 +500,7 @@ func (r *Runner) committer(ctx context.Context) {
 
 // commit commits, for each worker, the offset after its last finished
 // record, if that is past what it committed. r.commitMu is held.
-func (r *Runner) commit(ctx context.Context, ws []*worker) error {
+func (r *Runner) commit(ctx context.Context, cl *kgo.Client, ws []*worker) error {
 	var recs []*kgo.Record
 	var owners []*worker
 	for _, w := range ws {
@@ -510,7 +515,7 @@ func (r *Runner) commit(ctx context.Context, ws []*worker) error {
 		return nil
 	}
 	failpoint.Inject(fpBeforeCommit)
-	if err := r.cl.CommitRecords(ctx, recs...); err != nil {
+	if err := cl.CommitRecords(ctx, recs...); err != nil {
 		return fmt.Errorf("inboxkafka: committing offsets: %w", err)
 	}
 	r.commits.Add(1)
@@ -527,6 +532,7 @@ func (r *Runner) commit(ctx context.Context, ws []*worker) error {
 // worker processes one partition's records in order.
 type worker struct {
 	r    *Runner
+	cl   *kgo.Client
 	tp   tp
 	stop chan struct{} // closed: finish the current record, then return
 	done chan struct{} // closed when run returned
@@ -553,7 +559,7 @@ func (w *worker) push(recs []*kgo.Record, hw int64) {
 	}
 	w.mu.Unlock()
 	if pause {
-		w.r.cl.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+		w.cl.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 	}
 	select {
 	case w.wake <- struct{}{}:
@@ -580,7 +586,7 @@ func (w *worker) next() (*kgo.Record, bool) {
 			}
 			w.mu.Unlock()
 			if resume {
-				w.r.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+				w.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 			}
 			return rec, true
 		}
