@@ -28,6 +28,7 @@ type Observer interface {
 
 // Result is one record's stored outcome.
 type Result struct {
+	// Topic, Partition and Offset locate the record.
 	Topic     string
 	Partition int32
 	Offset    int64
