@@ -88,7 +88,9 @@
 // in case are different), headers are stored in a length-prefixed binary
 // encoding (not JSON: jsonb rejects NUL, MySQL's JSON reorders keys), and
 // every text field is validated (UTF-8 without NUL, bounded lengths)
-// before anything is written. The SQL is in sql/ (embedded): numbered
+// before anything is written. Migrate creates it (idempotent, safe from
+// several processes at once), Check verifies it without changing anything,
+// DDL prints it for other tools. The SQL is in sql/ (embedded): numbered
 // migrations per dialect and one queries.sql. The package has its own
 // small migrator (a <table>_migrations table, the outbox's locking scheme)
 // rather than the root module's internal/dialect, whose runner is bound to

@@ -87,6 +87,11 @@ func (b *bundle) apply(consumer, id string) func(ctx context.Context, tx *sql.Tx
 	}
 }
 
+// applyMsg is apply for the message Retry gives.
+func (b *bundle) applyMsg(consumer string) func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+	return func(ctx context.Context, tx *sql.Tx, m inbox.Message) error { return b.apply(consumer, m.ID)(ctx, tx) }
+}
+
 func (b *bundle) count(t *testing.T, q string, args ...any) int {
 	t.Helper()
 	var n int
@@ -488,7 +493,7 @@ func TestObserver(t *testing.T) {
 		_, _ = b.in.Handle(b.ctx, b.db, msg("b"), func(context.Context, *sql.Tx) error { return errors.New("no") })
 		_ = b.in.Park(b.ctx, b.db, orderMsg("c", "o", 1), errors.New("gave up"))
 		_, _ = b.in.Handle(b.ctx, b.db, orderMsg("d", "o", 2), nop)
-		if _, err := b.in.Retry(b.ctx, b.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "o"}, nop); err != nil {
+		if _, err := b.in.Retry(b.ctx, b.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "o"}, func(context.Context, *sql.Tx, inbox.Message) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 		want := []string{"applied a", "duplicate a", "failed b", "parked c: gave up", "held d", "applied c", "applied d"}

@@ -223,7 +223,10 @@ type aggKey struct {
 }
 
 // Retry runs the stored messages of the aggregates that f matches through
-// fn, each in its own transaction with the same rules as Handle (an
+// fn, which gets each message as stored (ID, aggregate, topic, partition,
+// offset, key, headers and payload, byte for byte; the live consumer's
+// handler usually fits), each in its own transaction with the same rules
+// as Handle (an
 // outbox emit scope, the inbox row marked processed in the same commit,
 // fn's error rolling back both): for each aggregate with a matching parked
 // or held message, its parked and held messages in the order they were
@@ -241,7 +244,7 @@ type aggKey struct {
 // stored held just as Retry finished the aggregate may stay held (and hold
 // the aggregate's later messages, in order) until the next Retry;
 // ListParked shows it.
-func (in *Inbox) Retry(ctx context.Context, db *sql.DB, f ParkedFilter, fn func(ctx context.Context, tx *sql.Tx) error) (int, error) {
+func (in *Inbox) Retry(ctx context.Context, db *sql.DB, f ParkedFilter, fn func(ctx context.Context, tx *sql.Tx, msg Message) error) (int, error) {
 	if db == nil || fn == nil {
 		return 0, fmt.Errorf("%w: Retry needs a *sql.DB and a handler", ErrInvalidConfig)
 	}
@@ -295,7 +298,7 @@ func (in *Inbox) Retry(ctx context.Context, db *sql.DB, f ParkedFilter, fn func(
 	return applied, nil
 }
 
-func (in *Inbox) retryAggregate(ctx context.Context, db *sql.DB, k aggKey, fn func(ctx context.Context, tx *sql.Tx) error) (int, error) {
+func (in *Inbox) retryAggregate(ctx context.Context, db *sql.DB, k aggKey, fn func(ctx context.Context, tx *sql.Tx, msg Message) error) (int, error) {
 	applied := 0
 	for {
 		var q string
@@ -340,7 +343,7 @@ func (in *Inbox) retryAggregate(ctx context.Context, db *sql.DB, k aggKey, fn fu
 
 // retryOne runs one stored message; ok is false when another Retry got
 // there first.
-func (in *Inbox) retryOne(ctx context.Context, db *sql.DB, id int64, msg Message, fn func(ctx context.Context, tx *sql.Tx) error) (ok bool, err error) {
+func (in *Inbox) retryOne(ctx context.Context, db *sql.DB, id int64, msg Message, fn func(ctx context.Context, tx *sql.Tx, msg Message) error) (ok bool, err error) {
 	start := time.Now()
 	tctx := outbox.NewContext(ctx)
 	tx, err := db.BeginTx(tctx, nil)
@@ -358,7 +361,7 @@ func (in *Inbox) retryOne(ctx context.Context, db *sql.DB, id int64, msg Message
 	if status != statusParked && status != statusHeld {
 		return false, nil
 	}
-	if ferr := fn(tctx, tx); ferr != nil {
+	if ferr := fn(tctx, tx, msg); ferr != nil {
 		_ = tx.Rollback()
 		herr := fmt.Errorf("%w: message %q: %w", ErrHandler, msg.ID, ferr)
 		in.stats.handlerErrors.Add(1)

@@ -87,16 +87,16 @@ func TestParkHoldRetry(t *testing.T) {
 		// Retry: the second message fails: the first is applied, the second
 		// parked (one more attempt), the third still held.
 		var ran []string
-		handler := func(failOn string) func(ctx context.Context, tx *sql.Tx) error {
-			return func(ctx context.Context, tx *sql.Tx) error {
-				// The handler sees the stored bytes: it is the caller's
-				// job to route them; here the test reads them back.
-				if failOn != "" && len(ran) == 1 {
-					return errors.New("o1-2 refused again")
+		handler := func(failOn string) func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+			return func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+				if m.ID == failOn {
+					return errors.New(m.ID + " refused again")
 				}
-				id := []string{"o1-1", "o1-2", "o1-3"}[len(ran)]
-				ran = append(ran, id)
-				return b.apply("shipping", id)(ctx, tx)
+				if want := orderMsg(m.ID, "o1", m.Offset); !reflect.DeepEqual(m, want) {
+					t.Errorf("Retry gave\n%#v\nwant the stored message\n%#v", m, want)
+				}
+				ran = append(ran, m.ID)
+				return b.apply("shipping", m.ID)(ctx, tx)
 			}
 		}
 		n, err := b.in.Retry(b.ctx, b.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "o1"}, handler("o1-2"))
@@ -115,12 +115,7 @@ func TestParkHoldRetry(t *testing.T) {
 		must(t, out, err, inbox.Held)
 
 		// Retry by the ID of a held message runs its aggregate from the head.
-		ran = ran[:1]
-		n, err = b.in.Retry(b.ctx, b.db, inbox.ParkedFilter{ID: "o1-3"}, func(ctx context.Context, tx *sql.Tx) error {
-			id := []string{"o1-1", "o1-2", "o1-3", "o1-4"}[len(ran)]
-			ran = append(ran, id)
-			return b.apply("shipping", id)(ctx, tx)
-		})
+		n, err = b.in.Retry(b.ctx, b.db, inbox.ParkedFilter{ID: "o1-3"}, handler(""))
 		if err != nil || n != 3 {
 			t.Fatalf("Retry = %d, %v", n, err)
 		}
@@ -182,7 +177,7 @@ func TestSkip(t *testing.T) {
 			if _, err := b.in.Skip(b.ctx, b.db, f); !errors.Is(err, inbox.ErrInvalidFilter) {
 				t.Fatalf("Skip(%+v) = %v, want ErrInvalidFilter", f, err)
 			}
-			if _, err := b.in.Retry(b.ctx, b.db, f, b.apply("shipping", "x")); !errors.Is(err, inbox.ErrInvalidFilter) {
+			if _, err := b.in.Retry(b.ctx, b.db, f, b.applyMsg("shipping")); !errors.Is(err, inbox.ErrInvalidFilter) {
 				t.Fatalf("Retry(%+v) = %v, want ErrInvalidFilter", f, err)
 			}
 		}
@@ -198,7 +193,7 @@ func TestSkip(t *testing.T) {
 			return nil
 		})
 		must(t, out, err, inbox.Duplicate)
-		n, err = b.in.Retry(b.ctx, b.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "a"}, b.apply("shipping", "a-2"))
+		n, err = b.in.Retry(b.ctx, b.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "a"}, b.applyMsg("shipping"))
 		if err != nil || n != 1 {
 			t.Fatalf("Retry after Skip = %d, %v", n, err)
 		}
@@ -308,18 +303,7 @@ func TestConcurrentRetry(t *testing.T) {
 		for _, p := range mustList(t, b) {
 			ids = append(ids, p.ID)
 		}
-		fn := func(ctx context.Context, tx *sql.Tx) error {
-			// Which message is being run is not passed to fn (it runs
-			// inside the message's transaction, after the row lock): read
-			// it back as the locked row of the aggregate with the
-			// smallest id still parked or held.
-			var id string
-			q := fmt.Sprintf("SELECT message_id FROM %s WHERE aggregate_id = 'r' AND status IN (2, 3) ORDER BY id LIMIT 1", b.e.Q("inbox_message"))
-			if err := tx.QueryRowContext(ctx, q).Scan(&id); err != nil {
-				return err
-			}
-			return b.apply("shipping", id)(ctx, tx)
-		}
+		fn := b.applyMsg("shipping")
 		errs := make(chan error, 2)
 		counts := make(chan int, 2)
 		for g := 0; g < 2; g++ {
