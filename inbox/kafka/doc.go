@@ -75,8 +75,10 @@
 // [ErrPermanent] is not retried), then parked with [inbox.Inbox.Park]: the
 // message is stored in the inbox's dead-letter state and its aggregate is
 // held, so the aggregate's later records are stored as Held as they arrive
-// (their offsets move on) until the parked message is retried or skipped
-// (the inbox's Retry and Skip). Policy [SkipAfterPark] parks and then skips
+// (their offsets move on) until the parked message is retried or skipped:
+// [Runner.Retry] runs them through the runner's handler, in order
+// (inbox.Inbox.Retry); inbox.Inbox.Skip, or `outbox inbox parked skip`,
+// skips; `outbox inbox parked list` lists them. Policy [SkipAfterPark] parks and then skips
 // the message at once, so its aggregate is not held. Errors of the inbox
 // itself (the database unreachable, a commit failing) are not the
 // handler's fault: they are retried with backoff, without limit and without

@@ -290,6 +290,26 @@ func (r *Runner) Stats() Stats {
 	}
 }
 
+// Retry runs the parked and held messages that f selects through the
+// runner's Handler, with inbox.Inbox.Retry (an aggregate's in the order
+// they were stored, each in its own transaction; an aggregate stops at its
+// first failure, which stays parked). It returns how many were applied and
+// Retry's errors (inbox.ErrInvalidFilter, inbox.ErrNothingMatched, handler
+// failures wrapping inbox.ErrHandler). A handler panic is an error
+// wrapping ErrHandlerPanic. It may be called whether or not Run runs (an
+// admin endpoint of the consumer); the held messages that arrive while it
+// runs are the inbox's concern (see inbox.Inbox.Retry).
+func (r *Runner) Retry(ctx context.Context, f inbox.ParkedFilter) (int, error) {
+	return r.cfg.Inbox.Retry(ctx, r.cfg.DB, f, func(ctx context.Context, tx *sql.Tx, msg inbox.Message) (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = fmt.Errorf("%w: %v", ErrHandlerPanic, v)
+			}
+		}()
+		return r.cfg.Handler(ctx, tx, msg)
+	})
+}
+
 // Run creates the Kafka client, joins the group and processes records
 // until ctx is cancelled. Then it
 // stops every worker (a handler in progress finishes), commits the offsets

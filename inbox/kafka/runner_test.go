@@ -379,8 +379,9 @@ func TestRunnerSkipAfterParkDoesNotHold(t *testing.T) {
 }
 
 // TestRunnerParkedThenRetried: a message parks its aggregate; the later
-// records are held as they arrive (their offsets committed); Retry with
-// a handler that now works applies the parked and held messages in order.
+// records are held as they arrive (their offsets committed); Runner.Retry,
+// with a handler that now works, applies the parked and held messages in
+// order; nothing is left parked.
 func TestRunnerParkedThenRetried(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 1)
@@ -413,19 +414,15 @@ func TestRunnerParkedThenRetried(t *testing.T) {
 		t.Fatalf("parked %+v", parked)
 	}
 	broken.Store(false)
-	// inbox.Retry's handler gets no message: replay the stored ones in
-	// the order Retry runs them (stored order, as listed).
-	i := 0
-	n, err := c.inbox.Retry(ctx, c.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-001"}, func(ctx context.Context, tx *sql.Tx) error {
-		err := inner(ctx, tx, parked[i].Message)
-		i++
-		return err
-	})
+	n, err := r.Retry(ctx, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-001"})
 	if err != nil || n != 3 {
 		t.Fatalf("Retry: %d, %v", n, err)
 	}
 	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
+	}
+	if left, err := c.inbox.ListParked(ctx, c.db, inbox.ParkedFilter{}); err != nil || len(left) != 0 {
+		t.Fatalf("after Retry: %+v, %v", left, err)
 	}
 }
 
