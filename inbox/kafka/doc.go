@@ -63,9 +63,10 @@
 // once. A partition lost (a fatal group error: the member was kicked) is
 // stopped and waited for the same way, without a commit (it would fail);
 // its next owner redelivers from the last commit and the inbox dedupes.
-// A handler that ignores its context and runs longer than the group's
-// rebalance timeout (franz-go's default 60 s) delays the rebalance until
-// the member is removed from the group.
+// A handler attempt has a deadline, Config.AttemptTimeout (default 30 s,
+// below franz-go's default rebalance timeout of 60 s); a handler that
+// ignores its context and runs past the rebalance timeout delays the
+// rebalance until the member is removed from the group.
 //
 // # Failures
 //

@@ -45,6 +45,10 @@ const (
 	// DefaultMaxBufferedRecords is how many polled records a partition's
 	// worker may have waiting before the partition is paused.
 	DefaultMaxBufferedRecords = 1000
+	// DefaultAttemptTimeout bounds one handler attempt (its context's
+	// deadline), below franz-go's default rebalance timeout (60 s), since
+	// a revocation waits for the handler in progress.
+	DefaultAttemptTimeout = 30 * time.Second
 	// DefaultStopTimeout bounds the final offset commit at shutdown.
 	DefaultStopTimeout = 10 * time.Second
 )
@@ -69,9 +73,9 @@ var (
 // inbox's transaction (the dedupe row commits with it). It must not commit
 // or roll back tx. An error rolls the transaction back and the record is
 // retried, then parked. ctx carries the values of Run's context (and what
-// Config.ContextFor adds) but is not cancelled at shutdown or revocation:
-// the runner waits for a handler in progress, so a handler must bound its
-// own work (see Rebalances in the package documentation).
+// Config.ContextFor adds) and the deadline Config.AttemptTimeout; it is
+// not cancelled at shutdown or revocation: the runner waits for a handler
+// in progress, so a handler must honour ctx (database/sql calls do).
 type Handler func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error
 
 // FailurePolicy says what happens to a record whose handler failed every
@@ -120,6 +124,12 @@ type Config struct {
 	// exponential from DefaultRetryInitial to DefaultRetryMax, ±20 %
 	// jitter, no elapsed-time limit.
 	Backoff func() backoff.BackOff
+	// AttemptTimeout is the deadline of one handler attempt's context
+	// (inbox.Handle's transaction included); an attempt that runs out is a
+	// failed attempt (retried, then parked). Keep it below the group's
+	// rebalance timeout: a revocation waits for the attempt in progress.
+	// Default DefaultAttemptTimeout; negative: no deadline.
+	AttemptTimeout time.Duration
 	// OnFailure is the policy for a record that failed every attempt.
 	// Default ParkAndHold.
 	OnFailure FailurePolicy
@@ -168,6 +178,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.AttemptTimeout == 0 {
+		c.AttemptTimeout = DefaultAttemptTimeout
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
@@ -482,12 +495,11 @@ func (r *Runner) forget(cl *kgo.Client, ws []*worker, gone bool) {
 	}
 	for _, w := range ws {
 		w.mu.Lock()
-		paused := w.paused
-		w.paused = false
-		w.mu.Unlock()
-		if paused {
+		if w.paused {
+			w.paused = false
 			cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 		}
+		w.mu.Unlock()
 		r.cfg.Observer.PartitionRevoked(w.tp.topic, w.tp.partition)
 	}
 }
@@ -573,14 +585,13 @@ func (w *worker) push(recs []*kgo.Record, hw int64) {
 	if hw > w.hw {
 		w.hw = hw
 	}
-	pause := !w.paused && len(w.queue) >= w.r.cfg.MaxBufferedRecords
-	if pause {
+	if !w.paused && len(w.queue) >= w.r.cfg.MaxBufferedRecords {
+		// Under w.mu, so that a resume cannot come between the flag
+		// and the pause (and leave the partition paused for good).
 		w.paused = true
-	}
-	w.mu.Unlock()
-	if pause {
 		w.cl.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 	}
+	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -600,14 +611,11 @@ func (w *worker) next() (*kgo.Record, bool) {
 			rec := w.queue[0]
 			w.queue[0] = nil
 			w.queue = w.queue[1:]
-			resume := w.paused && len(w.queue) <= w.r.cfg.MaxBufferedRecords/2
-			if resume {
+			if w.paused && len(w.queue) <= w.r.cfg.MaxBufferedRecords/2 {
 				w.paused = false
-			}
-			w.mu.Unlock()
-			if resume {
 				w.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 			}
+			w.mu.Unlock()
 			return rec, true
 		}
 		w.mu.Unlock()
@@ -684,7 +692,12 @@ func (r *Runner) process(w *worker, rec *kgo.Record) bool {
 			return r.cfg.Handler(ctx, tx, msg)
 		}
 		start := time.Now()
-		outcome, err := r.cfg.Inbox.Handle(ctx, r.cfg.DB, msg, fn)
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if r.cfg.AttemptTimeout > 0 {
+			actx, cancel = context.WithTimeout(ctx, r.cfg.AttemptTimeout)
+		}
+		outcome, err := r.cfg.Inbox.Handle(actx, r.cfg.DB, msg, fn)
+		cancel()
 		dur := time.Since(start)
 		if err == nil {
 			r.count(outcome)

@@ -451,3 +451,50 @@ func TestRunnerPassesOverInvalidRecords(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestRunnerAttemptTimeout: an attempt that outlives AttemptTimeout is a
+// failed attempt; after MaxAttempts the record is parked and the
+// partition goes on.
+func TestRunnerAttemptTimeout(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 1)
+	c := newConsumerDB(t, pgx)
+	produce(t, b.Addrs(), topic, 1, 3)
+	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+		cfg.MaxAttempts = 2
+		cfg.AttemptTimeout = 50 * time.Millisecond
+		cfg.OnFailure = inboxkafka.SkipAfterPark
+		cfg.Handler = func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
+			if strings.Contains(string(msg.Payload), `"seq":2`) {
+				<-ctx.Done() // a hung dependency that honours ctx
+				return ctx.Err()
+			}
+			return inner(ctx, tx, msg)
+		}
+	})
+	runRunner(t, r)
+	ctx := testCtx(t, 60*time.Second)
+	testdb.Eventually(t, ctx, "2 applied, 1 parked", func() bool { st := r.Stats(); return st.Applied == 2 && st.Parked == 1 })
+	if st := r.Stats(); st.HandlerErrors != 2 {
+		t.Fatalf("stats %+v, want 2 timed-out attempts", st)
+	}
+}
+
+// TestRunnerBackpressure: with a buffer of 3 records per partition the
+// partitions are paused and resumed over and over; every record is still
+// applied once, in order, and nothing stays paused.
+func TestRunnerBackpressure(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 2)
+	c := newConsumerDB(t, pgx)
+	want := produce(t, b.Addrs(), topic, 8, 40)
+	group := randomName("g-")
+	r := newRunner(t, b.Addrs(), group, topic, c, func(cfg *inboxkafka.Config) { cfg.MaxBufferedRecords = 3 })
+	runRunner(t, r)
+	ctx := testCtx(t, 60*time.Second)
+	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool { return committed(t, ctx, b.Addrs(), group, topic) == 8*40 })
+	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+		t.Fatalf("ledger: %v", probs)
+	}
+}
