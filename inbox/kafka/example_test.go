@@ -21,15 +21,16 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	in, err := inbox.New(inbox.Config{Dialect: driver.Postgres, Consumer: "billing"})
+	metrics, err := inboxkafka.NewMetrics(prometheus.DefaultRegisterer, "billing")
+	if err != nil {
+		log.Fatal(err)
+	}
+	// The metrics observe the inbox (outcomes) and the runner (lag).
+	in, err := inbox.New(inbox.Config{Dialect: driver.Postgres, Consumer: "billing", Observer: metrics})
 	if err != nil {
 		log.Fatal(err)
 	}
 	if err := in.Migrate(ctx, db); err != nil {
-		log.Fatal(err)
-	}
-	metrics, err := inboxkafka.NewMetrics(prometheus.DefaultRegisterer, "billing")
-	if err != nil {
 		log.Fatal(err)
 	}
 	r, err := inboxkafka.NewRunner(inboxkafka.Config{
