@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
 	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
@@ -496,5 +497,35 @@ func TestRunnerBackpressure(t *testing.T) {
 	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool { return committed(t, ctx, b.Addrs(), group, topic) == 8*40 })
 	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
+	}
+}
+
+// TestRunnerChainedEmit: a handler on an outbox-wrapped pool emits the
+// next event in the inbox's transaction (consume, change state, emit):
+// one outbox row per applied message, none for duplicates.
+func TestRunnerChainedEmit(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 2)
+	c := newConsumerDB(t, pgx)
+	produce(t, b.Addrs(), topic, 5, 4)
+	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	handler := func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+		if err := inner(ctx, tx, m); err != nil {
+			return err
+		}
+		return outbox.Emit(ctx, outbox.Event{AggregateType: "invoice", AggregateID: m.AggregateID, Type: "invoice.line", Payload: m.Payload})
+	}
+	ctx := testCtx(t, 60*time.Second)
+	for round := 0; round < 2; round++ { // the second group replays: all duplicates
+		r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+			cfg.DB = c.env.DB // wrapped by the outbox driver
+			cfg.Handler = handler
+		})
+		stop := runRunner(t, r)
+		testdb.Eventually(t, ctx, "20 records stored", func() bool { st := r.Stats(); return st.Applied+st.Duplicates == 20 })
+		stop()
+	}
+	if n := countRows(t, c.db, c.env.Table); n != 20 {
+		t.Fatalf("%d outbox rows, want one per applied message (20)", n)
 	}
 }
