@@ -15,10 +15,11 @@
 // # Dedupe
 //
 // The dedupe key is (Config.Consumer, Message.ID): several consumers may
-// share one table and each applies a message once. Handle begins a
-// transaction, checks whether the message's aggregate is held, inserts the
-// row (an INSERT that skips a duplicate key: ON CONFLICT DO NOTHING,
-// INSERT IGNORE), runs the handler only if the insert added a row, and
+// share one table and each applies a message once. Handle checks whether
+// the message's aggregate is held (PostgreSQL: inside the INSERT; MySQL and
+// SQLite: one SELECT just before the transaction), begins a transaction,
+// inserts the row (an INSERT that skips a duplicate key: ON CONFLICT DO
+// NOTHING, INSERT IGNORE), runs the handler only if the insert added a row, and
 // commits. Two deliveries of one message at once meet on the unique key:
 // the second waits for the first's commit and then finds the duplicate (or
 // applies, if the first rolled back). The handler's transaction carries a
