@@ -73,18 +73,24 @@
 // A handler error rolls the transaction back; the record is tried again
 // after an exponential backoff with jitter ([github.com/cenkalti/backoff/v4])
 // up to Config.MaxAttempts attempts (a handler error wrapping
-// [ErrPermanent] is not retried), then parked with [inbox.Inbox.Park]: the
-// message is stored in the inbox's dead-letter state and its aggregate is
-// held, so the aggregate's later records are stored as Held as they arrive
-// (their offsets move on) until the parked message is retried or skipped:
-// [Runner.Retry] runs them through the runner's handler, in order
-// (inbox.Inbox.Retry); inbox.Inbox.Skip, or `outbox inbox parked skip`,
-// skips; `outbox inbox parked list` lists them. Policy [SkipAfterPark] parks and then skips
-// the message at once, so its aggregate is not held. Errors of the inbox
-// itself (the database unreachable, a commit failing) are not the
-// handler's fault: they are retried with backoff, without limit and without
-// counting attempts, and never park anything. A handler panic is recovered
-// and counts as a handler error wrapping [ErrHandlerPanic].
+// [ErrPermanent] is not retried), then parked with [inbox.Inbox.ParkAfter]
+// (cause and attempts recorded): the message is stored in the inbox's
+// dead-letter state and its aggregate is held, so the aggregate's later
+// records are stored as Held as they arrive (their offsets move on) until
+// the parked message is retried or skipped. [Runner.Retry] runs parked and
+// held messages through the runner's handler, in order
+// (inbox.Inbox.Retry); inbox.Inbox.Skip or `outbox inbox parked skip`
+// skips; `outbox inbox parked list` lists them. Policy [SkipAfterPark]
+// parks and then skips the message at once, so its aggregate is not held.
+//
+// Errors of the inbox itself (the database unreachable, a commit failing)
+// are not the handler's fault: they are retried with backoff, without
+// limit and without counting attempts, and never park anything. A record
+// the inbox can never store (inbox.ErrInvalidMessage: say a message ID
+// header that is not UTF-8, from a producer other than the relay) is
+// logged at ERROR, counted (Stats.Invalid) and passed over, the only case
+// of an offset committed without a stored outcome. A handler panic is
+// recovered and counts as a handler error wrapping [ErrHandlerPanic].
 //
 // # Trace context
 //
