@@ -49,7 +49,8 @@
 // on every revocation and on shutdown. A crash between the database commit
 // and the offset commit redelivers records whose effects are already
 // applied; the inbox reports them as Duplicate and runs no handler. An
-// offset is never committed for a record whose outcome is not stored.
+// offset is never committed for a record whose outcome is not stored (one
+// exception, a record the inbox can never store: see Failures).
 //
 // # Rebalances
 //
