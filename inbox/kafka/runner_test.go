@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
 	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
+	"github.com/sqloutbox/outbox/internal/faultproxy"
 	"github.com/sqloutbox/outbox/internal/testdb"
 )
 
@@ -527,5 +529,48 @@ func TestRunnerChainedEmit(t *testing.T) {
 	}
 	if n := countRows(t, c.db, c.env.Table); n != 20 {
 		t.Fatalf("%d outbox rows, want one per applied message (20)", n)
+	}
+}
+
+// TestRunnerWaitsOutADatabaseOutage: while the consumer's database refuses
+// connections the records wait (inbox errors are retried without limit,
+// never counted as attempts, never parked); once it is back each is
+// applied once, in order.
+func TestRunnerWaitsOutADatabaseOutage(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 2)
+	c := newConsumerDB(t, pgx)
+	u, err := url.Parse(testdb.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	u.Host = p.Addr()
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	group := randomName("g-")
+	r := newRunner(t, b.Addrs(), group, topic, c, func(cfg *inboxkafka.Config) { cfg.DB = db; cfg.MaxAttempts = 1 })
+	runRunner(t, r)
+	p.Refuse(true)
+	want := produce(t, b.Addrs(), topic, 6, 5)
+	ctx := testCtx(t, 60*time.Second)
+	testdb.Eventually(t, ctx, "the inbox failing", func() bool { return r.Stats().StoreErrors >= 10 })
+	if st := r.Stats(); st.Applied != 0 || st.Parked != 0 || st.HandlerErrors != 0 {
+		t.Fatalf("during the outage: %+v", st)
+	}
+	p.Refuse(false)
+	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool { return committed(t, ctx, b.Addrs(), group, topic) == 30 })
+	if st := r.Stats(); st.Applied != 30 || st.Parked != 0 {
+		t.Fatalf("after the outage: %+v", st)
+	}
+	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+		t.Fatalf("ledger: %v", probs)
 	}
 }
