@@ -74,6 +74,18 @@ func TestParkHoldRetry(t *testing.T) {
 		if !list[1].Held || !list[2].Held || p.ParkedAt.IsZero() || time.Since(p.StoredAt) > time.Hour {
 			t.Fatalf("held flags or times: %+v", list)
 		}
+		// Times keep sub-second precision (MySQL: DATETIME(6), not
+		// DATETIME) and follow the order things happened in.
+		sub := false
+		for i, q := range list {
+			sub = sub || q.StoredAt.Nanosecond() != 0 || q.ParkedAt.Nanosecond() != 0
+			if q.ParkedAt.Before(q.StoredAt) || i > 0 && q.StoredAt.Before(list[i-1].StoredAt) {
+				t.Fatalf("times out of order: %+v", list)
+			}
+		}
+		if !sub {
+			t.Fatalf("no sub-second part in any stored time: %+v", list)
+		}
 		if one, err := b.in.ListParked(b.ctx, b.db, inbox.ParkedFilter{ID: "o1-3"}); err != nil || len(one) != 1 {
 			t.Fatalf("ListParked by ID = %v, %v", one, err)
 		}
