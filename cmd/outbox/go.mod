@@ -10,6 +10,7 @@ require (
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.9
 	github.com/sqloutbox/outbox v0.0.0
+	github.com/sqloutbox/outbox/inbox v0.0.0
 	github.com/sqloutbox/outbox/outboxtest/kafkatest v0.0.0
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
@@ -64,3 +65,5 @@ require (
 replace github.com/sqloutbox/outbox => ../..
 
 replace github.com/sqloutbox/outbox/outboxtest/kafkatest => ../../outboxtest/kafkatest
+
+replace github.com/sqloutbox/outbox/inbox => ../../inbox

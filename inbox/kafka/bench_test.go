@@ -1,0 +1,54 @@
+package inboxkafka_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sqloutbox/outbox/driver"
+	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
+	"github.com/sqloutbox/outbox/internal/testdb"
+)
+
+// BenchmarkRunner measures consumed events per second through the runner
+// on PostgreSQL and MariaDB: b.N records (already in the topic, spread over
+// aggregates) applied through the inbox by one runner, each in its own
+// transaction (dedupe row + one ledger insert), timed from Run (the
+// group join included, tens of milliseconds) to the last outcome stored.
+func BenchmarkRunner(b *testing.B) {
+	for _, tg := range []testdb.Target{pgx, {Name: "mysql", Dialect: driver.MySQL}} {
+		for _, parts := range []int32{1, 8} {
+			b.Run(fmt.Sprintf("%s/partitions=%d", tg.Name, parts), func(b *testing.B) { benchRunner(b, tg, parts, false) })
+			b.Run(fmt.Sprintf("%s/partitions=%d/replay", tg.Name, parts), func(b *testing.B) { benchRunner(b, tg, parts, true) })
+		}
+	}
+}
+
+// replay: the records were applied before (by another group on the same
+// inbox consumer, untimed); every one is a Duplicate, no handler runs.
+func benchRunner(b *testing.B, tg testdb.Target, parts int32, replay bool) {
+	br, topic := startBroker(b, parts)
+	c := newConsumerDB(b, tg)
+	produce(b, br.Addrs(), topic, 64, (b.N+63)/64)
+	total := int64(64 * ((b.N + 63) / 64))
+	ctx := testCtx(b, 10*time.Minute)
+	mk := func() *inboxkafka.Runner {
+		return newRunner(b, br.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+			cfg.CommitInterval = inboxkafka.DefaultCommitInterval
+		})
+	}
+	if replay {
+		first := mk()
+		stop := runRunner(b, first)
+		testdb.Eventually(b, ctx, "every record applied", func() bool { return first.Stats().Applied >= total })
+		stop()
+	}
+	r := mk()
+	b.ResetTimer()
+	start := time.Now()
+	runRunner(b, r)
+	testdb.Eventually(b, ctx, "every record stored", func() bool { st := r.Stats(); return st.Applied+st.Duplicates >= total })
+	el := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(total)/el.Seconds(), "events/s")
+}

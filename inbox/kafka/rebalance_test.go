@@ -1,0 +1,199 @@
+package inboxkafka_test
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sqloutbox/outbox/inbox"
+	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
+	"github.com/sqloutbox/outbox/internal/testdb"
+)
+
+// TestRunnerKilledAfterStoreRedeliversAsDuplicate: a consumer process is
+// SIGKILLed right after a record's transaction committed, before its
+// offset was committed; the runner that takes over gets the record again
+// and the inbox reports it as a Duplicate, so the ledger has each record
+// once.
+func TestRunnerKilledAfterStoreRedeliversAsDuplicate(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 1)
+	c := newConsumerDB(t, pgx)
+	want := produce(t, b.Addrs(), topic, 3, 10)
+	group := randomName("g-")
+	ctx := testCtx(t, 60*time.Second)
+	events := filepath.Join(t.TempDir(), "events")
+	k := startChild(t, "consumer", "consumer",
+		"INBOXKAFKA_DIALECT="+string(c.env.Target.Dialect), "INBOXKAFKA_DSN="+c.env.DSN,
+		"INBOXKAFKA_INBOX="+c.itable, "INBOXKAFKA_CONSUMER="+c.cname, "INBOXKAFKA_LEDGER="+c.ledger,
+		"INBOXKAFKA_BROKERS="+strings.Join(b.Addrs(), ","), "INBOXKAFKA_GROUP="+group, "INBOXKAFKA_TOPIC="+topic,
+		"INBOXKAFKA_EVENTS="+events, "OUTBOX_FAILPOINTS=inboxkafka/after-store=kill@12")
+	k.waitKilled(t, ctx)
+	if n := countRows(t, c.db, c.ledger); n != 12 {
+		t.Fatalf("%d rows applied before the kill at the 12th stored outcome, want 12", n)
+	}
+	if off := committed(t, ctx, b.Addrs(), group, topic); off > 11 {
+		t.Fatalf("committed offset %d after a kill before the 12th record's offset commit", off)
+	}
+	r := newRunner(t, b.Addrs(), group, topic, c, nil)
+	runRunner(t, r)
+	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool { return committed(t, ctx, b.Addrs(), group, topic) == 30 })
+	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+		t.Fatalf("ledger: %v", probs)
+	}
+	if st := r.Stats(); st.Duplicates < 1 || st.Applied != 18 {
+		t.Fatalf("after the restart: %+v, want at least the killed record as a duplicate and 18 applied", st)
+	}
+}
+
+// TestRebalanceNeverRunsAPartitionTwiceAtOnce: runners of one group start
+// and stop while records flow; a per-partition in-flight counter shows a
+// partition's handler never runs in two runners at once, and every record
+// is applied once, in order.
+func TestRebalanceNeverRunsAPartitionTwiceAtOnce(t *testing.T) {
+	t.Parallel()
+	const parts, aggs, per = 6, 24, 20
+	b, topic := startBroker(t, parts)
+	c := newConsumerDB(t, pgx)
+	group := randomName("g-")
+	ctx := testCtx(t, 90*time.Second)
+	var inFlight [parts]atomic.Int32
+	var overlaps, handled atomic.Int64
+	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	var ownersMu sync.Mutex
+	owners := map[int32]map[int]bool{} // partition -> runners that handled it
+	var handle inboxkafka.Handler
+	handler := func(id int) inboxkafka.Handler {
+		return func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+			ownersMu.Lock()
+			if owners[m.Partition] == nil {
+				owners[m.Partition] = map[int]bool{}
+			}
+			owners[m.Partition][id] = true
+			ownersMu.Unlock()
+			return handle(ctx, tx, m)
+		}
+	}
+	handle = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+		if inFlight[m.Partition].Add(1) != 1 {
+			overlaps.Add(1)
+		}
+		defer inFlight[m.Partition].Add(-1)
+		handled.Add(1)
+		time.Sleep(time.Millisecond) // widen the window a second runner would hit
+		return inner(ctx, tx, m)
+	}
+	ids := 0
+	mk := func() (*inboxkafka.Runner, func()) {
+		ids++
+		h := handler(ids)
+		r := newRunner(t, b.Addrs(), group, topic, c, func(cfg *inboxkafka.Config) { cfg.Handler = h })
+		return r, runRunner(t, r)
+	}
+	var want map[string]int
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		want = produce(t, b.Addrs(), topic, aggs, per)
+	}()
+	_, stop1 := mk()
+	testdb.Eventually(t, ctx, "first runner working", func() bool { return handled.Load() > 20 })
+	_, stop2 := mk()
+	testdb.Eventually(t, ctx, "two runners working", func() bool { return handled.Load() > 120 })
+	stop1() // revokes its partitions while handlers run
+	_, stop3 := mk()
+	testdb.Eventually(t, ctx, "after the third joined", func() bool { return handled.Load() > 250 })
+	stop2()
+	wg.Wait()
+	testdb.Eventually(t, ctx, "every record applied", func() bool { return countRows(t, c.db, c.ledger) >= aggs*per })
+	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool { return committed(t, ctx, b.Addrs(), group, topic) == aggs*per })
+	stop3()
+	if n := overlaps.Load(); n != 0 {
+		t.Fatalf("a partition's handler ran in two places at once %d times", n)
+	}
+	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+		t.Fatalf("ledger: %v", probs)
+	}
+	moved := 0
+	for _, rs := range owners {
+		if len(rs) > 1 {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatalf("no partition moved between runners: %v", owners)
+	}
+	t.Logf("%d of %d partitions moved between runners", moved, parts)
+}
+
+// TestContextForGetsTheRecord: Config.ContextFor receives each record
+// (its trace headers included) and the handler runs with its context.
+func TestContextForGetsTheRecord(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 1)
+	c := newConsumerDB(t, pgx)
+	const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := record("agg-1", 1)
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "traceparent", Value: []byte(traceparent)})
+	ctx := testCtx(t, 60*time.Second)
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	type key struct{}
+	got := make(chan string, 1)
+	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+		cfg.ContextFor = func(ctx context.Context, rec *kgo.Record) context.Context {
+			for _, h := range rec.Headers {
+				if h.Key == "traceparent" {
+					return context.WithValue(ctx, key{}, string(h.Value))
+				}
+			}
+			return ctx
+		}
+		cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+			v, _ := ctx.Value(key{}).(string)
+			got <- v
+			return inner(ctx, tx, m)
+		}
+	})
+	runRunner(t, r)
+	select {
+	case v := <-got:
+		if v != traceparent {
+			t.Fatalf("handler context carries %q, want the record's traceparent %q", v, traceparent)
+		}
+	case <-ctx.Done():
+		t.Fatal("handler never ran")
+	}
+}
+
+// TestMessageFromRecord: the relay's headers fill the message; a record
+// without them gets a coordinate ID and its key as aggregate.
+func TestMessageFromRecord(t *testing.T) {
+	t.Parallel()
+	rec := record("agg-7", 3)
+	rec.Topic, rec.Partition, rec.Offset = "orders", 2, 41
+	m := inboxkafka.Message(rec)
+	if !strings.HasPrefix(m.ID, "m-") || m.AggregateType != "order" || m.AggregateID != "agg-7" ||
+		m.Topic != "orders" || m.Partition != 2 || m.Offset != 41 || string(m.Payload) != `{"seq":3}` || m.Headers["outbox-event-type"] != "order.step" {
+		t.Fatalf("message %+v", m)
+	}
+	plain := inboxkafka.Message(&kgo.Record{Topic: "raw", Partition: 1, Offset: 9, Key: []byte("k")})
+	if plain.ID != "raw/1/9" || plain.AggregateType != "raw" || plain.AggregateID != "k" {
+		t.Fatalf("plain record's message %+v", plain)
+	}
+}

@@ -1,0 +1,799 @@
+package inboxkafka
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sqloutbox/outbox/inbox"
+	"github.com/sqloutbox/outbox/internal/failpoint"
+)
+
+// Failpoints of the runner, for the process-kill tests (see the root
+// module's internal/failpoint: OUTBOX_FAILPOINTS=name=kill@N).
+const (
+	// fpAfterStore: a record's outcome is stored (its handler's transaction
+	// committed, or it was recognised, held or parked), its offset not yet
+	// committable.
+	fpAfterStore = "inboxkafka/after-store"
+	// fpBeforeCommit: offsets are about to be committed.
+	fpBeforeCommit = "inboxkafka/before-commit"
+)
+
+// Defaults and minimums of Config.
+const (
+	// DefaultMaxAttempts is how many times a record's handler is tried
+	// before the record is parked.
+	DefaultMaxAttempts = 5
+	// DefaultRetryInitial is the backoff before the second attempt; each
+	// further one doubles, up to DefaultRetryMax, with ±20 % jitter.
+	DefaultRetryInitial = 100 * time.Millisecond
+	// DefaultRetryMax caps the backoff between attempts.
+	DefaultRetryMax = 5 * time.Second
+	// DefaultCommitInterval is how often finished offsets are committed.
+	DefaultCommitInterval = 500 * time.Millisecond
+	// MinCommitInterval is the shortest CommitInterval accepted.
+	MinCommitInterval = time.Millisecond
+	// DefaultMaxBufferedRecords is how many polled records a partition's
+	// worker may have waiting before the partition is paused.
+	DefaultMaxBufferedRecords = 1000
+	// DefaultAttemptTimeout bounds one handler attempt (its context's
+	// deadline), below franz-go's default rebalance timeout (60 s), since
+	// a revocation waits for the handler in progress.
+	DefaultAttemptTimeout = 30 * time.Second
+	// DefaultStopTimeout bounds the final offset commit at shutdown.
+	DefaultStopTimeout = 10 * time.Second
+)
+
+// Errors.
+var (
+	// ErrInvalidConfig is returned (wrapped) by NewRunner for a missing or
+	// out-of-range setting.
+	ErrInvalidConfig = errors.New("inboxkafka: invalid config")
+	// ErrPermanent marks a handler error that retrying cannot fix (a
+	// malformed payload): a handler error wrapping it (errors.Is) parks the
+	// record after the first attempt.
+	ErrPermanent = errors.New("inboxkafka: permanent handler error")
+	// ErrHandlerPanic wraps the value of a recovered handler panic; it
+	// counts as a handler error (retried, then parked).
+	ErrHandlerPanic = errors.New("inboxkafka: handler panicked")
+	// ErrStarted is returned by Run when the runner already ran.
+	ErrStarted = errors.New("inboxkafka: Run already called")
+)
+
+// Handler applies one message to the consumer's database inside tx, the
+// inbox's transaction (the dedupe row commits with it). It must not commit
+// or roll back tx. An error rolls the transaction back and the record is
+// retried, then parked. ctx carries the values of Run's context (and what
+// Config.ContextFor adds) and the deadline Config.AttemptTimeout; it is
+// not cancelled at shutdown or revocation: the runner waits for a handler
+// in progress, so a handler must honour ctx (database/sql calls do).
+type Handler func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error
+
+// FailurePolicy says what happens to a record whose handler failed every
+// attempt (or failed with ErrPermanent).
+type FailurePolicy int
+
+const (
+	// ParkAndHold parks the record (inbox.Inbox.Park) and so holds its
+	// aggregate: the aggregate's later records are stored as Held, not
+	// applied, until the parked message is retried or skipped. The
+	// default; it keeps the order of every aggregate.
+	ParkAndHold FailurePolicy = iota
+	// SkipAfterPark parks the record, for the record of it, and skips it
+	// at once (inbox.Inbox.Skip), so its aggregate is not held and later
+	// records are applied: order is given up for that message.
+	SkipAfterPark
+)
+
+// Config configures a Runner. Brokers, Group, Topics, Inbox, DB and
+// Handler are required; every other field has a default.
+type Config struct {
+	// Brokers are the bootstrap addresses ("host:port").
+	Brokers []string
+	// Group is the Kafka consumer group ID. Members of one group share the
+	// topics' partitions; give every runner of one application the same
+	// Group (and the same inbox consumer name).
+	Group string
+	// Topics are consumed from their committed offsets, or from their
+	// start for a group that has committed none.
+	Topics []string
+	// Inbox stores dedupe rows and parked messages.
+	Inbox *inbox.Inbox
+	// DB is the consumer's database, where Inbox's table and the
+	// handler's business tables live. Size its pool for one connection per
+	// assigned partition (each worker holds one during a handler).
+	DB *sql.DB
+	// Handler applies one message in the inbox's transaction.
+	Handler Handler
+
+	// MaxAttempts is how many times a handler is tried before the record
+	// is parked (1: park on the first failure). Default DefaultMaxAttempts.
+	MaxAttempts int
+	// Backoff returns a fresh backoff for one record's retries; it is also
+	// used, without an attempt limit, while the inbox itself fails (the
+	// database unreachable). backoff.Stop means "the default cap". Default:
+	// exponential from DefaultRetryInitial to DefaultRetryMax, ±20 %
+	// jitter, no elapsed-time limit.
+	Backoff func() backoff.BackOff
+	// AttemptTimeout is the deadline of one handler attempt's context
+	// (inbox.Handle's transaction included); an attempt that runs out is a
+	// failed attempt (retried, then parked). Keep it below the group's
+	// rebalance timeout: a revocation waits for the attempt in progress.
+	// Default DefaultAttemptTimeout; negative: no deadline.
+	AttemptTimeout time.Duration
+	// OnFailure is the policy for a record that failed every attempt.
+	// Default ParkAndHold.
+	OnFailure FailurePolicy
+	// ContextFor derives a handler's context from the record, e.g. to
+	// continue the trace whose context the relay put in the headers (see
+	// the package documentation for outboxotel.ExtractFranz). The record
+	// must not be modified. Default: ctx unchanged.
+	ContextFor func(ctx context.Context, rec *kgo.Record) context.Context
+	// Observer is told about every record's outcome and each partition's
+	// lag (NewMetrics for Prometheus; give it to the Inbox too). Its
+	// methods are called from the partition workers concurrently and must
+	// not block. Default none.
+	Observer Observer
+	// Logger receives the runner's logs. Default slog.Default().
+	Logger *slog.Logger
+	// CommitInterval is how often the offsets of finished records are
+	// committed (also at every revocation and at shutdown). A crash
+	// redelivers up to about this much work, which the inbox dedupes.
+	// Default DefaultCommitInterval; minimum MinCommitInterval.
+	CommitInterval time.Duration
+	// MaxBufferedRecords is how many polled records one partition may have
+	// waiting for its worker before the partition is paused (it resumes at
+	// half). Default DefaultMaxBufferedRecords.
+	MaxBufferedRecords int
+	// Kgo are extra franz-go client options (TLS, SASL, client ID, fetch
+	// sizes, another balancer). They are applied after the runner's
+	// defaults (seed brokers, cooperative-sticky balancer, start offset at
+	// the log start) and before what correctness needs, which always wins:
+	// the group and topics, auto-commit off, BlockRebalanceOnPoll and the
+	// partition callbacks.
+	Kgo []kgo.Opt
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.Backoff == nil {
+		c.Backoff = func() backoff.BackOff {
+			return backoff.NewExponentialBackOff(
+				backoff.WithInitialInterval(DefaultRetryInitial),
+				backoff.WithMaxInterval(DefaultRetryMax),
+				backoff.WithRandomizationFactor(0.2),
+				backoff.WithMaxElapsedTime(0))
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.AttemptTimeout == 0 {
+		c.AttemptTimeout = DefaultAttemptTimeout
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultCommitInterval
+	}
+	if c.MaxBufferedRecords == 0 {
+		c.MaxBufferedRecords = DefaultMaxBufferedRecords
+	}
+	if c.Observer == nil {
+		c.Observer = nopObserver{}
+	}
+	return c
+}
+
+// Stats are a runner's counters since NewRunner (records, not messages:
+// a redelivered record counts again).
+type Stats struct {
+	// Applied: handlers whose transaction committed.
+	Applied int64
+	// Duplicates: records the inbox recognised; no handler ran.
+	Duplicates int64
+	// Held: records stored behind a parked message of their aggregate.
+	Held int64
+	// Parked: records parked after failing (with SkipAfterPark, also skipped).
+	Parked int64
+	// HandlerErrors: failed handler attempts (retries included).
+	HandlerErrors int64
+	// StoreErrors: failed inbox operations (the database, not the handler).
+	StoreErrors int64
+	// Invalid: records the inbox refused to store (inbox.ErrInvalidMessage:
+	// a message ID, aggregate or topic it cannot hold), logged at ERROR and
+	// passed over.
+	Invalid int64
+	// Commits: successful offset commits.
+	Commits int64
+}
+
+// Runner consumes Config.Topics as a member of Config.Group and applies
+// each record through the inbox. Create it with NewRunner; Run it once.
+type Runner struct {
+	cfg Config
+	log *slog.Logger
+
+	started atomic.Bool
+	opts    []kgo.Opt
+	runCtx  context.Context // values of Run's ctx, never cancelled
+
+	mu      sync.Mutex // guards workers
+	workers map[tp]*worker
+
+	commitMu sync.Mutex // serializes commits with revocations
+
+	applied, duplicates, held, parked, handlerErrs, storeErrs, invalid, commits atomic.Int64
+}
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+// NewRunner validates cfg and returns a Runner. It returns an error
+// wrapping ErrInvalidConfig for a missing Brokers, Group, Topics, Inbox, DB
+// or Handler, a negative MaxAttempts, CommitInterval below
+// MinCommitInterval, a negative MaxBufferedRecords or an unknown
+// OnFailure, and kgo's error (wrapped) for options it rejects
+// (kgo.ValidateOpts). It does not connect: Run does.
+func NewRunner(cfg Config) (*Runner, error) {
+	cfg = cfg.withDefaults()
+	switch {
+	case len(cfg.Brokers) == 0 || cfg.Group == "" || len(cfg.Topics) == 0:
+		return nil, fmt.Errorf("%w: Brokers, Group and Topics are required", ErrInvalidConfig)
+	case cfg.Inbox == nil || cfg.DB == nil || cfg.Handler == nil:
+		return nil, fmt.Errorf("%w: Inbox, DB and Handler are required", ErrInvalidConfig)
+	case cfg.MaxAttempts < 1:
+		return nil, fmt.Errorf("%w: MaxAttempts %d is below 1", ErrInvalidConfig, cfg.MaxAttempts)
+	case cfg.CommitInterval < MinCommitInterval:
+		return nil, fmt.Errorf("%w: CommitInterval %s is below %s", ErrInvalidConfig, cfg.CommitInterval, MinCommitInterval)
+	case cfg.MaxBufferedRecords < 1:
+		return nil, fmt.Errorf("%w: MaxBufferedRecords %d is below 1", ErrInvalidConfig, cfg.MaxBufferedRecords)
+	case cfg.OnFailure != ParkAndHold && cfg.OnFailure != SkipAfterPark:
+		return nil, fmt.Errorf("%w: unknown OnFailure %d", ErrInvalidConfig, cfg.OnFailure)
+	}
+	for _, t := range cfg.Topics {
+		if t == "" {
+			return nil, fmt.Errorf("%w: an empty topic name", ErrInvalidConfig)
+		}
+	}
+	r := &Runner{cfg: cfg, workers: map[tp]*worker{},
+		log: cfg.Logger.With("component", "inboxkafka", "group", cfg.Group)}
+	if m, ok := cfg.Observer.(*Metrics); ok && cfg.Inbox.Config().Observer != inbox.Observer(m) {
+		r.log.Warn("the Metrics given as Config.Observer is not the Inbox's Observer: only lag is recorded; give it to inbox.Config.Observer too")
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+	}
+	opts = append(opts, cfg.Kgo...)
+	opts = append(opts,
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Topics...),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(r.assigned),
+		kgo.OnPartitionsRevoked(r.revoked),
+		kgo.OnPartitionsLost(r.lost),
+	)
+	if err := kgo.ValidateOpts(opts...); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	r.opts = opts
+	return r, nil
+}
+
+// Stats returns the runner's counters so far. Safe for concurrent use.
+func (r *Runner) Stats() Stats {
+	return Stats{
+		Applied: r.applied.Load(), Duplicates: r.duplicates.Load(), Held: r.held.Load(),
+		Parked: r.parked.Load(), HandlerErrors: r.handlerErrs.Load(),
+		StoreErrors: r.storeErrs.Load(), Invalid: r.invalid.Load(), Commits: r.commits.Load(),
+	}
+}
+
+// Retry runs the parked and held messages that f selects through the
+// runner's Handler, with inbox.Inbox.Retry (an aggregate's in the order
+// they were stored, each in its own transaction; an aggregate stops at its
+// first failure, which stays parked). It returns how many were applied and
+// Retry's errors (inbox.ErrInvalidFilter, inbox.ErrNothingMatched, handler
+// failures wrapping inbox.ErrHandler). A handler panic is an error
+// wrapping ErrHandlerPanic. It may be called whether or not Run runs (an
+// admin endpoint of the consumer); the held messages that arrive while it
+// runs are the inbox's concern (see inbox.Inbox.Retry).
+func (r *Runner) Retry(ctx context.Context, f inbox.ParkedFilter) (int, error) {
+	return r.cfg.Inbox.Retry(ctx, r.cfg.DB, f, func(ctx context.Context, tx *sql.Tx, msg inbox.Message) (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = fmt.Errorf("%w: %v", ErrHandlerPanic, v)
+			}
+		}()
+		return r.cfg.Handler(ctx, tx, msg)
+	})
+}
+
+// Run creates the Kafka client, joins the group and processes records
+// until ctx is cancelled. Then it
+// stops every worker (a handler in progress finishes), commits the offsets
+// of every finished record (bounded by DefaultStopTimeout), leaves the
+// group, and returns nil. Broker and database errors during the run are
+// logged and retried; they do not end Run. It returns ErrStarted if called
+// twice, or kgo's error (wrapped) if the client cannot be created. The
+// client is closed when Run returns; a Runner is not reusable.
+func (r *Runner) Run(ctx context.Context) error {
+	if !r.started.CompareAndSwap(false, true) {
+		return ErrStarted
+	}
+	r.runCtx = context.WithoutCancel(ctx)
+	cl, err := kgo.NewClient(r.opts...)
+	if err != nil {
+		return fmt.Errorf("inboxkafka: creating the Kafka client: %w", err)
+	}
+	r.log.Info("inbox consumer starting", "topics", r.cfg.Topics)
+
+	commitDone := make(chan struct{})
+	commitCtx, stopCommitter := context.WithCancel(r.runCtx)
+	go func() {
+		defer close(commitDone)
+		r.committer(commitCtx, cl)
+	}()
+
+	for ctx.Err() == nil {
+		fetches := cl.PollFetches(ctx)
+		if fetches.IsClientClosed() {
+			break
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				r.log.Warn("fetch error", "topic", t, "partition", p, "err", err)
+			}
+		})
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) > 0 {
+				r.worker(cl, tp{p.Topic, p.Partition}).push(p.Records, p.HighWatermark)
+			}
+		})
+		cl.AllowRebalance()
+	}
+
+	stopCommitter()
+	<-commitDone
+	r.commitMu.Lock()
+	ws := r.take(nil)
+	stopAll(ws)
+	stopCtx, cancel := context.WithTimeout(r.runCtx, DefaultStopTimeout)
+	if err := r.commit(stopCtx, cl, ws); err != nil {
+		r.log.Warn("final offset commit failed; the next owner redelivers, the inbox dedupes", "err", err)
+	}
+	cancel()
+	r.commitMu.Unlock()
+	cl.AllowRebalance()
+	cl.Close()
+	r.log.Info("inbox consumer stopped")
+	return nil
+}
+
+// worker returns the partition's worker, starting one if the partition
+// has none (the assignment callback normally started it).
+func (r *Runner) worker(cl *kgo.Client, k tp) *worker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.workers[k]
+	if w == nil {
+		w = r.startWorker(cl, k)
+	}
+	return w
+}
+
+// startWorker starts k's worker; r.mu is held.
+func (r *Runner) startWorker(cl *kgo.Client, k tp) *worker {
+	w := &worker{r: r, cl: cl, tp: k, stop: make(chan struct{}), done: make(chan struct{}),
+		wake: make(chan struct{}, 1), committed: -1, hw: -1}
+	r.workers[k] = w
+	go w.run()
+	return w
+}
+
+// take removes and returns the workers of the given partitions (nil: all).
+func (r *Runner) take(m map[string][]int32) []*worker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ws []*worker
+	if m == nil {
+		for k, w := range r.workers {
+			ws = append(ws, w)
+			delete(r.workers, k)
+		}
+		return ws
+	}
+	for t, ps := range m {
+		for _, p := range ps {
+			if w := r.workers[tp{t, p}]; w != nil {
+				ws = append(ws, w)
+				delete(r.workers, tp{t, p})
+			}
+		}
+	}
+	return ws
+}
+
+// stopAll stops the workers and waits until each has returned.
+func stopAll(ws []*worker) {
+	for _, w := range ws {
+		close(w.stop)
+	}
+	for _, w := range ws {
+		<-w.done
+	}
+}
+
+func (r *Runner) assigned(_ context.Context, cl *kgo.Client, m map[string][]int32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for t, ps := range m {
+		for _, p := range ps {
+			if r.workers[tp{t, p}] == nil {
+				r.startWorker(cl, tp{t, p})
+			}
+		}
+	}
+	r.log.Debug("partitions assigned", "partitions", m)
+}
+
+// revoked stops the revoked partitions' workers, waits for them and
+// commits what they finished, before the rebalance goes on. franz-go also
+// calls it, with an empty map, at the end of every group session: then it
+// commits what every worker finished.
+func (r *Runner) revoked(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	ws := r.take(m)
+	stopAll(ws)
+	if len(m) == 0 {
+		r.mu.Lock()
+		for _, w := range r.workers {
+			ws = append(ws, w)
+		}
+		r.mu.Unlock()
+	}
+	cctx, cancel := context.WithTimeout(ctx, DefaultStopTimeout)
+	defer cancel()
+	if err := r.commit(cctx, cl, ws); err != nil {
+		r.log.Warn("offset commit at revocation failed; the next owner redelivers, the inbox dedupes", "err", err)
+	}
+	r.forget(cl, ws, len(m) != 0)
+	r.log.Debug("partitions revoked", "partitions", m)
+}
+
+// lost stops the lost partitions' workers and waits for them, without a
+// commit (the member is no longer in the group).
+func (r *Runner) lost(_ context.Context, cl *kgo.Client, m map[string][]int32) {
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	ws := r.take(m)
+	stopAll(ws)
+	r.forget(cl, ws, true)
+	r.log.Warn("partitions lost", "partitions", m)
+}
+
+// forget resumes stopped workers' paused partitions (a partition assigned
+// again must fetch) and tells the observer they are gone.
+func (r *Runner) forget(cl *kgo.Client, ws []*worker, gone bool) {
+	if !gone {
+		return
+	}
+	for _, w := range ws {
+		w.mu.Lock()
+		if w.paused {
+			w.paused = false
+			cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+		}
+		w.mu.Unlock()
+		r.cfg.Observer.PartitionRevoked(w.tp.topic, w.tp.partition)
+	}
+}
+
+// committer commits finished offsets every CommitInterval until ctx ends.
+func (r *Runner) committer(ctx context.Context, cl *kgo.Client) {
+	t := time.NewTicker(r.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.commitMu.Lock()
+		r.mu.Lock()
+		ws := make([]*worker, 0, len(r.workers))
+		for _, w := range r.workers {
+			ws = append(ws, w)
+		}
+		r.mu.Unlock()
+		cctx, cancel := context.WithTimeout(ctx, DefaultStopTimeout)
+		if err := r.commit(cctx, cl, ws); err != nil && ctx.Err() == nil {
+			r.log.Warn("offset commit failed; retried at the next interval", "err", err)
+		}
+		cancel()
+		r.commitMu.Unlock()
+	}
+}
+
+// commit commits, for each worker, the offset after its last finished
+// record, if that is past what it committed. r.commitMu is held.
+func (r *Runner) commit(ctx context.Context, cl *kgo.Client, ws []*worker) error {
+	var recs []*kgo.Record
+	var owners []*worker
+	for _, w := range ws {
+		w.mu.Lock()
+		if w.finished != nil && w.finished.Offset > w.committed {
+			recs = append(recs, w.finished)
+			owners = append(owners, w)
+		}
+		w.mu.Unlock()
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	failpoint.Inject(fpBeforeCommit)
+	if err := cl.CommitRecords(ctx, recs...); err != nil {
+		return fmt.Errorf("inboxkafka: committing offsets: %w", err)
+	}
+	r.commits.Add(1)
+	for i, w := range owners {
+		w.mu.Lock()
+		if recs[i].Offset > w.committed {
+			w.committed = recs[i].Offset
+		}
+		w.mu.Unlock()
+	}
+	return nil
+}
+
+// worker processes one partition's records in order.
+type worker struct {
+	r    *Runner
+	cl   *kgo.Client
+	tp   tp
+	stop chan struct{} // closed: finish the current record, then return
+	done chan struct{} // closed when run returned
+	wake chan struct{} // a push happened
+
+	mu        sync.Mutex
+	queue     []*kgo.Record
+	paused    bool
+	hw        int64       // the partition's high watermark as last fetched
+	finished  *kgo.Record // the last record whose outcome is stored
+	committed int64       // offset of the last committed record, -1 none
+}
+
+// push appends polled records; it never blocks.
+func (w *worker) push(recs []*kgo.Record, hw int64) {
+	w.mu.Lock()
+	w.queue = append(w.queue, recs...)
+	if hw > w.hw {
+		w.hw = hw
+	}
+	if !w.paused && len(w.queue) >= w.r.cfg.MaxBufferedRecords {
+		// Under w.mu, so that a resume cannot come between the flag
+		// and the pause (and leave the partition paused for good).
+		w.paused = true
+		w.cl.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+	}
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// next returns the next record, waiting for one; false once stopped.
+func (w *worker) next() (*kgo.Record, bool) {
+	for {
+		select {
+		case <-w.stop:
+			return nil, false
+		default:
+		}
+		w.mu.Lock()
+		if len(w.queue) > 0 {
+			rec := w.queue[0]
+			w.queue[0] = nil
+			w.queue = w.queue[1:]
+			if w.paused && len(w.queue) <= w.r.cfg.MaxBufferedRecords/2 {
+				w.paused = false
+				w.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+			}
+			w.mu.Unlock()
+			return rec, true
+		}
+		w.mu.Unlock()
+		select {
+		case <-w.stop:
+			return nil, false
+		case <-w.wake:
+		}
+	}
+}
+
+func (w *worker) run() {
+	defer close(w.done)
+	for {
+		rec, ok := w.next()
+		if !ok {
+			return
+		}
+		if !w.r.process(w, rec) {
+			return
+		}
+		failpoint.Inject(fpAfterStore)
+		w.mu.Lock()
+		w.finished = rec
+		lag := w.hw - rec.Offset - 1
+		w.mu.Unlock()
+		if lag < 0 {
+			lag = 0
+		}
+		w.r.cfg.Observer.Lag(rec.Topic, rec.Partition, lag)
+	}
+}
+
+// wait sleeps d or until the worker is stopped; false if stopped.
+func (w *worker) wait(d time.Duration) bool {
+	if d == backoff.Stop || d < 0 {
+		d = DefaultRetryMax
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// process stores rec's outcome: applied, duplicate, held or parked. It
+// returns false, with nothing stored by it, if the worker was stopped
+// before an outcome could be stored (a database outage, or retries
+// interrupted by a revocation): the record stays uncommitted and its next
+// owner (or this one after a restart) gets it again.
+func (r *Runner) process(w *worker, rec *kgo.Record) bool {
+	msg := Message(rec)
+	ctx := r.runCtx
+	if r.cfg.ContextFor != nil {
+		ctx = r.cfg.ContextFor(ctx, rec)
+	}
+	retry := r.cfg.Backoff()
+	var storeWait backoff.BackOff
+	attempt := 0
+	var lastErr error
+	for {
+		attempt++
+		var herr error
+		fn := func(ctx context.Context, tx *sql.Tx) (err error) {
+			defer func() {
+				if v := recover(); v != nil {
+					err = fmt.Errorf("%w: %v", ErrHandlerPanic, v)
+				}
+				herr = err
+			}()
+			return r.cfg.Handler(ctx, tx, msg)
+		}
+		start := time.Now()
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if r.cfg.AttemptTimeout > 0 {
+			actx, cancel = context.WithTimeout(ctx, r.cfg.AttemptTimeout)
+		}
+		outcome, err := r.cfg.Inbox.Handle(actx, r.cfg.DB, msg, fn)
+		cancel()
+		dur := time.Since(start)
+		if err == nil {
+			r.count(outcome)
+			r.cfg.Observer.Processed(Result{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
+				Outcome: outcome, Attempts: attempt, Duration: dur})
+			return true
+		}
+		if errors.Is(err, inbox.ErrInvalidMessage) {
+			// Never storable (a header the inbox refuses): waiting would
+			// stop the partition forever.
+			r.invalid.Add(1)
+			r.log.Error("record cannot be stored by the inbox; passed over", "topic", rec.Topic, "partition", rec.Partition,
+				"offset", rec.Offset, "err", err)
+			r.cfg.Observer.Processed(Result{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Invalid: true, Attempts: attempt})
+			return true
+		}
+		if herr == nil && !errors.Is(err, inbox.ErrHandler) {
+			// The inbox failed, not the handler: retry without limit.
+			r.storeErrs.Add(1)
+			attempt--
+			if storeWait == nil {
+				storeWait = r.cfg.Backoff()
+			}
+			r.log.Warn("inbox failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
+			if !w.wait(storeWait.NextBackOff()) {
+				return false
+			}
+			continue
+		}
+		storeWait = nil
+		if herr == nil {
+			herr = err
+		}
+		lastErr = herr
+		r.handlerErrs.Add(1)
+		r.cfg.Observer.AttemptFailed(rec.Topic, rec.Partition, attempt, herr)
+		if attempt >= r.cfg.MaxAttempts || errors.Is(herr, ErrPermanent) {
+			break
+		}
+		r.log.Info("handler failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+			"message_id", msg.ID, "attempt", attempt, "err", herr)
+		if !w.wait(retry.NextBackOff()) {
+			return false
+		}
+	}
+	return r.park(w, rec, msg, attempt, lastErr)
+}
+
+// park parks msg with the number of failed attempts (retrying the
+// database without limit) and applies OnFailure.
+func (r *Runner) park(w *worker, rec *kgo.Record, msg inbox.Message, attempts int, cause error) bool {
+	wait := r.cfg.Backoff()
+	for {
+		err := r.cfg.Inbox.ParkAfter(r.runCtx, r.cfg.DB, msg, cause, attempts)
+		if err == nil && r.cfg.OnFailure == SkipAfterPark {
+			// Parked just now, by this worker, which alone handles the
+			// aggregate's partition: nothing of it is held behind it yet.
+			if _, err = r.cfg.Inbox.Skip(r.runCtx, r.cfg.DB, inbox.ParkedFilter{ID: msg.ID}); errors.Is(err, inbox.ErrNothingMatched) {
+				err = nil // processed or skipped meanwhile
+			}
+			if err != nil {
+				err = fmt.Errorf("inboxkafka: skipping parked message %q: %w", msg.ID, err)
+			}
+		}
+		if errors.Is(err, inbox.ErrInvalidMessage) {
+			// Handle accepted it, so this cannot happen; never loop on it.
+			r.log.Error("parked record cannot be stored by the inbox; passed over", "topic", rec.Topic,
+				"partition", rec.Partition, "offset", rec.Offset, "err", err)
+			r.invalid.Add(1)
+			return true
+		}
+		if err == nil {
+			break
+		}
+		r.storeErrs.Add(1)
+		r.log.Warn("parking failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
+		if !w.wait(wait.NextBackOff()) {
+			return false
+		}
+	}
+	r.parked.Add(1)
+	r.log.Warn("message parked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+		"message_id", msg.ID, "aggregate_type", msg.AggregateType, "aggregate_id", msg.AggregateID,
+		"attempts", attempts, "err", cause, "skipped", r.cfg.OnFailure == SkipAfterPark)
+	r.cfg.Observer.Processed(Result{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
+		Parked: true, Attempts: attempts})
+	return true
+}
+
+func (r *Runner) count(o inbox.Outcome) {
+	switch o {
+	case inbox.Duplicate:
+		r.duplicates.Add(1)
+	case inbox.Held:
+		r.held.Add(1)
+	default:
+		r.applied.Add(1)
+	}
+}
