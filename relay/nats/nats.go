@@ -318,39 +318,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	// Group by aggregate, keeping batch order within each.
-	type key struct{ typ, id string }
-	index := map[key]int{}
-	var groups [][]int
-	for i, m := range msgs {
-		k := key{m.AggregateType, m.AggregateID}
-		g, ok := index[k]
-		if !ok {
-			g = len(groups)
-			index[k] = g
-			groups = append(groups, nil)
-		}
-		groups[g] = append(groups[g], i)
-	}
+	// One aggregate at a time, in batch order; aggregates concurrently.
+	// A context that ends first is reported just below.
 	errs := make([]error, len(msgs))
-	sem := make(chan struct{}, p.cfg.MaxInFlight)
-	var wg sync.WaitGroup
-	for _, g := range groups {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			p.publishAggregate(ctx, msgs, g, errs)
-		}()
-	}
-	wg.Wait()
+	_ = relay.EachAggregate(ctx, msgs, p.cfg.MaxInFlight, func(g []int) { p.publishAggregate(ctx, msgs, g, errs) })
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("outbox/nats: %w", err)
 	}

@@ -553,55 +553,29 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 		exchangeErr[ex] = err
 	}
 
-	type key struct{ typ, id string }
-	index := map[key]int{}
-	var groups [][]int
-	for i, m := range msgs {
-		k := key{m.AggregateType, m.AggregateID}
-		g, ok := index[k]
-		if !ok {
-			g = len(groups)
-			index[k] = g
-			groups = append(groups, nil)
-		}
-		groups[g] = append(groups[g], i)
-	}
+	// One aggregate at a time, in batch order; aggregates concurrently.
+	// A context that ends first is reported just below.
 	errs := make([]error, len(msgs))
-	sem := make(chan struct{}, p.cfg.MaxInFlight)
-	var wg sync.WaitGroup
-	for _, g := range groups {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			for n, i := range g {
-				err := exchangeErr[p.exchangeOf(&msgs[i])]
-				if err == nil {
-					err = p.publishOne(ctx, s, &msgs[i])
-				}
-				if err == nil {
-					continue
-				}
-				errs[i] = err
-				var eb errBatch
-				if errors.As(err, &eb) {
-					return
-				}
-				for _, j := range g[n+1:] {
-					errs[j] = fmt.Errorf("%w (message %s failed: %v)", ErrHeldBack, msgs[i].MessageID, err)
-				}
+	_ = relay.EachAggregate(ctx, msgs, p.cfg.MaxInFlight, func(g []int) {
+		for n, i := range g {
+			err := exchangeErr[p.exchangeOf(&msgs[i])]
+			if err == nil {
+				err = p.publishOne(ctx, s, &msgs[i])
+			}
+			if err == nil {
+				continue
+			}
+			errs[i] = err
+			var eb errBatch
+			if errors.As(err, &eb) {
 				return
 			}
-		}()
-	}
-	wg.Wait()
+			for _, j := range g[n+1:] {
+				errs[j] = fmt.Errorf("%w (message %s failed: %v)", ErrHeldBack, msgs[i].MessageID, err)
+			}
+			return
+		}
+	})
 	if err := ctx.Err(); err != nil {
 		s.breakOff() // confirms of this batch may still arrive: start clean
 		return fmt.Errorf("outbox/rabbitmq: %w", err)
