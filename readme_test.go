@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -83,5 +84,63 @@ func TestREADMESnippetsCompile(t *testing.T) {
 	cmd.Env = append(os.Environ(), "GOWORK="+filepath.Join(root, "go.work"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("README.md's go blocks do not compile: %v\n%s", err, out)
+	}
+}
+
+// TestTestCommandCoversEveryModule: the README's test command (its first
+// screen and its "Tests" section), .ci/run's module list and go.work name
+// the same modules, so a module added to the workspace cannot be left out
+// of the tests (a nested module is not matched by its parent's ./...).
+func TestTestCommandCoversEveryModule(t *testing.T) {
+	readFile := func(name string) string {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	// go.work: the `use` entries, as test patterns.
+	var work []string
+	for _, m := range regexp.MustCompile(`(?m)^\s+(\.(?:/[\w./-]+)?)\s*$`).FindAllStringSubmatch(readFile("go.work"), -1) {
+		p := "./..."
+		if m[1] != "." {
+			p = m[1] + "/..."
+		}
+		work = append(work, p)
+	}
+	sortedJoin := func(ps []string) string {
+		c := append([]string(nil), ps...)
+		slices.Sort(c)
+		return strings.Join(c, " ")
+	}
+	want := sortedJoin(work)
+	if len(work) < 2 {
+		t.Fatalf("go.work lists %d modules: the pattern found no use entries", len(work))
+	}
+	// README: every `go test -race -count=1 -timeout 30m ...` command line.
+	cmds := regexp.MustCompile(`(?m)go test -race -count=1 -timeout 30m ((?:\./[\w./-]*\.\.\.\s*)+)`).FindAllStringSubmatch(readFile("README.md"), -1)
+	if len(cmds) < 2 {
+		t.Fatalf("found %d README test commands, want the first screen's and the Tests section's", len(cmds))
+	}
+	for _, c := range cmds {
+		if got := sortedJoin(strings.Fields(c[1])); got != want {
+			t.Errorf("README test command %q\n names %s\n go.work %s", strings.TrimSpace(c[0]), got, want)
+		}
+	}
+	// .ci/run: modules=(...), each "." -> ./..., else ./m/...
+	m := regexp.MustCompile(`(?m)^modules=\(([^)]*)\)`).FindStringSubmatch(readFile(filepath.Join(".ci", "run")))
+	if m == nil {
+		t.Fatal(".ci/run has no modules=(...) list")
+	}
+	var ci []string
+	for _, mod := range strings.Fields(m[1]) {
+		if mod == "." {
+			ci = append(ci, "./...")
+		} else {
+			ci = append(ci, "./"+mod+"/...")
+		}
+	}
+	if got := sortedJoin(ci); got != want {
+		t.Errorf(".ci/run's modules name %s\n go.work %s", got, want)
 	}
 }
