@@ -25,7 +25,10 @@
 // ("outbox.event.order"); a message's Topic, if set, replaces it;
 // Config.Stream replaces the whole scheme. The aggregate ID is in the
 // entry's outbox-aggregate-id field, so one stream holds many aggregates,
-// interleaved.
+// interleaved. Nothing needs encoding: Redis keys and field values are
+// binary-safe, so an aggregate type or ID of any bytes is carried as is
+// and cannot reach another stream (the aggregate ID is never part of a
+// key).
 //
 // Within one aggregate Publish does not pipeline: it sends an aggregate's
 // next XADD only after the previous one's reply, so the stream holds an
