@@ -244,8 +244,10 @@ func dsnPassword(dsn string) string {
 	return ""
 }
 
-// redact scrubs the DSN and its password from a message.
+// redact scrubs the DSN and its password, and the broker's passwords,
+// from a message.
 func (a *app) redact(msg string) string {
+	msg = scrub(msg, a.secrets)
 	if a.dsn == "" {
 		return msg
 	}

@@ -209,7 +209,7 @@ func checkLogDurations(t *testing.T, logs string) (seen int) {
 func TestRelayDurationsAsText(t *testing.T) {
 	t.Parallel()
 	var b strings.Builder
-	log := newJSONLog(&b)
+	log := newJSONLog(&b, nil)
 	log.Info("x", "retry_in", 80681412*time.Nanosecond, "poll_interval", time.Second)
 	if got := b.String(); !strings.Contains(got, `"retry_in":"80.681412ms"`) || !strings.Contains(got, `"poll_interval":"1s"`) {
 		t.Errorf("log: %s", got)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -24,13 +23,6 @@ type kafkaFlags struct {
 	version     string
 	compression string
 
-	tls            bool
-	caFile         string
-	certFile       string
-	keyFile        string
-	serverName     string
-	insecureVerify bool
-
 	saslMechanism string
 	saslUser      string
 	saslPassFile  string
@@ -44,19 +36,6 @@ func (k *kafkaFlags) register(fs *pflag.FlagSet) {
 	envFlag(fs, "kafka-version", "OUTBOX_KAFKA_VERSION")
 	fs.StringVar(&k.compression, "compression", "none", "record batch compression: none, gzip, snappy, lz4 or zstd")
 	envFlag(fs, "compression", "OUTBOX_COMPRESSION")
-
-	fs.BoolVar(&k.tls, "tls", false, "connect to the brokers over TLS (implied by the other --tls-* flags)")
-	envFlag(fs, "tls", "OUTBOX_TLS")
-	fs.StringVar(&k.caFile, "tls-ca-file", "", "PEM file of the CA certificates that sign the brokers' certificates (default the system's)")
-	envFlag(fs, "tls-ca-file", "OUTBOX_TLS_CA_FILE")
-	fs.StringVar(&k.certFile, "tls-cert-file", "", "PEM file of the client certificate, for mutual TLS (needs --tls-key-file)")
-	envFlag(fs, "tls-cert-file", "OUTBOX_TLS_CERT_FILE")
-	fs.StringVar(&k.keyFile, "tls-key-file", "", "PEM file of the client certificate's private key (needs --tls-cert-file)")
-	envFlag(fs, "tls-key-file", "OUTBOX_TLS_KEY_FILE")
-	fs.StringVar(&k.serverName, "tls-server-name", "", "name to verify the brokers' certificates against (default the broker's host)")
-	envFlag(fs, "tls-server-name", "OUTBOX_TLS_SERVER_NAME")
-	fs.BoolVar(&k.insecureVerify, "tls-insecure-skip-verify", false, "do not verify the brokers' certificates (tests only: anyone on the path can impersonate the broker)")
-	envFlag(fs, "tls-insecure-skip-verify", "OUTBOX_TLS_INSECURE_SKIP_VERIFY")
 
 	fs.StringVar(&k.saslMechanism, "sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (default no SASL)")
 	envFlag(fs, "sasl-mechanism", "OUTBOX_SASL_MECHANISM")
@@ -73,10 +52,11 @@ func (k *kafkaFlags) register(fs *pflag.FlagSet) {
 // errSecretInArgv is the usage error for a secret given as a flag.
 var errSecretInArgv = errors.New("--sasl-password is refused: a password on the command line is visible to every user of the host; use --sasl-password-file or " + envSASLPassword)
 
-// saramaConfig builds the producer configuration from the flags; getenv
-// reads OUTBOX_SASL_PASSWORD. Mistakes are usage errors (exit 2); an
-// unreadable file is a runtime error naming the flag.
-func (k *kafkaFlags) saramaConfig(getenv func(string) string) (*sarama.Config, error) {
+// saramaConfig builds the producer configuration from the flags and tc,
+// the TLS configuration of the --tls flags (nil: no TLS); getenv reads
+// OUTBOX_SASL_PASSWORD. Mistakes are usage errors (exit 2); an unreadable
+// file is a runtime error naming the flag.
+func (k *kafkaFlags) saramaConfig(getenv func(string) string, tc *tls.Config) (*sarama.Config, error) {
 	if k.saslPassArgv != "" {
 		return nil, &exitError{code: exitUsage, msg: errSecretInArgv.Error()}
 	}
@@ -112,8 +92,9 @@ func (k *kafkaFlags) saramaConfig(getenv func(string) string) (*sarama.Config, e
 	default:
 		return nil, usageErrorf("invalid --compression %q: want none, gzip, snappy, lz4 or zstd", k.compression)
 	}
-	if err := k.tlsConfig(sc); err != nil {
-		return nil, err
+	if tc != nil {
+		sc.Net.TLS.Enable = true
+		sc.Net.TLS.Config = tc
 	}
 	if err := k.saslConfig(sc, getenv); err != nil {
 		return nil, err
@@ -122,37 +103,6 @@ func (k *kafkaFlags) saramaConfig(getenv func(string) string) (*sarama.Config, e
 		return nil, usageErrorf("invalid Kafka settings: %v", err)
 	}
 	return sc, nil
-}
-
-func (k *kafkaFlags) tlsConfig(sc *sarama.Config) error {
-	if !k.tls && k.caFile == "" && k.certFile == "" && k.keyFile == "" && k.serverName == "" && !k.insecureVerify {
-		return nil
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: k.serverName, InsecureSkipVerify: k.insecureVerify} //nolint:gosec // opt-in, for tests
-	if k.caFile != "" {
-		pem, err := os.ReadFile(k.caFile)
-		if err != nil {
-			return fmt.Errorf("reading --tls-ca-file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return usageErrorf("--tls-ca-file %s holds no PEM certificate", k.caFile)
-		}
-		tc.RootCAs = pool
-	}
-	if (k.certFile == "") != (k.keyFile == "") {
-		return usageErrorf("--tls-cert-file and --tls-key-file go together")
-	}
-	if k.certFile != "" {
-		cert, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
-		if err != nil {
-			return usageErrorf("loading --tls-cert-file and --tls-key-file: %v", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	sc.Net.TLS.Enable = true
-	sc.Net.TLS.Config = tc
-	return nil
 }
 
 func (k *kafkaFlags) saslConfig(sc *sarama.Config, getenv func(string) string) error {

@@ -1,7 +1,7 @@
 // Command outbox operates the transactional outbox of a database: it
 // applies and inspects the schema, runs the standalone relay service that
-// publishes committed events to Kafka, reports the backlog, and lists,
-// retries or skips dead letters.
+// publishes committed events to Kafka, NATS JetStream, RabbitMQ or Redis
+// Streams, reports the backlog, and lists, retries or skips dead letters.
 //
 //	outbox --dsn postgres://app@db:5432/app migrate apply
 //	outbox --dsn postgres://app@db:5432/app relay --brokers kafka:9092
@@ -9,6 +9,8 @@
 //	outbox --dsn 'app:secret@tcp(db:3306)/app' dead retry --aggregate order/42 --dry-run
 //	OUTBOX_SASL_PASSWORD_FILE=/run/secrets/kafka outbox relay --brokers kafka:9093 \
 //	    --tls-ca-file ca.pem --sasl-mechanism SCRAM-SHA-512 --sasl-user outbox
+//	OUTBOX_BROKER=amqps://relay:secret@rabbit:5671/prod outbox relay --exchange orders
+//	outbox relay --broker nats://nats:4222 --nats-creds-file /run/secrets/relay.creds
 //	outbox --version
 //
 // Exit codes: 0 success; 1 runtime or database error; 2 usage error (bad
@@ -137,6 +139,13 @@ type app struct {
 	table   string
 	json    bool
 	timeout time.Duration
+
+	// fromEnv records the flags applyEnv set from their variables (the
+	// rest were given on the command line or not at all).
+	fromEnv map[string]bool
+	// secrets are passwords besides the DSN's (the broker's) that
+	// redact scrubs from every message.
+	secrets []string
 }
 
 const envAnnotation = "outbox_env"
@@ -158,8 +167,9 @@ func newRootCmd(stdout, stderr io.Writer, getenv func(string) string) *cobra.Com
 		Short: "Operate a transactional outbox: schema, relay, backlog and dead letters",
 		Long: `outbox operates the outbox table of a database/sql application that emits
 events with github.com/sqloutbox/outbox: it applies and inspects the schema,
-runs the standalone relay that publishes committed events to Kafka, reports
-the backlog, and lists, retries or skips dead letters.
+runs the standalone relay that publishes committed events to Kafka, NATS
+JetStream, RabbitMQ or Redis Streams, reports the backlog, and lists,
+retries or skips dead letters.
 
 The database is chosen by --dsn (or OUTBOX_DSN):
   postgres://user:pass@host:5432/db?sslmode=disable   PostgreSQL (pgx)
@@ -230,6 +240,10 @@ func (a *app) applyEnv(cmd *cobra.Command, _ []string) error {
 			return
 		}
 		f.Changed = true
+		if a.fromEnv == nil {
+			a.fromEnv = map[string]bool{}
+		}
+		a.fromEnv[f.Name] = true
 	})
 	if err != nil {
 		return err

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +44,8 @@ type relayFlags struct {
 	unhealthyAfter time.Duration
 	stallTimeout   time.Duration
 	progress       time.Duration
+	broker         brokerFlags
+	tls            tlsFlags
 	kafka          kafkaFlags
 }
 
@@ -52,11 +53,10 @@ func (a *app) relayCmd() *cobra.Command {
 	var f relayFlags
 	cmd := &cobra.Command{
 		Use:   "relay",
-		Short: "Run the standalone relay service: publish committed events to Kafka",
+		Short: "Run the standalone relay service: publish committed events to Kafka, NATS, RabbitMQ or Redis",
 		Long: `Run the relay as a service: claim committed outbox rows of the partitions
-this instance leases, publish them to Kafka in order per aggregate (topic
---topic-prefix + aggregate type unless the event names its own), mark them
-sent, and retry or dead-letter failures. Run one in every replica: instances
+this instance leases, publish them to the broker in order per aggregate, mark
+them sent, and retry or dead-letter failures. Run one in every replica: instances
 share the table's relay partitions through leases. On PostgreSQL it also
 LISTENs for the commit notifications of the outbox driver, so other
 processes' commits wake it at once; elsewhere it polls adaptively.
@@ -72,22 +72,55 @@ every --partition-check, that no pending row sits in a partition no relay
 can own; a mismatch is logged (ERROR), exported as
 outbox_relay_partition_mismatch and makes /readyz fail.
 
-Kafka: --brokers, and for a secured cluster --tls (with --tls-ca-file,
---tls-cert-file and --tls-key-file, --tls-server-name), --sasl-mechanism
-(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) with --sasl-user and the password
-from --sasl-password-file or the OUTBOX_SASL_PASSWORD variable (never a
-flag: the command line is visible to every user of the host), --client-id,
---kafka-version and --compression. Every flag has an OUTBOX_* variable
-(shown in its help); a flag given wins over its variable.
+The broker is chosen by the scheme of --broker (or OUTBOX_BROKER):
+  kafka://host1:9092,host2:9092     Kafka (the same as --brokers host1:9092,...)
+  nats://host:4222[,host2:4222]     NATS JetStream; tls://... over TLS
+  amqp://user@host:5672/vhost       RabbitMQ; amqps://... over TLS
+  redis://user@host:6379/0          Redis Streams; rediss://... over TLS
+--brokers (OUTBOX_BROKERS) stays Kafka's flag; giving it and --broker is a
+usage error. Where an event goes unless it names its own topic:
+  Kafka     topic --topic-prefix + aggregate type
+  NATS      subject --topic-prefix + aggregate type + "." + the aggregate
+            ID as one subject token (natspub.SubjectToken); bind a stream
+            to "<prefix><type>.>"
+  RabbitMQ  exchange --exchange (default outbox.event, which must exist),
+            routing key <aggregate type>.<aggregate ID token>;
+            --topic-prefix does not apply
+  Redis     stream --topic-prefix + aggregate type
+--topic-prefix defaults to outbox.event., each package's default.
+
+Credentials. A password (or a NATS token) inside --broker given on the
+command line is refused: the command line is visible to every user of the
+host. Put the whole URL in OUTBOX_BROKER, or the user in the URL and the
+password in --broker-password-file or OUTBOX_BROKER_PASSWORD (NATS without
+a user: the token). NATS also takes --nats-creds-file or --nats-nkey-file.
+Kafka: --sasl-mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) with
+--sasl-user and the password from --sasl-password-file or the
+OUTBOX_SASL_PASSWORD variable (never a flag), --client-id, --kafka-version
+and --compression. Flags of another broker than the chosen one are usage
+errors. No password is ever logged or printed.
+
+TLS, for every broker: --tls, --tls-ca-file, --tls-cert-file and
+--tls-key-file (mutual TLS), --tls-server-name, --tls-insecure-skip-verify
+(tests only). For Kafka they switch TLS on; for the others the scheme does
+(tls://, amqps://, rediss://) and the flags configure it: a --tls flag with
+nats://, amqp:// or redis:// is a usage error.
+
+Every flag has an OUTBOX_* variable (shown in its help); a flag given wins
+over its variable.
 
 HTTP (--http, default :9464; give each relay on a host its own port):
   /metrics  Prometheus metrics; outbox_relay_up follows readiness (1 ready, 0 not).
+            The relay's series (outbox_published_total, outbox_relay_up, ...)
+            carry broker="kafka", "nats", "rabbitmq" or "redis".
   /livez    liveness: 200 unless the relay loop is stuck in one cycle for
             longer than --stall-timeout (then 503). It never fails because
             the database or the broker is down: restarting would not help.
             /healthz is the same check.
-  /readyz   readiness: 200 while the relay runs, its database and brokers
-            answer and its cycles succeed; 503 with the reason once one of
+  /readyz   readiness: 200 while the relay runs, its database and broker
+            answer (Kafka: a metadata request; NATS: a JetStream account
+            info; RabbitMQ: a passive declare of the exchange; Redis:
+            PING) and its cycles succeed; 503 with the reason once one of
             them has been failing for longer than --unhealthy-after, while
             the loop is stuck (see /livez), when a partition mismatch is
             detected, and while starting or stopping.
@@ -97,19 +130,24 @@ While it has work, the relay logs a progress line every --progress
 silent.
 
 SIGTERM or SIGINT stops it cleanly: no new claims, the in-flight batch is
-given --drain-timeout to finish and record its outcomes, then the producer
+given --drain-timeout to finish and record its outcomes, then the publisher
 and the HTTP server are closed. It exits 1 if the database, the schema or
-the brokers are unusable at start.`,
-		Example: "  OUTBOX_DSN=postgres://relay:secret@db:5432/app outbox relay --brokers kafka-1:9092,kafka-2:9092",
-		Args:    cobra.NoArgs,
+the broker are unusable at start (the message names the broker, its
+password redacted).`,
+		Example: `  OUTBOX_DSN=postgres://relay:secret@db:5432/app outbox relay --brokers kafka-1:9092,kafka-2:9092
+  outbox relay --broker nats://nats-1:4222,nats-2:4222 --nats-creds-file /run/secrets/relay.creds
+  OUTBOX_BROKER=amqps://relay:secret@rabbit:5671/prod outbox relay --exchange orders --tls-ca-file ca.pem
+  OUTBOX_BROKER_PASSWORD_FILE=/run/secrets/redis outbox relay --broker rediss://relay@redis:6380/0`,
+		Args: cobra.NoArgs,
 		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
-			return a.runRelay(cmd.Context(), &f)
+			return a.runRelay(cmd.Context(), &f, cmd.Flags().Changed)
 		}),
 	}
 	fs := cmd.Flags()
-	fs.StringSliceVar(&f.brokers, "brokers", nil, "Kafka bootstrap brokers, host:port, comma-separated (required)")
+	f.broker.register(fs)
+	fs.StringSliceVar(&f.brokers, "brokers", nil, "Kafka bootstrap brokers, host:port, comma-separated: the same as --broker kafka://host:port,...; not with --broker")
 	envFlag(fs, "brokers", "OUTBOX_BROKERS")
-	fs.StringVar(&f.topicPrefix, "topic-prefix", kafka.DefaultTopicPrefix, "topic of an event without its own topic: this prefix + its aggregate type")
+	fs.StringVar(&f.topicPrefix, "topic-prefix", kafka.DefaultTopicPrefix, "Kafka topic, NATS subject or Redis stream of an event without its own topic: this prefix + its aggregate type (NATS: then . and the aggregate ID token); not for RabbitMQ (see --exchange)")
 	envFlag(fs, "topic-prefix", "OUTBOX_TOPIC_PREFIX")
 	fs.IntVar(&f.partitions, "partitions", 0, "expected relay partition count: refuse to start if the table stores another (default: the stored count)")
 	envFlag(fs, "partitions", "OUTBOX_PARTITIONS")
@@ -139,6 +177,7 @@ the brokers are unusable at start.`,
 	envFlag(fs, "stall-timeout", "OUTBOX_STALL_TIMEOUT")
 	fs.DurationVar(&f.progress, "progress", relay.DefaultProgressInterval, "interval of the progress log line while there is work; 0 disables it")
 	envFlag(fs, "progress", "OUTBOX_PROGRESS")
+	f.tls.register(fs)
 	f.kafka.register(fs)
 	return cmd
 }
@@ -149,16 +188,13 @@ type nopPublisher struct{}
 
 func (nopPublisher) Publish(context.Context, []relay.Message) error { return nil }
 
-func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
+// runRelay runs the relay service until ctx ends; changed reports the
+// flags given (on the command line or through their variables).
+func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) bool) error {
 	// Usage checks first: they need neither the database nor the brokers.
-	brokers := f.brokers[:0:0]
-	for _, b := range f.brokers {
-		if b = strings.TrimSpace(b); b != "" {
-			brokers = append(brokers, b)
-		}
-	}
-	if len(brokers) == 0 {
-		return usageErrorf("no Kafka brokers given: set --brokers or OUTBOX_BROKERS")
+	plan, err := a.brokerPlan(f, changed)
+	if err != nil {
+		return err
 	}
 	switch {
 	case f.batchSize < 1:
@@ -178,10 +214,6 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	case f.progress < 0:
 		return usageErrorf("--progress must be positive, or 0 to disable it")
 	}
-	sc, err := f.kafka.saramaConfig(a.getenv)
-	if err != nil {
-		return err
-	}
 	t, err := parseDSN(a.dsn)
 	if err != nil {
 		return err
@@ -189,9 +221,8 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	// The library's loggers add their own component attribute. Durations
 	// are logged in one form, time.Duration.String ("1.5s"), also those a
 	// library logs as a time.Duration value.
-	baseLog := newJSONLog(a.stderr)
+	baseLog := newJSONLog(a.stderr, a.redact)
 	log := baseLog.With("component", "outbox.cmd")
-	prefix := f.topicPrefix
 	// The table, described without touching the database: relay,
 	// retention, metrics and NOTIFY listener are all built from it.
 	ob, err := a.outbox(t, f.partitions)
@@ -260,33 +291,24 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	if err != nil {
 		return err // ErrPartitionMismatch with --partitions: exit 1
 	}
-	sc.Net.DialTimeout = min(a.timeout, sc.Net.DialTimeout)
-	pub, err := kafka.NewPublisher(kafka.Config{
-		Brokers: brokers,
-		Sarama:  sc,
-		Topic:   func(m relay.Message) string { return prefix + m.AggregateType },
-	})
+	bc, err := a.connectBroker(sctx, plan, a.timeout, log)
 	if err != nil {
-		hint := ""
-		if sc.Net.SASL.Enable && errors.Is(err, io.EOF) {
-			// Some brokers close the connection on a failed SASL
-			// exchange instead of answering SASL_AUTHENTICATION_FAILED.
-			hint = " (the broker closed the connection, as it does when SASL authentication fails: check --sasl-mechanism, --sasl-user and the password)"
-		}
-		return fmt.Errorf("cannot connect to Kafka brokers %s: %w%s", strings.Join(brokers, ","), err, hint)
+		return err
 	}
 	var closePub sync.Once
 	closePublisher := func() {
 		closePub.Do(func() {
-			if err := pub.Close(); err != nil {
-				log.Warn("closing the Kafka producer", "error", err)
+			if err := bc.close(); err != nil {
+				log.Warn("closing the "+plan.kind.title()+" publisher", "error", a.redact(err.Error()))
 			}
 		})
 	}
 	defer closePublisher()
 
 	reg := prometheus.NewRegistry()
-	rm, err := metrics.NewRelayMetrics(reg, ob)
+	// The relay metrics carry broker="kafka" (or nats, rabbitmq, redis);
+	// the table statistics and the process's do not depend on it.
+	rm, err := metrics.NewRelayMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"broker": string(plan.kind)}, reg), ob)
 	if err != nil {
 		return err
 	}
@@ -301,7 +323,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 	}
 	var stopping atomic.Bool
 	cfg.Observer = rm
-	cfg.Publisher = pub
+	cfg.Publisher = bc.pub // its Healthy (relay.HealthChecker) feeds /readyz
 	r, err := relay.New(ob, db, cfg)
 	if err != nil {
 		return err
@@ -327,12 +349,11 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags) error {
 		log.Info("serving HTTP", "addr", ln.Addr().String(), "paths", "/metrics /livez /healthz /readyz")
 	}
 
-	// Never the SASL password, nor the DSN's.
-	log.Info("starting relay", "dsn", redactDSN(a.dsn), "dialect", t.dialect, "table", a.table, "brokers", brokers,
-		"topic_prefix", prefix, "partitions", parts, "retention", f.retention.String(), "archive", f.archive,
-		"client_id", sc.ClientID, "kafka_version", sc.Version.String(), "compression", sc.Producer.Compression.String(),
-		"tls", sc.Net.TLS.Enable, "sasl_mechanism", string(sc.Net.SASL.Mechanism), "sasl_user", sc.Net.SASL.User,
+	// Never a password: not the broker's, nor the DSN's.
+	attrs := append([]any{"dsn", redactDSN(a.dsn), "dialect", t.dialect, "table", a.table}, bc.attrs...)
+	attrs = append(attrs, "partitions", parts, "retention", f.retention.String(), "archive", f.archive,
 		"unhealthy_after", f.unhealthyAfter.String(), "stall_timeout", f.stallTimeout.String())
+	log.Info("starting relay", attrs...)
 
 	// Background work ends with bg; the relay itself is stopped with Stop.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -421,9 +442,25 @@ func httpHandler(reg *prometheus.Registry, ready, live func() error) http.Handle
 }
 
 // newJSONLog returns the command's logger: JSON lines on w, durations as
-// text (durationsAsText).
-func newJSONLog(w io.Writer) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{ReplaceAttr: durationsAsText}))
+// text (durationsAsText), every string and error value passed through
+// redact (nil: none) so that no password reaches a line.
+func newJSONLog(w io.Writer, redact func(string) string) *slog.Logger {
+	replace := durationsAsText
+	if redact != nil {
+		replace = func(groups []string, a slog.Attr) slog.Attr {
+			a = durationsAsText(groups, a)
+			switch v := a.Value; {
+			case v.Kind() == slog.KindString:
+				return slog.String(a.Key, redact(v.String()))
+			case v.Kind() == slog.KindAny:
+				if err, ok := v.Any().(error); ok {
+					return slog.String(a.Key, redact(err.Error()))
+				}
+			}
+			return a
+		}
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{ReplaceAttr: replace}))
 }
 
 // durationsAsText is a slog ReplaceAttr that logs every time.Duration as
