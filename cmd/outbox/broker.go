@@ -148,7 +148,11 @@ func splitUserinfo(rest string) (userinfo, after string, ok bool) {
 // xxxxx, a NATS token (a user without a password in a nats:// or tls://
 // URL) too, and password= parameters. It never fails: an unparsable URL
 // is redacted all the same.
-func redactBrokerURL(raw string) string {
+func redactBrokerURL(raw string) string { return redactURL(raw, true) }
+
+// redactURL is redactBrokerURL; natsToken false keeps a NATS user without
+// a password (its password is given separately: it is no token).
+func redactURL(raw string, natsToken bool) string {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
 		return passwordParam.ReplaceAllString(raw, "${1}="+redacted)
@@ -158,7 +162,7 @@ func redactBrokerURL(raw string) string {
 		switch {
 		case hasPass:
 			rest = user + ":" + redacted + "@" + after
-		case user != "" && brokerSchemes[strings.ToLower(scheme)].kind == brokerNATS:
+		case natsToken && user != "" && brokerSchemes[strings.ToLower(scheme)].kind == brokerNATS:
 			rest = redacted + "@" + after
 		}
 	}
@@ -168,7 +172,11 @@ func redactBrokerURL(raw string) string {
 // brokerSecrets returns the credentials in raw (password, NATS token,
 // password parameters), escaped as written and unescaped, so that they
 // can be scrubbed from any message.
-func brokerSecrets(raw string) []string {
+func brokerSecrets(raw string) []string { return urlSecrets(raw, true) }
+
+// urlSecrets is brokerSecrets; natsToken false leaves out a NATS user
+// without a password.
+func urlSecrets(raw string, natsToken bool) []string {
 	var out []string
 	add := func(s string) {
 		out = append(out, s)
@@ -183,7 +191,7 @@ func brokerSecrets(raw string) []string {
 			switch {
 			case hasPass:
 				add(pass)
-			case user != "" && brokerSchemes[strings.ToLower(scheme)].kind == brokerNATS:
+			case natsToken && user != "" && brokerSchemes[strings.ToLower(scheme)].kind == brokerNATS:
 				add(user)
 			}
 		}

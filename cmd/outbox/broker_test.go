@@ -21,7 +21,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/internal/faultproxy"
 	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
 // Brokers the tests use (the machine's and CI's services).
@@ -67,6 +69,10 @@ func TestRedactBrokerURL(t *testing.T) {
 	}
 	if s := brokerSecrets("amqps://relay:p%40ss%2Fw@rabbit/"); !slices.Contains(s, "p%40ss%2Fw") || !slices.Contains(s, "p@ss/w") {
 		t.Errorf("brokerSecrets: %q, want the escaped and unescaped password", s)
+	}
+	// A NATS user whose password comes separately is no token.
+	if got := redactURL("nats://alice@n1:4222", false); got != "nats://alice@n1:4222" || len(urlSecrets("nats://alice@n1:4222", false)) != 0 {
+		t.Errorf("redactURL(user, not a token) = %q", got)
 	}
 	a := &app{secrets: brokerSecrets("nats://s3cr3t-token@n1:4222")}
 	if got := a.redact("authorization violation for s3cr3t-token"); strings.Contains(got, "s3cr3t-token") {
@@ -533,11 +539,43 @@ func relayThrough(t *testing.T, s *brokerSpace, secret string, extra ...string) 
 	return logs
 }
 
-// TestRelayBrokers: `outbox relay --broker` publishes to NATS JetStream,
-// RabbitMQ and Redis Streams end to end, each test in its own stream,
-// exchange and queue, or key.
+// kafkaSpace starts an in-process Kafka broker with the topic of
+// --topic-prefix outboxcmd. and consumes it.
+func kafkaSpace(t *testing.T) *brokerSpace {
+	t.Helper()
+	broker, err := kafkatest.Start(kafkatest.Topics(4, "outboxcmd.order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(broker.Close)
+	consumer, err := kafkatest.NewConsumer(broker.Addrs(), []string{"outboxcmd.order"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(consumer.Close)
+	return &brokerSpace{kind: brokerKafka, args: []string{"--broker", "kafka://" + strings.Join(broker.Addrs(), ","), "--topic-prefix", "outboxcmd."},
+		read: func(context.Context) ([]consumed, error) {
+			var out []consumed
+			for _, r := range consumer.Records() {
+				out = append(out, consumed{payload: r.Value, headers: r.Headers})
+			}
+			return out, nil
+		}}
+}
+
+// TestRelayBrokers: `outbox relay --broker` publishes to Kafka, NATS
+// JetStream, RabbitMQ and Redis Streams end to end, each test in its own
+// broker, stream, exchange and queue, or key.
 func TestRelayBrokers(t *testing.T) {
 	t.Parallel()
+	t.Run("Kafka", func(t *testing.T) {
+		t.Parallel()
+		s := kafkaSpace(t)
+		logs := relayThrough(t, s, "")
+		if !strings.Contains(logs, `"broker_url":"`+s.args[1]+`"`) || !strings.Contains(logs, `"topic_prefix":"outboxcmd."`) {
+			t.Errorf("logs lack the broker URL or topic prefix:\n%s", logs)
+		}
+	})
 	t.Run("NATS", func(t *testing.T) {
 		t.Parallel()
 		logs := relayThrough(t, natsSpace(t, natsURL()), "", "--broker", natsURL())
@@ -638,5 +676,58 @@ func TestRelayRabbitMQMissingExchange(t *testing.T) {
 		func(k string) string { return map[string]string{envBroker: rabbitURL()}[k] })
 	if stderr := errb.String(); code != exitRuntime || !strings.Contains(stderr, "RabbitMQ at amqp://") || !strings.Contains(stderr, "declare the exchange") {
 		t.Errorf("exit %d, want 1 naming the exchange; stderr:\n%s", code, stderr)
+	}
+}
+
+// TestRelayReadyzFollowsBroker: /readyz follows the chosen broker's
+// health check (its publisher's relay.HealthChecker): 503 naming the
+// broker while a proxy in front of it refuses connections, 200 again once
+// it forwards.
+func TestRelayReadyzFollowsBroker(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, target string
+		url          func(addr string) string
+		args         []string
+		up           func(t *testing.T)
+	}{
+		{"NATS", strings.TrimPrefix(natsURL(), "nats://"), func(addr string) string { return "nats://" + addr }, nil,
+			func(t *testing.T) { natsSpace(t, natsURL()) }},
+		{"RabbitMQ", "127.0.0.1:5672", func(addr string) string { return "amqp://guest:guest@" + addr + "/" }, []string{"--exchange", "amq.topic"},
+			func(t *testing.T) { rabbitSpace(t) }},
+		{"Redis", redisAddr(), func(addr string) string { return "redis://" + addr + "/0" }, nil,
+			func(t *testing.T) { redisClient(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.up(t) // skips without the broker
+			proxy, err := faultproxy.Start(tc.target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = proxy.Close() })
+			tg := sqliteTarget(t)
+			tg.migrate(t, "outbox_message")
+			env := map[string]string{envBroker: tc.url(proxy.Addr())}
+			r := startRelay(t, func(k string) string { return env[k] }, append([]string{"--dsn", tg.dsn, "relay", "--http", freeAddr(t),
+				"--lease-ttl", "2s", "--unhealthy-after", "1s"}, tc.args...)...)
+			r.waitFor(t, "/readyz 200", func() bool { return r.status("/readyz") == http.StatusOK })
+			proxy.Refuse(true)
+			r.waitFor(t, "/readyz 503", func() bool { return r.status("/readyz") == http.StatusServiceUnavailable })
+			if _, body := get(r.ctx, r.base+"/readyz"); !strings.Contains(body, "broker") {
+				t.Errorf("/readyz body does not name the broker: %q", body)
+			}
+			if code := r.status("/livez"); code != http.StatusOK {
+				t.Errorf("/livez %d while the broker is down", code)
+			}
+			proxy.Refuse(false)
+			r.waitFor(t, "/readyz 200 again", func() bool { return r.status("/readyz") == http.StatusOK })
+			if code := r.shutdown(t); code != 0 {
+				t.Errorf("exit %d; stderr:\n%s", code, r.stderr.String())
+			}
+			if strings.Contains(r.stderr.String(), "guest:guest") {
+				t.Errorf("the password is in the logs:\n%s", r.stderr.String())
+			}
+		})
 	}
 }

@@ -64,7 +64,9 @@ var flagsOf = map[brokerKind][]string{
 // runtime error naming the flag. No message shows a password.
 func (a *app) brokerPlan(f *relayFlags, changed func(string) bool) (*brokerPlan, error) {
 	if f.broker.url != "" {
-		a.secrets = append(a.secrets, brokerSecrets(f.broker.url)...) // before any message can quote it
+		// Before any message can quote them; a NATS token once it is
+		// known to be one (below).
+		a.secrets = append(a.secrets, urlSecrets(f.broker.url, false)...)
 	}
 	if f.kafka.saslPassArgv != "" {
 		return nil, &exitError{code: exitUsage, msg: errSecretInArgv.Error()}
@@ -133,6 +135,13 @@ func (a *app) brokerPlan(f *relayFlags, changed func(string) bool) (*brokerPlan,
 			return nil, usageErrorf("a RabbitMQ password needs its user in the URL (amqp://USER@host:5672/vhost)")
 		}
 		p.password = pw
+	}
+	if p.url != nil && p.kind == brokerNATS && !p.url.hasPassword && p.url.user != "" {
+		if pw == "" { // the user is a token
+			a.secrets = append(a.secrets, urlSecrets(f.broker.url, true)...)
+		} else {
+			p.shown = redactURL(f.broker.url, false)
+		}
 	}
 	if p.url != nil && p.url.hasSecret(pw != "") && !a.fromEnv["broker"] {
 		return nil, &exitError{code: exitUsage, msg: errBrokerSecretInArgv.Error()}
