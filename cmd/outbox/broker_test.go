@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -116,19 +117,22 @@ func TestParseBrokerURL(t *testing.T) {
 		"nats://%zz@n1"} {
 		_, err := parseBrokerURL(in)
 		var ee *exitError
-		if err == nil || !errorsAs(err, &ee) || ee.code != exitUsage {
+		if err == nil || !errors.As(err, &ee) || ee.code != exitUsage {
 			t.Errorf("parseBrokerURL(%q) = %v, want a usage error", in, err)
 		}
 	}
 }
 
-// errorsAs is errors.As for *exitError.
-func errorsAs(err error, target **exitError) bool {
-	e, ok := err.(*exitError)
-	if ok {
-		*target = e
+func TestValidSubjectPrefix(t *testing.T) {
+	t.Parallel()
+	for prefix, want := range map[string]bool{
+		"outbox.event.": true, "": true, "events": true, "a.b-c_d.": true,
+		"a..b.": false, ".a.": false, "a b.": false, "a.*.": false, "a.>": false, "a\tb.": false,
+	} {
+		if got := validSubjectPrefix(prefix); got != want {
+			t.Errorf("validSubjectPrefix(%q) = %v, want %v", prefix, got, want)
+		}
 	}
-	return ok
 }
 
 // TestBrokerTLSConfig: the TLS configuration each scheme gets from the
@@ -226,6 +230,9 @@ func TestRelayBrokerUsageErrors(t *testing.T) {
 		{"ExchangeForNATS", []string{"--broker", "nats://" + free, "--exchange", "x"}, nil, "--exchange applies to RabbitMQ only"},
 		{"CredsForRedis", []string{"--broker", "redis://" + free, "--nats-creds-file", pwFile}, nil, "--nats-creds-file applies to NATS only"},
 		{"TopicPrefixForRabbit", []string{"--broker", "amqp://" + free + "/", "--topic-prefix", "x."}, nil, "--topic-prefix does not apply to RabbitMQ"},
+		{"BadNATSPrefix", []string{"--broker", "nats://" + free, "--topic-prefix", "outbox event."}, nil, "invalid --topic-prefix"},
+		{"WildcardNATSPrefix", []string{"--broker", "nats://" + free, "--topic-prefix", "outbox.>."}, nil, "invalid --topic-prefix"},
+		{"EmptyTokenNATSPrefix", []string{"--broker", "nats://" + free, "--topic-prefix", ".outbox."}, nil, "invalid --topic-prefix"},
 		{"TwoNATSCredentials", []string{"--broker", "nats://" + free, "--nats-creds-file", pwFile, "--nats-nkey-file", pwFile}, nil, "give one NATS credential"},
 		{"CredsAndToken", []string{"--broker", "nats://" + free, "--nats-creds-file", pwFile}, map[string]string{envBrokerPassword: secret}, "give one NATS credential"},
 		{"TLSFlagPlainNATS", []string{"--broker", "nats://" + free, "--tls-ca-file", pki.caFile}, nil, "tls:// instead of nats://"},

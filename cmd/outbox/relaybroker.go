@@ -106,6 +106,9 @@ func (a *app) brokerPlan(f *relayFlags, changed func(string) bool) (*brokerPlan,
 			}
 		}
 	}
+	if p.kind == brokerNATS && !validSubjectPrefix(p.prefix) {
+		return nil, usageErrorf("invalid --topic-prefix %q for NATS: a subject prefix has no spaces or control characters, no '*' or '>' and no empty token (\"a..b\", a leading '.')", p.prefix)
+	}
 	if p.kind == brokerRabbitMQ && changed("topic-prefix") {
 		return nil, usageErrorf("--topic-prefix does not apply to RabbitMQ: messages go to --exchange (default %s) with routing key <aggregate type>.<aggregate id>", rabbitmq.DefaultExchange)
 	}
@@ -349,6 +352,9 @@ func connectRedis(ctx context.Context, p *brokerPlan, timeout time.Duration, log
 		o.Password = p.password
 	}
 	if p.tls != nil {
+		if o.TLSConfig != nil && o.TLSConfig.InsecureSkipVerify { // the URL's skip_verify=true
+			p.tls.InsecureSkipVerify = true
+		}
 		o.TLSConfig = p.tls
 	}
 	redisLog.Store(log)
@@ -396,4 +402,23 @@ func (redisLogger) Printf(_ context.Context, format string, v ...any) {
 	if l := redisLog.Load(); l != nil {
 		l.Warn("go-redis", "message", fmt.Sprintf(format, v...))
 	}
+}
+
+// validSubjectPrefix reports whether prefix followed by an aggregate type
+// and token makes a NATS subject: no byte at or below ' ', no DEL, '*' or
+// '>', and no empty token except the one a trailing '.' leaves for the
+// aggregate type. "" is valid (subjects are then <type>.<token>).
+func validSubjectPrefix(prefix string) bool {
+	toks := strings.Split(prefix, ".")
+	for i, tok := range toks {
+		if tok == "" && i != len(toks)-1 {
+			return false
+		}
+		for j := 0; j < len(tok); j++ {
+			if c := tok[j]; c <= ' ' || c == 0x7f || c == '*' || c == '>' {
+				return false
+			}
+		}
+	}
+	return true
 }
