@@ -6,11 +6,14 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,12 +30,26 @@ import (
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
-// Brokers the tests use (the machine's and CI's services).
-func natsURL() string     { return envOr("OUTBOX_TEST_NATS", "nats://127.0.0.1:4222") }
-func rabbitURL() string   { return envOr("OUTBOX_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/") }
-func redisAddr() string   { return envOr("OUTBOX_TEST_REDIS", "127.0.0.1:6379") }
-func redisURL() string    { return "redis://" + redisAddr() + "/0" }
-func uniqueID() string    { b := make([]byte, 6); _, _ = rand.Read(b); return hex.EncodeToString(b) }
+// natsURL is the NATS server (with JetStream) the tests use.
+func natsURL() string { return envOr("OUTBOX_TEST_NATS", "nats://127.0.0.1:4222") }
+
+// rabbitURL is the RabbitMQ the tests use (its password is guest).
+func rabbitURL() string { return envOr("OUTBOX_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/") }
+
+// redisAddr is the Redis the tests use, host:port.
+func redisAddr() string { return envOr("OUTBOX_TEST_REDIS", "127.0.0.1:6379") }
+
+// redisURL is redisAddr's database 0 as a --broker URL.
+func redisURL() string { return "redis://" + redisAddr() + "/0" }
+
+// uniqueID returns 12 random hex digits for a test's own names.
+func uniqueID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// noEnv is an empty environment.
 func noEnv(string) string { return "" }
 
 // unavailable skips t when a broker does not answer (fails it under
@@ -45,6 +62,8 @@ func unavailable(t *testing.T, what string, err error) {
 	t.Skipf("SKIP: %s not available: %v", what, err)
 }
 
+// TestRedactBrokerURL: passwords, NATS tokens and password parameters are
+// redacted in a broker URL, and found to be scrubbed from messages.
 func TestRedactBrokerURL(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
@@ -81,6 +100,8 @@ func TestRedactBrokerURL(t *testing.T) {
 	}
 }
 
+// TestParseBrokerURL: each scheme's broker, TLS and servers; malformed
+// URLs are usage errors.
 func TestParseBrokerURL(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -123,6 +144,7 @@ func TestParseBrokerURL(t *testing.T) {
 	}
 }
 
+// TestValidSubjectPrefix: which --topic-prefix values make NATS subjects.
 func TestValidSubjectPrefix(t *testing.T) {
 	t.Parallel()
 	for prefix, want := range map[string]bool{
@@ -737,4 +759,84 @@ func TestRelayReadyzFollowsBroker(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rabbitmqctl runs the broker's CLI on this host, skipping t if it is
+// not available (or the broker is not local).
+func rabbitmqctl(t *testing.T, args ...string) {
+	t.Helper()
+	path, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		t.Skip("SKIP: rabbitmqctl not on PATH: cannot create a broker user")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, path, args...).CombinedOutput(); err != nil {
+		t.Skipf("SKIP: rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// TestRelayRabbitMQCredentials: a RabbitMQ user created for the test
+// (removed when it ends), named in --broker on the command line with its
+// password in --broker-password-file (SASL PLAIN through amqp.Config), or
+// the whole URL in OUTBOX_BROKER, publishes end to end without the
+// password in the logs; a wrong password stops the relay at start, exit
+// 1, without echoing it.
+func TestRelayRabbitMQCredentials(t *testing.T) {
+	t.Parallel()
+	rabbitSpace(t) // skips without RabbitMQ
+	u, err := amqp.ParseURI(rabbitURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := net.JoinHostPort(u.Host, strconv.Itoa(u.Port))
+	user, pass := "outboxcmd-"+uniqueID(), "Rabbit-"+uniqueID()
+	rabbitmqctl(t, "add_user", user, pass)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if out, err := exec.CommandContext(ctx, "rabbitmqctl", "delete_user", user).CombinedOutput(); err != nil {
+			t.Errorf("removing the test's user %s: %v\n%s", user, err, out)
+		}
+	})
+	rabbitmqctl(t, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
+
+	t.Run("PasswordFile", func(t *testing.T) {
+		t.Parallel()
+		pwFile := filepath.Join(t.TempDir(), "password")
+		if err := os.WriteFile(pwFile, []byte(pass+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s := rabbitSpace(t)
+		s.env = nil
+		logs := relayThrough(t, s, pass, "--broker", "amqp://"+user+"@"+host+"/", "--broker-password-file", pwFile)
+		if !strings.Contains(logs, `"broker_url":"amqp://`+user+`@`+host+`/"`) || !strings.Contains(logs, `"user":"`+user+`"`) {
+			t.Errorf("logs lack the URL and the user:\n%s", logs)
+		}
+	})
+	t.Run("URLInEnvironment", func(t *testing.T) {
+		t.Parallel()
+		s := rabbitSpace(t)
+		s.env = map[string]string{envBroker: "amqp://" + user + ":" + pass + "@" + host + "/"}
+		logs := relayThrough(t, s, pass)
+		if !strings.Contains(logs, `"broker_url":"amqp://`+user+`:xxxxx@`+host+`/"`) {
+			t.Errorf("logs lack the redacted URL:\n%s", logs)
+		}
+	})
+	t.Run("WrongPassword", func(t *testing.T) {
+		t.Parallel()
+		tg := sqliteTarget(t)
+		tg.migrate(t, "outbox_message")
+		const wrong = "Not-the-Rabbit-pw"
+		var out, errb testdb.SyncBuffer
+		code := runEnv(t.Context(), []string{"--dsn", tg.dsn, "relay", "--http", "", "--broker", "amqp://" + user + "@" + host + "/"}, &out, &errb,
+			func(k string) string { return map[string]string{envBrokerPassword: wrong}[k] })
+		stderr := errb.String()
+		if code != exitRuntime || !strings.Contains(stderr, "outbox: cannot connect to RabbitMQ at amqp://"+user+"@"+host+"/") {
+			t.Errorf("exit %d, want 1 naming RabbitMQ; stderr:\n%s", code, stderr)
+		}
+		if strings.Contains(stderr, wrong) {
+			t.Errorf("the password is on stderr:\n%s", stderr)
+		}
+	})
 }
