@@ -42,6 +42,8 @@
 // contract requires). Different aggregates pipeline freely: up to
 // Config.MaxInFlight aggregates have a message awaiting its PubAck at
 // once (asynchronous publishes with PubAck futures on one connection).
+// This is relay.PublishInOrder, shared with relay/rabbitmq and
+// relay/redis; the publisher adds only the sending of one message.
 //
 // # Deduplication
 //
@@ -67,8 +69,9 @@
 //
 //   - The server unreachable, the connection closed or reconnecting, ctx
 //     done, a PubAck that did not arrive in time: Publish returns one error
-//     for the batch (not relay.PublishErrors), and the relay re-sends the
-//     batch later without counting an attempt.
+//     for the batch (not relay.PublishErrors), no further message of the
+//     batch is sent, and the relay re-sends the batch later without
+//     counting an attempt.
 //   - No stream for the subject (no responders), a JetStream API error
 //     with status 403 or 404: the message's error wraps
 //     relay.ErrUnavailable; if every message failed so, Publish returns one
@@ -124,8 +127,10 @@ var (
 	// ErrClosed is returned by Publish after Close.
 	ErrClosed = errors.New("outbox/nats: publisher closed")
 	// ErrHeldBack fails a message that was not sent because an earlier
-	// message of its aggregate in the same batch failed.
-	ErrHeldBack = errors.New("outbox/nats: held back behind a failed message of the same aggregate")
+	// message of its aggregate in the same batch failed. It is
+	// relay.ErrHeldBack (relay.PublishInOrder holds messages back), so
+	// errors.Is matches either name.
+	ErrHeldBack = relay.ErrHeldBack
 )
 
 // SubjectToken encodes s into one NATS subject token: bytes in
@@ -294,12 +299,6 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
-// errBatch marks an error that fails the whole batch.
-type errBatch struct{ err error }
-
-func (e errBatch) Error() string { return e.err.Error() }
-func (e errBatch) Unwrap() error { return e.err }
-
 // Publish sends msgs and waits for every PubAck (see the package doc for
 // order, errors and what an acknowledgement means). It returns nil when
 // all were acknowledged; relay.PublishErrors when some failed; one error
@@ -315,60 +314,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if len(msgs) == 0 {
-		return nil
+	// One aggregate at a time, in batch order, each message after the
+	// previous one's PubAck; aggregates concurrently.
+	err := relay.PublishInOrder(ctx, msgs, p.cfg.MaxInFlight, func(ctx context.Context, i int) error {
+		return p.publishOne(ctx, &msgs[i])
+	})
+	var pe relay.PublishErrors
+	if err == nil || errors.As(err, &pe) {
+		return err
 	}
-	// One aggregate at a time, in batch order; aggregates concurrently.
-	// A context that ends first is reported just below.
-	errs := make([]error, len(msgs))
-	_ = relay.EachAggregate(ctx, msgs, p.cfg.MaxInFlight, func(g []int) { p.publishAggregate(ctx, msgs, g, errs) })
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox/nats: %w", err)
-	}
-	failed, unavailable := 0, 0
-	for _, e := range errs {
-		var eb errBatch
-		if errors.As(e, &eb) {
-			return fmt.Errorf("outbox/nats: %w", eb.err)
-		}
-		if e != nil {
-			failed++
-			if errors.Is(e, relay.ErrUnavailable) || errors.Is(e, ErrHeldBack) {
-				unavailable++
-			}
-		}
-	}
-	switch {
-	case failed == 0:
-		return nil
-	case unavailable == len(msgs):
-		for _, e := range errs {
-			if errors.Is(e, relay.ErrUnavailable) {
-				return fmt.Errorf("outbox/nats: every message of the batch failed on its route: %w", e)
-			}
-		}
-	}
-	return relay.PublishErrors(errs)
-}
-
-// publishAggregate sends one aggregate's messages (indexes into msgs, in
-// batch order) one after the other, each after the previous PubAck.
-func (p *Publisher) publishAggregate(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
-	for n, i := range idx {
-		err := p.publishOne(ctx, &msgs[i])
-		if err == nil {
-			continue
-		}
-		errs[i] = err
-		var eb errBatch
-		if errors.As(err, &eb) {
-			return // the batch fails as a whole
-		}
-		for _, j := range idx[n+1:] {
-			errs[j] = fmt.Errorf("%w (message %s failed: %v)", ErrHeldBack, msgs[i].MessageID, err)
-		}
-		return
-	}
+	return fmt.Errorf("outbox/nats: %w", err)
 }
 
 // publishOne sends m and waits for its PubAck.
@@ -389,9 +344,9 @@ func (p *Publisher) publishOne(ctx context.Context, m *relay.Message) error {
 	case err := <-f.Err():
 		return classify(err)
 	case <-ctx.Done():
-		return errBatch{ctx.Err()}
+		return &relay.BatchError{Err: ctx.Err()}
 	case <-timer.C:
-		return errBatch{fmt.Errorf("no PubAck for %s within %s: %w", m.MessageID, p.cfg.AckTimeout, context.DeadlineExceeded)}
+		return &relay.BatchError{Err: fmt.Errorf("no PubAck for %s within %s: %w", m.MessageID, p.cfg.AckTimeout, context.DeadlineExceeded)}
 	}
 }
 
@@ -483,7 +438,7 @@ func validSubject(s string) bool {
 }
 
 // classify maps a publish error to the relay's classes (see the package
-// doc). Errors of the connection fail the batch (errBatch).
+// doc). Errors of the connection fail the batch (relay.BatchError).
 func classify(err error) error {
 	var apiErr *jetstream.APIError
 	switch {
@@ -500,5 +455,5 @@ func classify(err error) error {
 	}
 	// The connection (closed, reconnecting with a full buffer, a timeout,
 	// a stalled async publisher): the batch as a whole.
-	return errBatch{err}
+	return &relay.BatchError{Err: err}
 }
