@@ -82,7 +82,10 @@
 //     PubAck. The message's error wraps relay.ErrUnavailable as soon as
 //     the violation arrives (not after AckTimeout); if every message
 //     failed so, Publish returns one error wrapping it. Healthy fails the
-//     same way for a user that may not use the JetStream API.
+//     same way for a user that may not use the JetStream API. (The denied
+//     publish keeps its slot among the connection's pending asynchronous
+//     publishes until AckTimeout; with so many of them that no slot is
+//     left, the batch fails as a whole instead.)
 //   - A message larger than the server's max_payload or the stream's
 //     max_msg_size: relay.ErrPermanent for that message only.
 //   - Any other JetStream error: that message fails (retried by the

@@ -96,13 +96,13 @@ authorization {
 	connected := make(chan struct{}, 1)
 	nc, err := nats.Connect(url, nats.UserInfo(permAdmin, permPass),
 		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
-		nats.ConnectHandler(func(*nats.Conn) { signal(connected) }))
+		nats.ConnectHandler(func(*nats.Conn) { permSignal(connected) }))
 	if err != nil {
 		t.Fatalf("connecting to the private server: %v", err)
 	}
 	defer nc.Close()
 	if nc.IsConnected() {
-		signal(connected)
+		permSignal(connected)
 	}
 	select {
 	case <-connected:
@@ -115,8 +115,8 @@ authorization {
 	return url
 }
 
-// signal sends on c unless c already holds a value.
-func signal(c chan<- struct{}) {
+// permSignal sends on c unless c already holds a value.
+func permSignal(c chan<- struct{}) {
 	select {
 	case c <- struct{}{}:
 	default:
@@ -137,13 +137,17 @@ func permConnect(t *testing.T, url, user string) *nats.Conn {
 }
 
 // permSubject routes aggregate type "denied" under permDenied, others
-// under permOpen.
+// under permOpen; aggregate type "quoted" under permDenied with a subject
+// that has a double quote and a backslash in it (the server quotes the
+// subject in its violation).
 func permSubject(m relay.Message) string {
-	prefix := permOpen
-	if m.AggregateType == "denied" {
-		prefix = permDenied
+	switch m.AggregateType {
+	case "denied":
+		return permDenied + "." + natspub.SubjectToken(m.AggregateID)
+	case "quoted":
+		return permDenied + `.q"\` + natspub.SubjectToken(m.AggregateID)
 	}
-	return prefix + "." + natspub.SubjectToken(m.AggregateID)
+	return permOpen + "." + natspub.SubjectToken(m.AggregateID)
 }
 
 // TestPermissionDenied runs against a private nats-server with users: a
@@ -180,7 +184,7 @@ func TestPermissionDenied(t *testing.T) {
 	}
 
 	t.Run("EveryMessageDenied", func(t *testing.T) {
-		batch := []relay.Message{msg("denied", "1", "d1"), msg("denied", "1", "d2"), msg("denied", "2", "d3")}
+		batch := []relay.Message{msg("denied", "1", "d1"), msg("denied", "1", "d2"), msg("denied", "2", "d3"), msg("quoted", "1", "q1")}
 		start := time.Now()
 		err := pub.Publish(ctx, batch)
 		var pe relay.PublishErrors
