@@ -15,6 +15,7 @@ import (
 	"text/template"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/migrate"
 )
 
 //go:embed sql
@@ -294,26 +295,6 @@ func (s *schema) ddl() string {
 	return b.String()
 }
 
-func (s *schema) createMigrationsTable() string {
-	switch s.dialect {
-	case driver.Postgres:
-		return "CREATE TABLE IF NOT EXISTS " + s.migrationsTable() + " (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
-	case driver.MySQL:
-		return "CREATE TABLE IF NOT EXISTS " + s.migrationsTable() + " (version INT PRIMARY KEY, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB"
-	}
-	return "CREATE TABLE IF NOT EXISTS " + s.migrationsTable() + " (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)"
-}
-
-func (s *schema) insertVersion() string {
-	switch s.dialect {
-	case driver.Postgres:
-		return "INSERT INTO " + s.migrationsTable() + " (version) VALUES ($1) ON CONFLICT DO NOTHING"
-	case driver.MySQL:
-		return "INSERT IGNORE INTO " + s.migrationsTable() + " (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))"
-	}
-	return "INSERT OR IGNORE INTO " + s.migrationsTable() + " (version, applied_at) VALUES (?, CAST(unixepoch('subsec') * 1000000 AS INTEGER))"
-}
-
 // lockKey is the advisory lock that serializes migrations of one table.
 func (s *schema) lockKey() int64 {
 	h := fnv.New64a()
@@ -321,116 +302,29 @@ func (s *schema) lockKey() int64 {
 	return int64(h.Sum64() >> 1)
 }
 
-type execQueryer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
 // migrate applies every migration not yet recorded, under a lock that
 // serializes concurrent callers (PostgreSQL: a transaction-scoped advisory
 // lock, with transactional DDL; MySQL/MariaDB: GET_LOCK on one connection,
 // every statement idempotent since DDL commits implicitly; SQLite: BEGIN
-// IMMEDIATE).
-func (s *schema) migrate(ctx context.Context, db *sql.DB) (err error) {
-	defer func() {
-		if err != nil {
-			err = fmt.Errorf("inbox: migrate %s table %s: %w", s.dialect, s.table, err)
-		}
-	}()
-	conn, err := db.Conn(ctx)
+// IMMEDIATE): the outbox's runner, internal/migrate, with the inbox's
+// table, lock and versions (applied_at in microseconds on SQLite, as
+// every inbox time there).
+func (s *schema) migrate(ctx context.Context, db *sql.DB) error {
+	ms := make([]migrate.Migration, len(s.migrations))
+	for i, m := range s.migrations {
+		ms[i] = migrate.Migration{Version: m.version, Name: m.name, Statements: m.statements}
+	}
+	err := migrate.Run(ctx, db, migrate.Plan{
+		Flavor:          string(s.dialect),
+		Table:           s.migrationsTable(),
+		LockKey:         s.lockKey(),
+		LockName:        migrate.LockName("inbox_migrate_", s.lockKey()),
+		SQLiteAppliedAt: "CAST(unixepoch('subsec') * 1000000 AS INTEGER)",
+		Migrations:      ms,
+		TooNew:          ErrSchemaTooNew,
+	})
 	if err != nil {
-		return err
+		return fmt.Errorf("inbox: migrate %s table %s: %w", s.dialect, s.table, err)
 	}
-	defer conn.Close()
-	var q execQueryer = conn
-	var finish func(ok bool) error
-	switch s.dialect {
-	case driver.Postgres:
-		tx, err := conn.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", s.lockKey()); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		q = tx
-		finish = func(ok bool) error {
-			if ok {
-				return tx.Commit()
-			}
-			return tx.Rollback()
-		}
-	case driver.MySQL:
-		name := "inbox_migrate_" + strconv.FormatUint(uint64(s.lockKey()), 16)
-		var got sql.NullInt64
-		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 60)", name).Scan(&got); err != nil {
-			return err
-		}
-		if got.Int64 != 1 {
-			return fmt.Errorf("timed out after 60 s waiting for lock %s held by another migration", name)
-		}
-		finish = func(bool) error {
-			_, err := conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", name)
-			return err
-		}
-	default:
-		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-			return err
-		}
-		finish = func(ok bool) error {
-			if ok {
-				_, err := conn.ExecContext(ctx, "COMMIT")
-				return err
-			}
-			_, err := conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
-			return err
-		}
-	}
-	ok := false
-	defer func() {
-		if ferr := finish(ok); err == nil && ferr != nil {
-			err = ferr
-		}
-	}()
-	if _, err := q.ExecContext(ctx, s.createMigrationsTable()); err != nil {
-		return err
-	}
-	rows, err := q.QueryContext(ctx, "SELECT version FROM "+s.migrationsTable())
-	if err != nil {
-		return err
-	}
-	applied := map[int]bool{}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return err
-		}
-		applied[v] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for v := range applied {
-		if v > s.latest() {
-			return fmt.Errorf("%w: database has version %d, this build knows up to %d", ErrSchemaTooNew, v, s.latest())
-		}
-	}
-	for _, m := range s.migrations {
-		if applied[m.version] {
-			continue
-		}
-		for _, st := range m.statements {
-			if _, err := q.ExecContext(ctx, st); err != nil {
-				return fmt.Errorf("version %d (%s): %w", m.version, m.name, err)
-			}
-		}
-		if _, err := q.ExecContext(ctx, s.insertVersion(), m.version); err != nil {
-			return fmt.Errorf("recording version %d: %w", m.version, err)
-		}
-	}
-	ok = true
 	return nil
 }

@@ -6,9 +6,10 @@ import (
 )
 
 // EachAggregate is the per-aggregate fan-out a Publisher for a broker
-// without Kafka's in-partition ordering needs (relay/nats and
-// relay/rabbitmq use it): it groups msgs by (AggregateType, AggregateID)
-// and calls send once per aggregate with the indexes into msgs of that
+// without Kafka's in-partition ordering needs (PublishInOrder, which
+// relay/nats, relay/rabbitmq and relay/redis use, is built on it; call
+// EachAggregate directly only for a send loop of your own): it groups
+// msgs by (AggregateType, AggregateID) and calls send once per aggregate with the indexes into msgs of that
 // aggregate's messages, in batch order (which is id order, the order the
 // aggregate must be delivered in). Different aggregates run concurrently,
 // at most maxInFlight at once (below 1 counts as 1); one aggregate's

@@ -150,6 +150,21 @@
 //     recorded; the relay backs off as a whole (exponential, 100 ms to
 //     30 s) and re-sends later. No attempt is burned by an outage.
 //
+// # Writing a Publisher
+//
+// A Publisher for a broker that does not keep one aggregate's messages in
+// order by itself (no Kafka-like in-partition ordering with idempotence)
+// can leave everything but "send one message and wait for its
+// acknowledgement" to PublishInOrder, as relay/nats, relay/rabbitmq and
+// relay/redis do: it sends each aggregate's messages one after another in
+// batch order (aggregates concurrently, up to a limit), holds back an
+// aggregate's later messages once one failed (ErrHeldBack), fails the
+// batch as a whole for a send error wrapping a *BatchError (connection
+// lost, acknowledgement timed out, ctx done), turns a batch in which
+// every message's route is unavailable into one error wrapping
+// ErrUnavailable, and returns PublishErrors otherwise. EachAggregate is
+// the fan-out alone, for a publisher that needs its own loop.
+//
 // # Locks
 //
 // No relay statement waits on the lock of a row outside its own work. The

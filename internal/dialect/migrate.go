@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/sqloutbox/outbox/internal/migrate"
 )
 
 // Errors from Migrate and Check.
@@ -32,154 +34,48 @@ func (d *Dialect) DDL() string {
 	return b.String()
 }
 
-func (d *Dialect) createMigrationsTable() string {
-	switch d.name {
-	case Postgres:
-		return "CREATE TABLE IF NOT EXISTS " + d.MigrationsTable() + " (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
-	case MySQL:
-		return "CREATE TABLE IF NOT EXISTS " + d.MigrationsTable() + " (version INT PRIMARY KEY, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB"
-	default:
-		return "CREATE TABLE IF NOT EXISTS " + d.MigrationsTable() + " (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)"
+// plan is Migrate's work for migrate.Run.
+func (d *Dialect) plan() migrate.Plan {
+	return migrate.Plan{
+		Flavor:     string(d.name),
+		Table:      d.MigrationsTable(),
+		LockKey:    d.LockKey(),
+		LockName:   migrate.LockName("outbox_migrate_", d.LockKey()),
+		Migrations: d.migrationList(),
+		TooNew:     ErrSchemaTooNew,
+		// Refuse an unsupported server before changing anything: the
+		// relay would refuse to run on it (Check), and events would pile
+		// up.
+		Before: func(ctx context.Context, conn *sql.Conn) error {
+			var ver string
+			if err := conn.QueryRowContext(ctx, d.Query("version")).Scan(&ver); err != nil {
+				return fmt.Errorf("reading server version: %w", err)
+			}
+			return SupportedVersion(d.name, ver)
+		},
 	}
 }
 
-func (d *Dialect) insertVersion() string {
-	switch d.name {
-	case Postgres:
-		return "INSERT INTO " + d.MigrationsTable() + " (version) VALUES ($1) ON CONFLICT DO NOTHING"
-	case MySQL:
-		return "INSERT IGNORE INTO " + d.MigrationsTable() + " (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))"
-	default:
-		return "INSERT OR IGNORE INTO " + d.MigrationsTable() + " (version, applied_at) VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER))"
+func (d *Dialect) migrationList() []migrate.Migration {
+	out := make([]migrate.Migration, len(d.migrations))
+	for i, m := range d.migrations {
+		out[i] = migrate.Migration{Version: m.Version, Name: m.Name, Statements: m.Statements}
 	}
-}
-
-type execQueryer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-func appliedVersions(ctx context.Context, q execQueryer, table string) (map[int]bool, error) {
-	rows, err := q.QueryContext(ctx, "SELECT version FROM "+table)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	got := map[int]bool{}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		got[v] = true
-	}
-	return got, rows.Err()
+	return out
 }
 
 // Migrate applies every migration not yet recorded, under a lock that
 // serializes concurrent callers (PostgreSQL: a transaction-scoped advisory
 // lock, with transactional DDL; MySQL/MariaDB: GET_LOCK on one connection,
 // every statement idempotent since DDL commits implicitly; SQLite: BEGIN
-// IMMEDIATE). Running it twice, or from several processes at once, is safe.
-// A server older than SupportedVersion allows is refused with
-// ErrUnsupportedServer before anything is changed.
-func (d *Dialect) Migrate(ctx context.Context, db *sql.DB) (err error) {
-	defer func() {
-		if err != nil {
-			err = fmt.Errorf("outbox: migrate %s table %s: %w", d.name, d.table, err)
-		}
-	}()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return err
+// IMMEDIATE; internal/migrate runs it). Running it twice, or from several
+// processes at once, is safe. A server older than SupportedVersion allows
+// is refused with ErrUnsupportedServer before anything is changed; a table
+// migrated by a newer build with ErrSchemaTooNew.
+func (d *Dialect) Migrate(ctx context.Context, db *sql.DB) error {
+	if err := migrate.Run(ctx, db, d.plan()); err != nil {
+		return fmt.Errorf("outbox: migrate %s table %s: %w", d.name, d.table, err)
 	}
-	defer conn.Close()
-	// Refuse an unsupported server before changing anything: the relay
-	// would refuse to run on it (Check), and events would pile up.
-	var ver string
-	if err := conn.QueryRowContext(ctx, d.Query("version")).Scan(&ver); err != nil {
-		return fmt.Errorf("reading server version: %w", err)
-	}
-	if err := SupportedVersion(d.name, ver); err != nil {
-		return err
-	}
-	var q execQueryer = conn
-	var finish func(ok bool) error
-	switch d.name {
-	case Postgres:
-		tx, err := conn.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", d.LockKey()); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		q = tx
-		finish = func(ok bool) error {
-			if ok {
-				return tx.Commit()
-			}
-			return tx.Rollback()
-		}
-	case MySQL:
-		name := "outbox_migrate_" + strconv.FormatUint(uint64(d.LockKey()), 16)
-		var got sql.NullInt64
-		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 60)", name).Scan(&got); err != nil {
-			return err
-		}
-		if got.Int64 != 1 {
-			return fmt.Errorf("timed out after 60 s waiting for lock %s held by another migration", name)
-		}
-		finish = func(bool) error {
-			_, err := conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", name)
-			return err
-		}
-	default:
-		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-			return err
-		}
-		finish = func(ok bool) error {
-			if ok {
-				_, err := conn.ExecContext(ctx, "COMMIT")
-				return err
-			}
-			_, err := conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
-			return err
-		}
-	}
-	ok := false
-	defer func() {
-		if ferr := finish(ok); err == nil && ferr != nil {
-			err = ferr
-		}
-	}()
-	if _, err := q.ExecContext(ctx, d.createMigrationsTable()); err != nil {
-		return err
-	}
-	applied, err := appliedVersions(ctx, q, d.MigrationsTable())
-	if err != nil {
-		return err
-	}
-	for v := range applied {
-		if v > d.LatestVersion() {
-			return fmt.Errorf("%w: database has version %d, this build knows up to %d", ErrSchemaTooNew, v, d.LatestVersion())
-		}
-	}
-	for _, m := range d.migrations {
-		if applied[m.Version] {
-			continue
-		}
-		for _, s := range m.Statements {
-			if _, err := q.ExecContext(ctx, s); err != nil {
-				return fmt.Errorf("version %d (%s): %w", m.Version, m.Name, err)
-			}
-		}
-		if _, err := q.ExecContext(ctx, d.insertVersion(), m.Version); err != nil {
-			return fmt.Errorf("recording version %d: %w", m.Version, err)
-		}
-	}
-	ok = true
 	return nil
 }
 

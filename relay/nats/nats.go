@@ -42,6 +42,8 @@
 // contract requires). Different aggregates pipeline freely: up to
 // Config.MaxInFlight aggregates have a message awaiting its PubAck at
 // once (asynchronous publishes with PubAck futures on one connection).
+// This is relay.PublishInOrder, shared with relay/rabbitmq and
+// relay/redis; the publisher adds only the sending of one message.
 //
 // # Deduplication
 //
@@ -67,21 +69,36 @@
 //
 //   - The server unreachable, the connection closed or reconnecting, ctx
 //     done, a PubAck that did not arrive in time: Publish returns one error
-//     for the batch (not relay.PublishErrors), and the relay re-sends the
-//     batch later without counting an attempt.
+//     for the batch (not relay.PublishErrors), no further message of the
+//     batch is sent, and the relay re-sends the batch later without
+//     counting an attempt.
 //   - No stream for the subject (no responders), a JetStream API error
 //     with status 403 or 404: the message's error wraps
 //     relay.ErrUnavailable; if every message failed so, Publish returns one
 //     error wrapping it (the relay backs off, dead-letters nothing).
+//   - A publish the connection's user may not make: the server drops the
+//     message and reports a permissions violation for its subject (or for
+//     the reply subject its PubAck would come back on) instead of a
+//     PubAck. The message's error wraps relay.ErrUnavailable as soon as
+//     the violation arrives (not after AckTimeout); if every message
+//     failed so, Publish returns one error wrapping it. Healthy fails the
+//     same way for a user that may not use the JetStream API. (The denied
+//     publish keeps its slot among the connection's pending asynchronous
+//     publishes until AckTimeout; with so many of them that no slot is
+//     left, the batch fails as a whole instead.)
 //   - A message larger than the server's max_payload or the stream's
 //     max_msg_size: relay.ErrPermanent for that message only.
 //   - Any other JetStream error: that message fails (retried by the
 //     relay), its aggregate's later ones are held back.
 //
-// A publish permission the connection lacks is reported by the NATS
-// server asynchronously (a permissions violation, the message dropped):
-// the PubAck then never arrives and the batch fails as a timeout; watch
-// the connection's error handler for the reason.
+// The server reports a permissions violation asynchronously, through the
+// connection's error handler: NewPublisher puts a handler of its own in
+// front of the connection's (which still receives every error) to match
+// violations to the publishes waiting. A handler set on the connection
+// after NewPublisher replaces it: denied publishes then fail as PubAck
+// timeouts of the batch. A violation of the subscription to the reply
+// inbox is not matched either (it also ends in timeouts); the connection's
+// error handler has the reason.
 package natspub
 
 import (
@@ -124,8 +141,10 @@ var (
 	// ErrClosed is returned by Publish after Close.
 	ErrClosed = errors.New("outbox/nats: publisher closed")
 	// ErrHeldBack fails a message that was not sent because an earlier
-	// message of its aggregate in the same batch failed.
-	ErrHeldBack = errors.New("outbox/nats: held back behind a failed message of the same aggregate")
+	// message of its aggregate in the same batch failed. It is
+	// relay.ErrHeldBack (relay.PublishInOrder holds messages back), so
+	// errors.Is matches either name.
+	ErrHeldBack = relay.ErrHeldBack
 )
 
 // SubjectToken encodes s into one NATS subject token: bytes in
@@ -203,7 +222,9 @@ func DefaultSubject(m relay.Message) string {
 type Config struct {
 	// Conn is the NATS connection to publish on. Required. Its options
 	// (URLs, TLS, credentials, reconnect behaviour) are the caller's, and
-	// so is closing it: Publisher.Close does not.
+	// so is closing it: Publisher.Close does not. NewPublisher chains a
+	// handler in front of its error handler (see the package doc,
+	// Errors); set the connection's own handler before NewPublisher.
 	Conn *nats.Conn
 	// Subject returns a message's subject. It must give all messages of
 	// one aggregate the same subject and other aggregates other subjects
@@ -221,8 +242,9 @@ type Config struct {
 // Publisher is a relay.Publisher and relay.HealthChecker for NATS
 // JetStream. Safe for concurrent use. Create it with NewPublisher.
 type Publisher struct {
-	cfg Config
-	js  jetstream.JetStream
+	cfg     Config
+	js      jetstream.JetStream
+	denials denials
 
 	mu     sync.RWMutex
 	closed bool
@@ -256,7 +278,15 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox/nats: %w", err)
 	}
-	return &Publisher{cfg: cfg, js: js}, nil
+	p := &Publisher{cfg: cfg, js: js}
+	next := cfg.Conn.ErrorHandler()
+	cfg.Conn.SetErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
+		p.denials.report(err)
+		if next != nil {
+			next(nc, sub, err)
+		}
+	})
+	return p, nil
 }
 
 // MaxRecordBytes returns the largest record Emit should accept for this
@@ -278,10 +308,113 @@ func (p *Publisher) Healthy(ctx context.Context) error {
 	if s := p.cfg.Conn.Status(); s != nats.CONNECTED {
 		return fmt.Errorf("outbox/nats: connection %s", s)
 	}
-	if _, err := p.js.AccountInfo(ctx); err != nil {
+	// A denied request gets no answer but a permissions violation: end
+	// the wait for the answer when it comes.
+	ictx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	denied, stop := p.denials.watch(accountInfoSubject)
+	defer stop()
+	go func() {
+		select {
+		case err := <-denied:
+			cancel(err)
+		case <-ictx.Done():
+		}
+	}()
+	if _, err := p.js.AccountInfo(ictx); err != nil {
+		if cause := context.Cause(ictx); errors.Is(cause, relay.ErrUnavailable) {
+			err = cause
+		}
 		return fmt.Errorf("outbox/nats: JetStream account info: %w", classify(err))
 	}
 	return nil
+}
+
+// accountInfoSubject is the JetStream API subject of an account info
+// request (jetstream.New's default API prefix).
+const accountInfoSubject = "$JS.API.INFO"
+
+// denials matches the server's permissions violations for publishes,
+// which arrive through the connection's error handler, to the publishes
+// waiting for an answer on that subject. The zero value is ready.
+type denials struct {
+	mu      sync.Mutex
+	waiting map[string]map[chan error]struct{} // subject -> waiters
+}
+
+// watch returns a channel that receives an error wrapping
+// relay.ErrUnavailable if the server reports a publish to subject (or
+// with a reply subject) as a permissions violation, and a func that ends
+// the watch. Call watch before publishing.
+func (d *denials) watch(subject string) (<-chan error, func()) {
+	c := make(chan error, 1)
+	d.mu.Lock()
+	if d.waiting == nil {
+		d.waiting = map[string]map[chan error]struct{}{}
+	}
+	w := d.waiting[subject]
+	if w == nil {
+		w = map[chan error]struct{}{}
+		d.waiting[subject] = w
+	}
+	w[c] = struct{}{}
+	d.mu.Unlock()
+	return c, func() {
+		d.mu.Lock()
+		// A subject's set is dropped only once empty, so c is still in
+		// the set the map holds now.
+		if w := d.waiting[subject]; w != nil {
+			delete(w, c)
+			if len(w) == 0 {
+				delete(d.waiting, subject)
+			}
+		}
+		d.mu.Unlock()
+	}
+}
+
+// report hands err, if it is a permissions violation of a publish, to the
+// watchers of its subject; a violation of the reply subject (every
+// PubAck of the connection comes back on one inbox) to every watcher.
+// Other errors are ignored.
+func (d *denials) report(err error) {
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return
+	}
+	msg := err.Error()
+	const publishTo, withReply = "Violation for Publish to ", "Violation for Publish with Reply of "
+	var subject string
+	all := false
+	switch {
+	case strings.Contains(msg, withReply):
+		all = true
+	case strings.Contains(msg, publishTo):
+		// The server quotes the subject with Go's %q.
+		rest := msg[strings.Index(msg, publishTo)+len(publishTo):]
+		q, qerr := strconv.QuotedPrefix(rest)
+		if qerr != nil {
+			return
+		}
+		if subject, qerr = strconv.Unquote(q); qerr != nil {
+			return
+		}
+	default:
+		return // a subscription's violation: not a publish
+	}
+	denied := fmt.Errorf("%w: %w", relay.ErrUnavailable, err)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for s, w := range d.waiting {
+		if !all && s != subject {
+			continue
+		}
+		for c := range w {
+			select {
+			case c <- denied:
+			default: // already told
+			}
+		}
+	}
 }
 
 // Close makes later Publish calls return ErrClosed; it does not close
@@ -293,12 +426,6 @@ func (p *Publisher) Close() error {
 	p.mu.Unlock()
 	return nil
 }
-
-// errBatch marks an error that fails the whole batch.
-type errBatch struct{ err error }
-
-func (e errBatch) Error() string { return e.err.Error() }
-func (e errBatch) Unwrap() error { return e.err }
 
 // Publish sends msgs and waits for every PubAck (see the package doc for
 // order, errors and what an acknowledgement means). It returns nil when
@@ -315,60 +442,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if len(msgs) == 0 {
-		return nil
+	// One aggregate at a time, in batch order, each message after the
+	// previous one's PubAck; aggregates concurrently.
+	err := relay.PublishInOrder(ctx, msgs, p.cfg.MaxInFlight, func(ctx context.Context, i int) error {
+		return p.publishOne(ctx, &msgs[i])
+	})
+	var pe relay.PublishErrors
+	if err == nil || errors.As(err, &pe) {
+		return err
 	}
-	// One aggregate at a time, in batch order; aggregates concurrently.
-	// A context that ends first is reported just below.
-	errs := make([]error, len(msgs))
-	_ = relay.EachAggregate(ctx, msgs, p.cfg.MaxInFlight, func(g []int) { p.publishAggregate(ctx, msgs, g, errs) })
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox/nats: %w", err)
-	}
-	failed, unavailable := 0, 0
-	for _, e := range errs {
-		var eb errBatch
-		if errors.As(e, &eb) {
-			return fmt.Errorf("outbox/nats: %w", eb.err)
-		}
-		if e != nil {
-			failed++
-			if errors.Is(e, relay.ErrUnavailable) || errors.Is(e, ErrHeldBack) {
-				unavailable++
-			}
-		}
-	}
-	switch {
-	case failed == 0:
-		return nil
-	case unavailable == len(msgs):
-		for _, e := range errs {
-			if errors.Is(e, relay.ErrUnavailable) {
-				return fmt.Errorf("outbox/nats: every message of the batch failed on its route: %w", e)
-			}
-		}
-	}
-	return relay.PublishErrors(errs)
-}
-
-// publishAggregate sends one aggregate's messages (indexes into msgs, in
-// batch order) one after the other, each after the previous PubAck.
-func (p *Publisher) publishAggregate(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
-	for n, i := range idx {
-		err := p.publishOne(ctx, &msgs[i])
-		if err == nil {
-			continue
-		}
-		errs[i] = err
-		var eb errBatch
-		if errors.As(err, &eb) {
-			return // the batch fails as a whole
-		}
-		for _, j := range idx[n+1:] {
-			errs[j] = fmt.Errorf("%w (message %s failed: %v)", ErrHeldBack, msgs[i].MessageID, err)
-		}
-		return
-	}
+	return fmt.Errorf("outbox/nats: %w", err)
 }
 
 // publishOne sends m and waits for its PubAck.
@@ -377,6 +460,10 @@ func (p *Publisher) publishOne(ctx context.Context, m *relay.Message) error {
 	if err != nil {
 		return err
 	}
+	// The server answers a publish the user may not make with a
+	// permissions violation instead of a PubAck.
+	denied, stop := p.denials.watch(nm.Subject)
+	defer stop()
 	f, err := p.js.PublishMsgAsync(nm, jetstream.WithMsgID(m.MessageID))
 	if err != nil {
 		return classify(err)
@@ -388,10 +475,12 @@ func (p *Publisher) publishOne(ctx context.Context, m *relay.Message) error {
 		return nil
 	case err := <-f.Err():
 		return classify(err)
+	case err := <-denied:
+		return fmt.Errorf("message %s: subject %q: %w", m.MessageID, nm.Subject, err)
 	case <-ctx.Done():
-		return errBatch{ctx.Err()}
+		return &relay.BatchError{Err: ctx.Err()}
 	case <-timer.C:
-		return errBatch{fmt.Errorf("no PubAck for %s within %s: %w", m.MessageID, p.cfg.AckTimeout, context.DeadlineExceeded)}
+		return &relay.BatchError{Err: fmt.Errorf("no PubAck for %s within %s: %w", m.MessageID, p.cfg.AckTimeout, context.DeadlineExceeded)}
 	}
 }
 
@@ -483,7 +572,7 @@ func validSubject(s string) bool {
 }
 
 // classify maps a publish error to the relay's classes (see the package
-// doc). Errors of the connection fail the batch (errBatch).
+// doc). Errors of the connection fail the batch (relay.BatchError).
 func classify(err error) error {
 	var apiErr *jetstream.APIError
 	switch {
@@ -500,5 +589,5 @@ func classify(err error) error {
 	}
 	// The connection (closed, reconnecting with a full buffer, a timeout,
 	// a stalled async publisher): the batch as a whole.
-	return errBatch{err}
+	return &relay.BatchError{Err: err}
 }

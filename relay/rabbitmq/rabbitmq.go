@@ -44,6 +44,9 @@
 // routing key is already per aggregate) each with a single active
 // consumer. Different aggregates pipeline: up to Config.MaxInFlight
 // aggregates have a message awaiting its confirm at once, on one channel.
+// This is relay.PublishInOrder, shared with relay/nats and relay/redis;
+// the publisher adds the session, the exchange checks and the sending of
+// one message.
 //
 // # Headers
 //
@@ -57,9 +60,9 @@
 // # Errors
 //
 //   - The broker unreachable, the connection lost, ctx done, a confirm not
-//     arriving in time: one error for the batch; the relay re-sends it
-//     later without counting an attempt. The publisher reconnects on the
-//     next Publish.
+//     arriving in time: one error for the batch, and no further message of
+//     it is sent; the relay re-sends it later without counting an
+//     attempt. The publisher reconnects on the next Publish.
 //   - An exchange that does not exist (checked with a passive declare on a
 //     channel of its own, so the publishing channel is not closed by the
 //     broker's 404), access refused (403), a message returned as
@@ -123,8 +126,10 @@ var (
 	// ErrClosed is returned by Publish after Close.
 	ErrClosed = errors.New("outbox/rabbitmq: publisher closed")
 	// ErrHeldBack fails a message that was not sent because an earlier
-	// message of its aggregate in the same batch failed.
-	ErrHeldBack = errors.New("outbox/rabbitmq: held back behind a failed message of the same aggregate")
+	// message of its aggregate in the same batch failed. It is
+	// relay.ErrHeldBack (relay.PublishInOrder holds messages back), so
+	// errors.Is matches either name.
+	ErrHeldBack = relay.ErrHeldBack
 	// ErrReturned is wrapped (with relay.ErrUnavailable) by the error of a
 	// message the broker returned as unroutable.
 	ErrReturned = errors.New("outbox/rabbitmq: returned unroutable")
@@ -280,7 +285,7 @@ func inBackground(ctx context.Context, fn func() error) error {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-		return errBatch{ctx.Err()}
+		return &relay.BatchError{Err: ctx.Err()}
 	}
 }
 
@@ -291,7 +296,7 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 	select {
 	case p.opening <- struct{}{}:
 	case <-ctx.Done():
-		return nil, errBatch{ctx.Err()}
+		return nil, &relay.BatchError{Err: ctx.Err()}
 	}
 	type result struct {
 		s   *session
@@ -308,7 +313,7 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 		return r.s, r.err
 	case <-ctx.Done():
 		// open finishes in the background and installs what it opened.
-		return nil, errBatch{ctx.Err()}
+		return nil, &relay.BatchError{Err: ctx.Err()}
 	}
 }
 
@@ -368,7 +373,7 @@ func (p *Publisher) open(ctx context.Context) (*session, error) {
 		p.mu.Lock()
 		p.s = nil
 		p.mu.Unlock()
-		return nil, errBatch{fmt.Errorf("outbox/rabbitmq: opening a confirming channel: %w", classifyConn(err))}
+		return nil, &relay.BatchError{Err: fmt.Errorf("outbox/rabbitmq: opening a confirming channel: %w", classifyConn(err))}
 	}
 	s := &session{conn: conn, ch: ch, returned: map[string]amqp.Return{}}
 	s.chDone = make(chan struct{})
@@ -428,7 +433,7 @@ func (s *session) breakOff() {
 // exchangeOK reports nil if exchange exists (by a recent check or a
 // passive declare on a channel of its own), else an error wrapping
 // relay.ErrUnavailable for a missing one or access refused, or a
-// connection error (errBatch).
+// connection error (relay.BatchError).
 func (p *Publisher) exchangeOK(ctx context.Context, s *session, exchange string) error {
 	p.mu.Lock()
 	at, ok := p.verified[exchange]
@@ -443,7 +448,7 @@ func (p *Publisher) exchangeOK(ctx context.Context, s *session, exchange string)
 	err := inBackground(ctx, func() error {
 		ch, err := s.conn.Channel()
 		if err != nil {
-			return errBatch{fmt.Errorf("outbox/rabbitmq: opening a channel: %w", err)}
+			return &relay.BatchError{Err: fmt.Errorf("outbox/rabbitmq: opening a channel: %w", err)}
 		}
 		declareErr = ch.ExchangeDeclarePassive(exchange, amqp.ExchangeTopic, false, false, false, false, nil)
 		_ = ch.Close()
@@ -463,7 +468,7 @@ func (p *Publisher) exchangeOK(ctx context.Context, s *session, exchange string)
 	if errors.As(err, &ae) && (ae.Code == amqp.NotFound || ae.Code == amqp.AccessRefused) {
 		return fmt.Errorf("%w: exchange %q: %w", relay.ErrUnavailable, exchange, err)
 	}
-	return errBatch{fmt.Errorf("outbox/rabbitmq: checking exchange %q: %w", exchange, err)}
+	return &relay.BatchError{Err: fmt.Errorf("outbox/rabbitmq: checking exchange %q: %w", exchange, err)}
 }
 
 // Healthy reports whether the broker answers: the connection is (re)opened
@@ -497,12 +502,6 @@ func (p *Publisher) Close() error {
 	}
 	return err
 }
-
-// errBatch marks an error that fails the whole batch.
-type errBatch struct{ err error }
-
-func (e errBatch) Error() string { return e.err.Error() }
-func (e errBatch) Unwrap() error { return e.err }
 
 // classifyConn maps a connection-level error: refused credentials or
 // vhost access are relay.ErrUnavailable.
@@ -546,65 +545,30 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 			continue
 		}
 		err := p.exchangeOK(ctx, s, ex)
-		var eb errBatch
-		if errors.As(err, &eb) {
+		if be := (*relay.BatchError)(nil); errors.As(err, &be) {
 			return err
 		}
 		exchangeErr[ex] = err
 	}
 
-	// One aggregate at a time, in batch order; aggregates concurrently.
-	// A context that ends first is reported just below.
-	errs := make([]error, len(msgs))
-	_ = relay.EachAggregate(ctx, msgs, p.cfg.MaxInFlight, func(g []int) {
-		for n, i := range g {
-			err := exchangeErr[p.exchangeOf(&msgs[i])]
-			if err == nil {
-				err = p.publishOne(ctx, s, &msgs[i])
-			}
-			if err == nil {
-				continue
-			}
-			errs[i] = err
-			var eb errBatch
-			if errors.As(err, &eb) {
-				return
-			}
-			for _, j := range g[n+1:] {
-				errs[j] = fmt.Errorf("%w (message %s failed: %v)", ErrHeldBack, msgs[i].MessageID, err)
-			}
-			return
+	// One aggregate at a time, in batch order, each message after the
+	// previous one's confirm; aggregates concurrently.
+	err = relay.PublishInOrder(ctx, msgs, p.cfg.MaxInFlight, func(ctx context.Context, i int) error {
+		if err := exchangeErr[p.exchangeOf(&msgs[i])]; err != nil {
+			return err
 		}
+		return p.publishOne(ctx, s, &msgs[i])
 	})
-	if err := ctx.Err(); err != nil {
-		s.breakOff() // confirms of this batch may still arrive: start clean
-		return fmt.Errorf("outbox/rabbitmq: %w", err)
+	var pe relay.PublishErrors
+	if err == nil || errors.As(err, &pe) {
+		return err
 	}
-	failed, unavailable := 0, 0
-	var firstUnavailable error
-	for _, e := range errs {
-		var eb errBatch
-		if errors.As(e, &eb) {
-			s.breakOff()
-			return fmt.Errorf("outbox/rabbitmq: %w", eb.err)
-		}
-		if e != nil {
-			failed++
-			if errors.Is(e, relay.ErrUnavailable) && firstUnavailable == nil {
-				firstUnavailable = e
-			}
-			if errors.Is(e, relay.ErrUnavailable) || errors.Is(e, ErrHeldBack) {
-				unavailable++
-			}
-		}
+	if be := (*relay.BatchError)(nil); errors.As(err, &be) {
+		// The connection lost, ctx done, confirms of this batch that may
+		// still arrive: the next Publish starts on a new channel.
+		s.breakOff()
 	}
-	switch {
-	case failed == 0:
-		return nil
-	case unavailable == len(msgs) && firstUnavailable != nil:
-		return fmt.Errorf("outbox/rabbitmq: every message of the batch failed on its route: %w", firstUnavailable)
-	}
-	return relay.PublishErrors(errs)
+	return fmt.Errorf("outbox/rabbitmq: %w", err)
 }
 
 func (p *Publisher) exchangeOf(m *relay.Message) string {
@@ -627,14 +591,14 @@ func (p *Publisher) publishOne(ctx context.Context, s *session, m *relay.Message
 	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchangeOf(m), key, true, false, pub)
 	if err != nil {
 		if ctx.Err() != nil {
-			return errBatch{ctx.Err()}
+			return &relay.BatchError{Err: ctx.Err()}
 		}
 		return p.closedErr(ctx, s, err)
 	}
 	select {
 	case <-dc.Done():
 	case <-ctx.Done():
-		return errBatch{ctx.Err()}
+		return &relay.BatchError{Err: ctx.Err()}
 	case <-s.chDone:
 		return p.closedErr(ctx, s, nil)
 	}
@@ -671,14 +635,14 @@ func (p *Publisher) closedErr(ctx context.Context, s *session, err error) error 
 		err = s.closeErr
 		s.mu.Unlock()
 	case <-ctx.Done():
-		return errBatch{ctx.Err()}
+		return &relay.BatchError{Err: ctx.Err()}
 	case <-t.C:
 		if err == nil {
 			err = amqp.ErrClosed
 		}
 	}
 	if s.conn.IsClosed() {
-		return errBatch{fmt.Errorf("connection lost: %w", err)}
+		return &relay.BatchError{Err: fmt.Errorf("connection lost: %w", err)}
 	}
 	var ae *amqp.Error
 	if errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotFound) {

@@ -36,7 +36,9 @@
 // aggregate's later messages in the batch fail with ErrHeldBack without
 // being sent (the relay re-sends them after the failed one). Different
 // aggregates pipeline freely: up to Config.MaxInFlight aggregates have an
-// XADD awaiting its reply at once (relay.EachAggregate).
+// XADD awaiting its reply at once. This is relay.PublishInOrder, shared
+// with relay/nats and relay/rabbitmq; the publisher adds only the XADD of
+// one message.
 //
 // A consumer reading a stream (XREAD, XRANGE) sees each aggregate's
 // entries in order. A consumer group spreads entries over its consumers,
@@ -73,8 +75,8 @@
 //
 //   - The server unreachable, a broken connection, ctx done, a reply that
 //     did not arrive in time: Publish returns one error for the batch (not
-//     relay.PublishErrors), and the relay re-sends the batch later without
-//     counting an attempt.
+//     relay.PublishErrors), no further message of the batch is sent, and
+//     the relay re-sends the batch later without counting an attempt.
 //   - NOPERM (the user may not XADD to the stream) and WRONGTYPE (a key of
 //     another type at the stream's name): the message's error wraps
 //     relay.ErrUnavailable; if every message failed so, Publish returns one
@@ -122,8 +124,10 @@ var (
 	// ErrClosed is returned by Publish after Close.
 	ErrClosed = errors.New("outbox/redis: publisher closed")
 	// ErrHeldBack fails a message that was not sent because an earlier
-	// message of its aggregate in the same batch failed.
-	ErrHeldBack = errors.New("outbox/redis: held back behind a failed message of the same aggregate")
+	// message of its aggregate in the same batch failed. It is
+	// relay.ErrHeldBack (relay.PublishInOrder holds messages back), so
+	// errors.Is matches either name.
+	ErrHeldBack = relay.ErrHeldBack
 	// ErrTooLarge is wrapped (with relay.ErrPermanent) by the error of a
 	// message above Config.MaxMessageBytes or the server's
 	// proto-max-bulk-len.
@@ -232,12 +236,6 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
-// errBatch marks an error that fails the whole batch.
-type errBatch struct{ err error }
-
-func (e errBatch) Error() string { return e.err.Error() }
-func (e errBatch) Unwrap() error { return e.err }
-
 // Publish appends msgs to their streams and waits for every XADD reply
 // (see the package doc for order, errors and what stored means). It
 // returns nil when all were stored; relay.PublishErrors when some failed;
@@ -257,35 +255,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 		return nil
 	}
 	p.bulkOnce.Do(func() { p.bulkMax = p.protoMaxBulkLen(ctx) })
-	errs := make([]error, len(msgs))
-	_ = relay.EachAggregate(ctx, msgs, p.cfg.MaxInFlight, func(g []int) { p.publishAggregate(ctx, msgs, g, errs) })
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox/redis: %w", err)
+	// One aggregate at a time, in batch order, each XADD after the
+	// previous one's reply; aggregates concurrently.
+	err := relay.PublishInOrder(ctx, msgs, p.cfg.MaxInFlight, func(ctx context.Context, i int) error {
+		return p.publishOne(ctx, &msgs[i])
+	})
+	var pe relay.PublishErrors
+	if err == nil || errors.As(err, &pe) {
+		return err
 	}
-	failed, unavailable := 0, 0
-	for _, e := range errs {
-		var eb errBatch
-		if errors.As(e, &eb) {
-			return fmt.Errorf("outbox/redis: %w", eb.err)
-		}
-		if e != nil {
-			failed++
-			if errors.Is(e, relay.ErrUnavailable) || errors.Is(e, ErrHeldBack) {
-				unavailable++
-			}
-		}
-	}
-	switch {
-	case failed == 0:
-		return nil
-	case unavailable == len(msgs):
-		for _, e := range errs {
-			if errors.Is(e, relay.ErrUnavailable) {
-				return fmt.Errorf("outbox/redis: every message of the batch failed on its stream: %w", e)
-			}
-		}
-	}
-	return relay.PublishErrors(errs)
+	return fmt.Errorf("outbox/redis: %w", err)
 }
 
 // protoMaxBulkLen asks the server for proto-max-bulk-len; 0 if it does
@@ -300,26 +279,6 @@ func (p *Publisher) protoMaxBulkLen(ctx context.Context) int {
 		return 0
 	}
 	return n
-}
-
-// publishAggregate sends one aggregate's messages (indexes into msgs, in
-// batch order) one after the other, each after the previous reply.
-func (p *Publisher) publishAggregate(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
-	for n, i := range idx {
-		err := p.publishOne(ctx, &msgs[i])
-		if err == nil {
-			continue
-		}
-		errs[i] = err
-		var eb errBatch
-		if errors.As(err, &eb) {
-			return
-		}
-		for _, j := range idx[n+1:] {
-			errs[j] = fmt.Errorf("%w (message %s failed: %v)", ErrHeldBack, msgs[i].MessageID, err)
-		}
-		return
-	}
 }
 
 // publishOne XADDs m and waits for the reply.
@@ -401,20 +360,20 @@ func reserved(k string) bool {
 }
 
 // classify maps an XADD error to the relay's classes (see the package
-// doc). Errors of the connection and ctx fail the batch (errBatch).
+// doc). Errors of the connection and ctx fail the batch (relay.BatchError).
 func classify(ctx context.Context, m *relay.Message, stream string, err error) error {
 	if ctx.Err() != nil {
-		return errBatch{ctx.Err()}
+		return &relay.BatchError{Err: ctx.Err()}
 	}
 	var nerr net.Error
 	if errors.As(err, &nerr) && nerr.Timeout() {
 		// The reply did not come in time (a read or write deadline, which
 		// go-redis may set from ctx's deadline just before ctx ends).
-		return errBatch{fmt.Errorf("no XADD reply for %s in time: %w: %w", m.MessageID, context.DeadlineExceeded, err)}
+		return &relay.BatchError{Err: fmt.Errorf("no XADD reply for %s in time: %w: %w", m.MessageID, context.DeadlineExceeded, err)}
 	}
 	var rerr redis.Error
 	if errors.As(err, &nerr) || !errors.As(err, &rerr) || errors.Is(err, redis.ErrClosed) {
-		return errBatch{err}
+		return &relay.BatchError{Err: err}
 	}
 	msg := rerr.Error()
 	switch {
@@ -422,7 +381,7 @@ func classify(ctx context.Context, m *relay.Message, stream string, err error) e
 		return fmt.Errorf("%w: message %s: stream %q: %w", relay.ErrUnavailable, m.MessageID, stream, err)
 	case strings.HasPrefix(msg, "LOADING"), strings.HasPrefix(msg, "READONLY"), strings.HasPrefix(msg, "MASTERDOWN"),
 		strings.HasPrefix(msg, "CLUSTERDOWN"), strings.HasPrefix(msg, "TRYAGAIN"):
-		return errBatch{err}
+		return &relay.BatchError{Err: err}
 	}
 	return fmt.Errorf("outbox/redis: message %s: stream %q: %w", m.MessageID, stream, err)
 }
