@@ -12,7 +12,6 @@ package outboxtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -31,8 +30,10 @@ type Publisher struct {
 }
 
 // ErrHeldBack fails a message because an earlier message of its aggregate
-// failed in the same batch.
-var ErrHeldBack = errors.New("outboxtest: held back behind a failed message of the same aggregate")
+// failed in the same batch. It is relay.ErrHeldBack, the error every
+// publisher of this repository holds messages back with, so errors.Is
+// matches either name.
+var ErrHeldBack = relay.ErrHeldBack
 
 // NewPublisher returns an empty Publisher that acknowledges everything.
 func NewPublisher() *Publisher {

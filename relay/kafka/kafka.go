@@ -430,7 +430,7 @@ func (p *Publisher) isolateTooLarge(ctx context.Context, msgs []relay.Message, e
 	for _, i := range suspects {
 		k := key{msgs[i].AggregateType, msgs[i].AggregateID}
 		if dead[k] {
-			errs[i] = errHeldBack
+			errs[i] = fmt.Errorf("%w (an earlier record of aggregate %s/%s failed permanently in this batch)", relay.ErrHeldBack, k.t, k.id)
 			continue
 		}
 		one, err := p.send(ctx, msgs[i:i+1], false)
@@ -444,10 +444,6 @@ func (p *Publisher) isolateTooLarge(ctx context.Context, msgs []relay.Message, e
 	}
 	return nil
 }
-
-// errHeldBack fails a record that was not re-sent because an earlier
-// record of its aggregate failed permanently in the same batch.
-var errHeldBack = errors.New("outbox/kafka: held back behind a failed record of the same aggregate")
 
 func (p *Publisher) record(m *relay.Message) *sarama.ProducerMessage {
 	topic := m.Topic
