@@ -172,20 +172,25 @@ func (c *Consumer) Records() []Record {
 
 // Wait blocks until cond, called with the records so far after every
 // change (and once at the start), returns true, or ctx ends; then it
-// returns the records so far and an error wrapping ctx's error (match it
-// with errors.Is(err, context.DeadlineExceeded)). cond must not block.
+// returns a copy of the records so far and an error wrapping ctx's error
+// (match it with errors.Is(err, context.DeadlineExceeded)). cond must not
+// block, and must not modify the slice it is given: that is the
+// consumer's own (not copied on every change, so that waiting on a long
+// run stays cheap); keep what it needs, such as how far it has scanned.
 func (c *Consumer) Wait(ctx context.Context, cond func([]Record) bool) ([]Record, error) {
 	for {
 		c.mu.Lock()
-		recs, ch := append([]Record(nil), c.recs...), c.changed
+		// Append-only: the first len elements never change, so the view
+		// is safe to read after Unlock.
+		recs, ch := c.recs[:len(c.recs):len(c.recs)], c.changed
 		c.mu.Unlock()
 		if cond(recs) {
-			return recs, nil
+			return append([]Record(nil), recs...), nil
 		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return recs, fmt.Errorf("rabbitmqtest: condition not met (%d records consumed): %w", len(recs), ctx.Err())
+			return append([]Record(nil), recs...), fmt.Errorf("rabbitmqtest: condition not met (%d records consumed): %w", len(recs), ctx.Err())
 		}
 	}
 }
@@ -205,14 +210,15 @@ func (c *Consumer) WaitForMessageIDs(ctx context.Context, ids ...string) ([]Reco
 	for _, id := range ids {
 		want[id] = true
 	}
-	var missing int
+	got := make(map[string]bool, len(want))
+	scanned, missing := 0, len(want)
 	recs, err := c.Wait(ctx, func(recs []Record) bool {
-		got := make(map[string]bool, len(want))
-		for _, r := range recs {
+		for _, r := range recs[scanned:] {
 			if id, ok := r.MessageID(); ok && want[id] {
 				got[id] = true
 			}
 		}
+		scanned = len(recs)
 		missing = len(want) - len(got)
 		return missing == 0
 	})
