@@ -7,10 +7,20 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/lib/pq v1.12.3
+	github.com/nats-io/nats.go v1.55.0
+	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sqloutbox/outbox v0.0.0
 	github.com/sqloutbox/outbox/outboxtest/kafkatest v0.0.0
 	github.com/twmb/franz-go v1.22.3
 	modernc.org/sqlite v1.62.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 )
 
 require (
@@ -36,6 +46,9 @@ require (
 	github.com/rcrowley/go-metrics v0.0.0-20250401214520-65e299d6c5c9 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/sqloutbox/outbox/inbox v0.0.0
+	github.com/sqloutbox/outbox/relay/nats v0.0.0
+	github.com/sqloutbox/outbox/relay/rabbitmq v0.0.0
+	github.com/sqloutbox/outbox/relay/redis v0.0.0
 	github.com/twmb/franz-go/pkg/kadm v1.18.0 // indirect
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
@@ -54,3 +67,9 @@ replace github.com/sqloutbox/outbox => ..
 replace github.com/sqloutbox/outbox/outboxtest/kafkatest => ../outboxtest/kafkatest
 
 replace github.com/sqloutbox/outbox/inbox => ../inbox
+
+replace github.com/sqloutbox/outbox/relay/nats => ../relay/nats
+
+replace github.com/sqloutbox/outbox/relay/rabbitmq => ../relay/rabbitmq
+
+replace github.com/sqloutbox/outbox/relay/redis => ../relay/redis

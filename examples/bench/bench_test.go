@@ -331,3 +331,122 @@ func checkLatency(t *testing.T, db, field string, l *LatencyResult, rates []int,
 		}
 	}
 }
+
+// TestSmokeBrokers runs part "brokers" (-smoke sizes) on SQLite and, if
+// it answers, PostgreSQL: every broker's drain and latency on the same
+// database in one run. A broker whose server does not answer is reported
+// as not measured; under CI=true (or OUTBOX_TEST_REQUIRE) that fails the
+// test (CI has every server), elsewhere it is logged.
+func TestSmokeBrokers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		dsn  func(t *testing.T) string
+	}{
+		{"sqlite", func(*testing.T) string { return "" }},
+		{"postgres", func(t *testing.T) string {
+			return serverDSN(t, "OUTBOX_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "pgx")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dsn := tc.dsn(t)
+			var out bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			args := []string{"-smoke", "-json", "-only", "brokers", "-writers", "8", "-db", dsn}
+			for env, flag := range map[string]string{"OUTBOX_TEST_NATS": "-nats", "OUTBOX_TEST_RABBITMQ": "-amqp", "OUTBOX_TEST_REDIS": "-redis"} {
+				if v := os.Getenv(env); v != "" {
+					args = append(args, flag, v)
+				}
+			}
+			if err := run(ctx, args, &out); err != nil {
+				t.Fatal(err)
+			}
+			checkBrokers(t, tc.name, out.Bytes(), os.Getenv("CI") == "true" || os.Getenv("OUTBOX_TEST_REQUIRE") != "")
+		})
+	}
+}
+
+func checkBrokers(t *testing.T, name string, raw []byte, requireAll bool) {
+	t.Helper()
+	var r Result
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatalf("output is not one JSON object: %v\n%s", err, raw)
+	}
+	if r.Database != name || !slices.Equal(r.Parts, []string{"brokers"}) {
+		t.Errorf("database %q, parts %v", r.Database, r.Parts)
+	}
+	b := r.Brokers
+	if b == nil {
+		t.Fatalf("JSON lacks brokers:\n%s", raw)
+	}
+	if b.Rows != 2_000 || b.Aggregates != 100 || b.OfferedPerSec != 1000 || b.Seconds <= 0 || b.Writers != 8 {
+		t.Errorf("brokers: %+v", b)
+	}
+	var names []string
+	for _, br := range b.Brokers {
+		names = append(names, br.Broker)
+		if br.Setup == "" {
+			t.Errorf("%s: no setup", br.Broker)
+		}
+		if !br.Measured {
+			if br.NotMeasured == "" || br.Drain != nil || br.Latency != nil {
+				t.Errorf("%s: not measured without a reason, or with figures: %+v", br.Broker, br)
+			}
+			if requireAll {
+				t.Errorf("%s NOT MEASURED under CI=true: %s", br.Broker, br.NotMeasured)
+			} else {
+				t.Logf("%s NOT MEASURED (its server is not here): %s", br.Broker, br.NotMeasured)
+			}
+			continue
+		}
+		if len(br.DrainRuns) != r.Runs || len(br.LatencyRuns) != r.Runs {
+			t.Errorf("%s: %d drain and %d latency runs, want %d", br.Broker, len(br.DrainRuns), len(br.LatencyRuns), r.Runs)
+		}
+		if d := br.Drain; d == nil || d.Rows != b.Rows || d.EventsPerSec <= 0 || d.Seconds <= 0 || d.Variant != variantNeverAnalyzed {
+			t.Errorf("%s: drain %+v", br.Broker, br.Drain)
+		}
+		l := br.Latency
+		if l == nil || len(l.Points) != 1 {
+			t.Errorf("%s: latency %+v", br.Broker, l)
+			continue
+		}
+		p := l.Points[0]
+		if p.OfferedPerSec != 1000 || p.Events <= 0 || p.AchievedPerSec <= 0 ||
+			p.RecvP50Ms <= 0 || p.RecvP99Ms < p.RecvP50Ms || p.RecvP999Ms < p.RecvP99Ms || p.RecvMaxMs < p.RecvP999Ms ||
+			p.AckP50Ms <= 0 || p.AckP50Ms > p.RecvMaxMs {
+			t.Errorf("%s: latency point %+v", br.Broker, p)
+		}
+	}
+	if !slices.Equal(names, []string{"kafka", "nats", "rabbitmq", "redis"}) {
+		t.Errorf("brokers %v, want kafka, nats, rabbitmq, redis", names)
+	}
+}
+
+// TestBrokersNotReachable: a broker whose server does not answer is
+// reported as not measured, with the reason and no figures, and said on
+// the warning channel; the run does not fail.
+func TestBrokersNotReachable(t *testing.T) {
+	t.Parallel()
+	var warned []string
+	res, err := runBrokers(t.Context(), nil, []endpoint{natsEndpoint{"nats://127.0.0.1:1"}, rabbitEndpoint{"amqp://guest:guest@127.0.0.1:1/"}, redisEndpoint{"127.0.0.1:1"}},
+		100, 10, 0, brokersRate, time.Second, 1, 1, func(s string) { warned = append(warned, s) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Brokers) != 3 {
+		t.Fatalf("brokers %+v", res.Brokers)
+	}
+	for i, br := range res.Brokers {
+		if br.Measured || !strings.HasPrefix(br.NotMeasured, "not reachable") || br.Drain != nil || br.Latency != nil || br.DrainRuns != nil {
+			t.Errorf("%+v", br)
+		}
+		if i >= len(warned) || !strings.HasPrefix(warned[i], "NOT MEASURED: "+br.Broker) {
+			t.Errorf("warnings %q", warned)
+		}
+	}
+	var out bytes.Buffer
+	printTables(&out, &Result{Brokers: res})
+	if strings.Count(out.String(), "NOT MEASURED") != 6 {
+		t.Errorf("table:\n%s", out.String())
+	}
+}

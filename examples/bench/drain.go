@@ -123,11 +123,6 @@ func topicFor(ctx context.Context, brokers []string, name string) (string, error
 	return topic, kafkatest.CreateTopic(ctx, brokers, topic, 8)
 }
 
-// newPublisher returns a publisher routing every message to topic.
-func newPublisher(brokers []string, topic string) (*kafka.Publisher, error) {
-	return kafka.NewPublisher(kafka.Config{Brokers: brokers, Topic: func(relay.Message) string { return topic }})
-}
-
 // publisherFor creates a topic (topicFor) and a publisher to it.
 func publisherFor(ctx context.Context, brokers []string, name string) (*kafka.Publisher, error) {
 	topic, err := topicFor(ctx, brokers, name)
@@ -178,12 +173,15 @@ type DrainResult struct {
 // runDrain measures part 3, one run of one variant on a table of its own:
 // rows pending rows over aggs aggregates, one relay, events/s until the
 // table has no pending row, and the relay's peak RSS.
-func runDrain(ctx context.Context, db *database, brokers []string, rows, aggs, batch int, cpuprofile, variant string, run int) (*DrainResult, error) {
+//
+// The publisher is ep's, to a route of its own, without a consumer;
+// tag ("" or e.g. "_nats") names the table apart from other brokers'.
+func runDrain(ctx context.Context, db *database, ep endpoint, rows, aggs, batch int, cpuprofile, variant string, run int, tag string) (*DrainResult, error) {
 	name := "ob_drain_na"
 	if variant == variantAnalyzed {
 		name = "ob_drain_an"
 	}
-	env, err := db.newOutbox(ctx, fmt.Sprintf("%s_%d", name, run), 1)
+	env, err := db.newOutbox(ctx, fmt.Sprintf("%s%s_%d", name, tag, run), 1)
 	if err != nil {
 		return nil, err
 	}
@@ -201,11 +199,12 @@ func runDrain(ctx context.Context, db *database, brokers []string, rows, aggs, b
 	if res.TableState, err = db.tableState(ctx, env.table, variant); err != nil {
 		return nil, err
 	}
-	pub, err := publisherFor(ctx, brokers, "drain-"+randomHex(3))
+	rt, err := ep.open(ctx, "drain", false)
 	if err != nil {
 		return nil, err
 	}
-	defer pub.Close()
+	defer rt.close()
+	pub := rt.pub
 	var published atomic.Int64
 	done := make(chan struct{})
 	var once sync.Once

@@ -8,7 +8,6 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -230,7 +229,7 @@ type load struct {
 	// write runs and commits one business transaction with event id.
 	write func(ctx context.Context, id string, k int) error
 	acks  *ackLog
-	cons  *kafkatest.Consumer
+	cons  receiver
 	// settle bounds the wait, after the last commit, for every record to
 	// be acknowledged and consumed.
 	settle time.Duration
@@ -314,15 +313,12 @@ offering:
 		}
 	}()
 	recv := make([]time.Time, n)
-	got, scanned := 0, 0
-	_, err := l.cons.Wait(wctx, func(recs []kafkatest.Record) bool {
-		for _, rc := range recs[scanned:] {
-			if k, ok := index[rc.Headers["outbox-message-id"]]; ok && recv[k].IsZero() {
-				recv[k] = rc.Received
-				got++
-			}
+	got := 0
+	err := l.cons.waitSeen(wctx, func(id string, at time.Time) bool {
+		if k, ok := index[id]; ok && recv[k].IsZero() {
+			recv[k] = at
+			got++
 		}
-		scanned = len(recs)
 		return got == n
 	})
 	if err == nil {
@@ -416,26 +412,24 @@ func emitWriter(env *outboxEnv, insOrder string) func(ctx context.Context, id st
 }
 
 // latencyRig is what every part-2 run sets up for itself: an outbox table
-// (and pools) of its own, an orders table, a topic and a consumer on it.
+// (and pools) of its own, an orders table, and a route of ep's (a topic,
+// a stream, a queue) with its publisher and a consumer on it.
 type latencyRig struct {
 	env      *outboxEnv
 	insOrder string // INSERT into the orders table: (id, amount)
-	topic    string
-	cons     *kafkatest.Consumer
+	route    *route
 }
 
-// newLatencyRig sets up ob_<name>, orders_<name> and a topic named
-// topicPrefix-<random>; close undoes it.
-func newLatencyRig(ctx context.Context, db *database, brokers []string, name, topicPrefix string, writers int, notify bool) (*latencyRig, error) {
+// newLatencyRig sets up ob_<name>, orders_<name> and a route named after
+// routePrefix; close undoes it.
+func newLatencyRig(ctx context.Context, db *database, ep endpoint, name, routePrefix string, writers int, notify bool) (*latencyRig, error) {
 	env, err := db.newOutboxNotify(ctx, "ob_"+name, writers, notify)
 	if err != nil {
 		return nil, err
 	}
 	rig := &latencyRig{env: env}
 	if rig.insOrder, err = latencyOrders(ctx, db, env, name); err == nil {
-		if rig.topic, err = topicFor(ctx, brokers, topicPrefix+"-"+randomHex(3)); err == nil {
-			rig.cons, err = kafkatest.NewConsumer(brokers, []string{rig.topic})
-		}
+		rig.route, err = ep.open(ctx, routePrefix, true)
 	}
 	if err != nil {
 		env.close()
@@ -445,7 +439,7 @@ func newLatencyRig(ctx context.Context, db *database, brokers []string, name, to
 }
 
 func (r *latencyRig) close() {
-	r.cons.Close()
+	r.route.close()
 	r.env.close()
 }
 
@@ -505,19 +499,16 @@ func waitUp(ctx context.Context, up <-chan struct{}, acks *ackLog) error {
 func settleFor(dur time.Duration) time.Duration { return 60*time.Second + 2*dur }
 
 // runLatency measures part 2 with the in-process relay, woken by the
-// driver's post-commit signal (driver.Outbox.Wakeup).
-func runLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int) (*LatencyResult, error) {
-	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("latency_%d", run), "lat", writers, !db.noNotify)
+// driver's post-commit signal (driver.Outbox.Wakeup), publishing with
+// ep's publisher and measured by ep's consumer; tag ("" or e.g. "_nats")
+// names the tables apart from other brokers'.
+func runLatency(ctx context.Context, db *database, ep endpoint, rates []int, dur time.Duration, writers, run int, tag string) (*LatencyResult, error) {
+	rig, err := newLatencyRig(ctx, db, ep, fmt.Sprintf("latency%s_%d", tag, run), "lat", writers, !db.noNotify)
 	if err != nil {
 		return nil, err
 	}
 	defer rig.close()
-	env := rig.env
-	pub, err := newPublisher(brokers, rig.topic)
-	if err != nil {
-		return nil, err
-	}
-	defer pub.Close()
+	env, pub := rig.env, rig.route.pub
 	acks := newAckLog()
 	phases := &phaseLog{}
 	obs, up := leasedObserver(observer{published: func(m relay.Message) { acks.add(m.MessageID, time.Now()) }, claimed: phases.claimed})
@@ -533,7 +524,7 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 
 	res := &LatencyResult{Relay: "in-process relay.Relay, woken by driver.Outbox.Wakeup() after each commit" + notifyNote(db),
 		Writers: writers, Seconds: dur.Seconds(), Run: run}
-	l := &load{writers: writers, dur: dur, prefix: "lat", write: emitWriter(env, rig.insOrder), acks: acks, cons: rig.cons, settle: settleFor(dur), phases: phases}
+	l := &load{writers: writers, dur: dur, prefix: "lat", write: emitWriter(env, rig.insOrder), acks: acks, cons: rig.route.cons, settle: settleFor(dur), phases: phases}
 	return res, l.measure(ctx, db, env.table, res, rates)
 }
 
@@ -541,7 +532,7 @@ func runLatency(ctx context.Context, db *database, brokers []string, rates []int
 // same open-loop load; the writers write the seed's way: one hand-written
 // outbox INSERT in the transaction, on a pool without the outbox wrapper.
 func runSeedLatency(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int, skipped string) (*LatencyResult, error) {
-	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("seedlat_%d", run), "seedlat", writers, true)
+	rig, err := newLatencyRig(ctx, db, kafkaEndpoint{brokers: brokers}, fmt.Sprintf("seedlat_%d", run), "seedlat", writers, true)
 	if err != nil {
 		return nil, err
 	}
@@ -554,7 +545,7 @@ func runSeedLatency(ctx context.Context, db *database, brokers []string, rates [
 	if db.dialect == driver.SQLite {
 		rdb = env.plainApp
 	}
-	s, err := newSeedRelay(rdb, db.dialect, db.ph, env.table, brokers, rig.topic)
+	s, err := newSeedRelay(rdb, db.dialect, db.ph, env.table, brokers, rig.route.topic)
 	if err != nil {
 		return nil, err
 	}
@@ -581,7 +572,7 @@ func runSeedLatency(ctx context.Context, db *database, brokers []string, rates [
 	}
 	res := &LatencyResult{Relay: "seed relay in the bench process (part 5: poll, 1 s sleep after a batch of fewer than 100, per event one synchronous send then one UPDATE); writers: hand-written outbox INSERT without the outbox wrapper",
 		Writers: writers, Seconds: dur.Seconds(), Skipped: skipped, Run: run}
-	l := &load{writers: writers, dur: dur, prefix: "seed", write: write, acks: acks, cons: rig.cons, settle: settleFor(dur)}
+	l := &load{writers: writers, dur: dur, prefix: "seed", write: write, acks: acks, cons: rig.route.cons, settle: settleFor(dur)}
 	return res, l.measure(ctx, db, env.table, res, rates)
 }
 

@@ -16,7 +16,14 @@
 // drain throughput and peak RSS), history (4: claim cost with sent
 // history), baseline (5: the seed's relay draining the same preload).
 // -runs repeats the latency parts and the drain (never analyzed, then
-// analyzed) on fresh tables and reports every run and the medians. -soak
+// analyzed) on fresh tables and reports every run and the medians. Part
+// brokers runs only when named (-only brokers; it needs the servers of
+// -nats, -amqp and -redis): for Kafka (the same broker as the other
+// parts), NATS JetStream, RabbitMQ and Redis Streams in turn, on the same
+// database in one run, the drain of -rows preloaded rows and the
+// commit -> consumer latency at 1,000 events/s for -load-seconds, each
+// measured by that broker's test-kit consumer; a broker that does not
+// answer is reported as not measured. -soak
 // is a mode of its own: 1,000 events/s for that long, one line per
 // -soak-interval. Every table is created with autovacuum off for it
 // (PostgreSQL) and is analyzed only by the drain's analyzed variant; each
@@ -61,6 +68,9 @@ type options struct {
 	soak       time.Duration
 	soakEvery  time.Duration
 	noNotify   bool
+	natsURL    string
+	amqpURL    string
+	redisAddr  string
 }
 
 // Result is the -json output: one object.
@@ -96,6 +106,9 @@ type Result struct {
 	DrainRuns     []*DrainResult  `json:"drain_runs,omitempty"`
 	History       *HistoryResult  `json:"history,omitempty"`
 	Baseline      *BaselineResult `json:"baseline,omitempty"`
+	// Brokers is part "brokers": every broker's drain and latency on this
+	// database in this run.
+	Brokers *BrokersResult `json:"brokers,omitempty"`
 	// Soak is the -soak mode's result (then the only part).
 	Soak      *SoakResult `json:"soak,omitempty"`
 	Targets   []Target    `json:"targets"`
@@ -118,6 +131,10 @@ func target(name, want string, got float64, met bool) Target {
 }
 
 var allParts = []string{"commit", "latency", "standalone", "drain", "history", "baseline"}
+
+// extraParts are parts -only accepts that do not run by default: brokers
+// needs NATS, RabbitMQ and Redis servers besides the database.
+var extraParts = []string{"brokers"}
 
 func main() {
 	maybeRunChild()
@@ -144,7 +161,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.noNotify, "nonotify", false, "PostgreSQL: the writers of the in-process relay's latency part and of the soak do not NOTIFY (driver.Config.DisableNotify); the standalone relay's keep it")
 	fs.IntVar(&o.history, "history", 1_000_000, "sent rows of history for part 4 (compared with 10,000)")
 	fs.BoolVar(&o.smoke, "smoke", false, "tiny sizes, finishes in seconds (CI)")
-	fs.StringVar(&o.only, "only", "", "comma list of parts: "+strings.Join(allParts, ","))
+	fs.StringVar(&o.only, "only", "", "comma list of parts: "+strings.Join(allParts, ",")+" (the default), and "+strings.Join(extraParts, ",")+" (only when named: every broker's drain and latency, needs the servers of -nats, -amqp, -redis)")
+	fs.StringVar(&o.natsURL, "nats", defaultNATS, "part brokers: NATS server with JetStream")
+	fs.StringVar(&o.amqpURL, "amqp", defaultAMQP, "part brokers: RabbitMQ AMQP URL")
+	fs.StringVar(&o.redisAddr, "redis", defaultRedis, "part brokers: Redis address (host:port)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) to this file: of part 1's rounds with -only commit, else of the drain (part 3)")
 	fs.IntVar(&o.iters, "iters", 2000, "transactions per variant for part 1")
 	fs.IntVar(&o.batch, "batch", 0, "relay BatchSize for the drain (0 = relay default)")
@@ -182,11 +202,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		for _, p := range strings.Split(o.only, ",") {
 			p = strings.TrimSpace(p)
 			ok := false
-			for _, a := range allParts {
+			for _, a := range append(append([]string{}, allParts...), extraParts...) {
 				ok = ok || a == p
 			}
 			if !ok {
-				return fmt.Errorf("-only: unknown part %q (want %s)", p, strings.Join(allParts, ","))
+				return fmt.Errorf("-only: unknown part %q (want %s)", p, strings.Join(append(append([]string{}, allParts...), extraParts...), ","))
 			}
 			parts = append(parts, p)
 		}
@@ -223,6 +243,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		brokers = b.addrs
 		res.Broker = "kfake (child process)"
 	}
+	kafkaEP := kafkaEndpoint{brokers: brokers, label: "Kafka: " + res.Broker}
 	logf := func(format string, a ...any) {
 		if !o.json {
 			fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...)
@@ -267,7 +288,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 				if run == 1 && variant == variantNeverAnalyzed {
 					prof = drainProfile
 				}
-				d, err := runDrain(ctx, db, brokers, o.rows, o.drainAggs, o.batch, prof, variant, run)
+				d, err := runDrain(ctx, db, kafkaEP, o.rows, o.drainAggs, o.batch, prof, variant, run, "")
 				if err != nil {
 					return fmt.Errorf("drain (%s, run %d): %w", variant, run, err)
 				}
@@ -313,7 +334,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	for run := 1; run <= o.runs; run++ {
 		if want["latency"] {
 			logf("part 2: latency, in-process relay, at %v events/s, %.1f s each, %d writers, run %d of %d", latencyRates, o.loadSecs, o.writers, run, o.runs)
-			l, err := runLatency(ctx, db, brokers, latencyRates, dur, o.writers, run)
+			l, err := runLatency(ctx, db, kafkaEP, latencyRates, dur, o.writers, run, "")
 			if err != nil {
 				return fmt.Errorf("latency (run %d): %w", run, err)
 			}
@@ -336,6 +357,18 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 				return fmt.Errorf("latency, standalone relay (run %d): %w", run, err)
 			}
 			res.LatencyStandaloneRuns = append(res.LatencyStandaloneRuns, l)
+		}
+	}
+	if want["brokers"] {
+		eps := []endpoint{kafkaEP, natsEndpoint{o.natsURL}, rabbitEndpoint{o.amqpURL}, redisEndpoint{o.redisAddr}}
+		// Loud: a broker not measured is said on stderr even with -json.
+		warn := func(msg string) {
+			if strings.HasPrefix(msg, "NOT MEASURED") || !o.json {
+				fmt.Fprintln(os.Stderr, "bench: "+msg)
+			}
+		}
+		if res.Brokers, err = runBrokers(ctx, db, eps, o.rows, o.drainAggs, o.batch, brokersRate, dur, o.writers, o.runs, warn); err != nil {
+			return fmt.Errorf("brokers: %w", err)
 		}
 	}
 	for i := range res.LatencyRuns {
@@ -532,6 +565,9 @@ func printTables(out io.Writer, r *Result) {
 			fmt.Fprintf(w, "%d sent\t%.1f\t%.1f\t%d\t%.1f\t\n", p.SentRows, p.ClaimMedianMicros, p.ClaimP99Micros, p.Claims, p.SeedClaimMedianMicros)
 		}
 		fmt.Fprintf(w, "ratio\t%.2fx\t\t\t%.2fx\t\n\n", h.Ratio, h.SeedRatio)
+	}
+	if b := r.Brokers; b != nil {
+		printBrokers(w, out, b)
 	}
 	fmt.Fprintf(w, "target\twant\tgot\tmet\t\n")
 	for _, t := range r.Targets {

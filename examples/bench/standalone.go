@@ -336,14 +336,14 @@ func (c *childRelay) Close() {
 // runStandalone measures part 2 with a standalone relay in a child process
 // (startChildRelay), the writers in this one.
 func runStandalone(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int) (*LatencyResult, error) {
-	rig, err := newLatencyRig(ctx, db, brokers, fmt.Sprintf("standalone_%d", run), "alone", writers, true)
+	rig, err := newLatencyRig(ctx, db, kafkaEndpoint{brokers: brokers}, fmt.Sprintf("standalone_%d", run), "alone", writers, true)
 	if err != nil {
 		return nil, err
 	}
 	defer rig.close()
 	env := rig.env
 	acks := newAckLog()
-	child, err := startChildRelay(ctx, relayChildConfig{DB: db.dsn, Schema: db.schema, File: db.file, Table: env.table, Brokers: brokers, Topic: rig.topic, PGDriver: db.pgDriver}, acks)
+	child, err := startChildRelay(ctx, relayChildConfig{DB: db.dsn, Schema: db.schema, File: db.file, Table: env.table, Brokers: brokers, Topic: rig.route.topic, PGDriver: db.pgDriver}, acks)
 	if err != nil {
 		return nil, fmt.Errorf("standalone relay: %w", err)
 	}
@@ -354,6 +354,6 @@ func runStandalone(ctx context.Context, db *database, brokers []string, rates []
 	}
 	res := &LatencyResult{Relay: "standalone relay.Relay in a child process (own pool, relay/kafka publisher), woken by " + how,
 		Writers: writers, Seconds: dur.Seconds(), Run: run}
-	l := &load{writers: writers, dur: dur, prefix: "alone", write: emitWriter(env, rig.insOrder), acks: acks, cons: rig.cons, settle: settleFor(dur)}
+	l := &load{writers: writers, dur: dur, prefix: "alone", write: emitWriter(env, rig.insOrder), acks: acks, cons: rig.route.cons, settle: settleFor(dur)}
 	return res, l.measure(ctx, db, env.table, res, rates)
 }

@@ -3,13 +3,10 @@ package natspub_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +18,7 @@ import (
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
+	"github.com/sqloutbox/outbox/relay/nats/natstest"
 )
 
 var (
@@ -60,12 +58,6 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
-func unique() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // space is one test's own stream and subjects: every subject under
 // Prefix+"." is stored in Stream, which is deleted when the test ends.
 type space struct {
@@ -75,7 +67,7 @@ type space struct {
 }
 
 // newSpace creates a uniquely named memory stream binding Prefix+".>" with
-// maxMsgSize (0: unlimited), on its own admin connection.
+// maxMsgSize (0: unlimited), on its own admin connection (natstest).
 func newSpace(t testing.TB, maxMsgSize int32) *space {
 	t.Helper()
 	nc := connect(t, serverURL())
@@ -83,24 +75,23 @@ func newSpace(t testing.TB, maxMsgSize int32) *space {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := unique()
-	s := &space{Prefix: "outboxtest-" + id, Stream: "OUTBOXTEST_" + id, js: js}
-	cfg := jetstream.StreamConfig{Name: s.Stream, Subjects: []string{s.Prefix + ".>"}, Storage: jetstream.MemoryStorage,
-		Duplicates: 2 * time.Minute}
-	if maxMsgSize > 0 {
-		cfg.MaxMsgSize = maxMsgSize
-	}
-	if _, err := js.CreateStream(testCtx(t, 10*time.Second), cfg); err != nil {
-		t.Fatalf("creating stream %s: %v", s.Stream, err)
+	prefix := natstest.UniqueName("outboxtest-")
+	st, err := natstest.CreateStream(testCtx(t, 10*time.Second), js, []string{prefix + ".>"}, func(c *jetstream.StreamConfig) {
+		if maxMsgSize > 0 {
+			c.MaxMsgSize = maxMsgSize
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := js.DeleteStream(ctx, s.Stream); err != nil {
-			t.Errorf("deleting stream %s: %v", s.Stream, err)
+		if err := st.Delete(ctx); err != nil {
+			t.Error(err)
 		}
 	})
-	return s
+	return &space{Prefix: prefix, Stream: st.Name, js: js}
 }
 
 // Subject routes into the space: Prefix + "." + DefaultSubject(m), except
@@ -113,67 +104,16 @@ func (s *space) Subject(m relay.Message) string {
 	return s.Prefix + "." + natspub.DefaultSubject(m)
 }
 
-// collector consumes the space's stream from its start with an ordered
-// consumer (stream sequence order) until the test ends.
-type collector struct {
-	mu      sync.Mutex
-	msgs    []jetstream.Msg
-	changed chan struct{}
-}
-
-func (s *space) consume(t *testing.T) *collector {
+// consume consumes the space's stream from its start (natstest's ordered
+// consumer: stream sequence order) until the test ends.
+func (s *space) consume(t *testing.T) *natstest.Consumer {
 	t.Helper()
-	c := &collector{changed: make(chan struct{})}
-	cons, err := s.js.OrderedConsumer(testCtx(t, 10*time.Second), s.Stream, jetstream.OrderedConsumerConfig{})
+	c, err := natstest.NewConsumer(testCtx(t, 10*time.Second), s.js, s.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		c.mu.Lock()
-		c.msgs = append(c.msgs, m)
-		close(c.changed)
-		c.changed = make(chan struct{})
-		c.mu.Unlock()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cc.Stop)
+	t.Cleanup(c.Close)
 	return c
-}
-
-// wait returns the messages once there are at least n, or what there is
-// and ctx's error.
-func (c *collector) wait(ctx context.Context, n int) ([]jetstream.Msg, error) {
-	for {
-		c.mu.Lock()
-		msgs, ch := append([]jetstream.Msg(nil), c.msgs...), c.changed
-		c.mu.Unlock()
-		if len(msgs) >= n {
-			return msgs, nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return msgs, fmt.Errorf("%d of %d messages: %w", len(msgs), n, ctx.Err())
-		}
-	}
-}
-
-// records converts consumed messages for the suite: one value per header,
-// Nats-Msg-Id left out (CheckRecord checks it).
-func records(msgs []jetstream.Msg) []publishertest.Record {
-	out := make([]publishertest.Record, len(msgs))
-	for i, m := range msgs {
-		h := map[string]string{}
-		for k, v := range m.Headers() {
-			if k != natspub.MsgIDHeader && len(v) > 0 {
-				h[k] = v[len(v)-1]
-			}
-		}
-		out[i] = publishertest.Record{Payload: m.Data(), Headers: h, Raw: m}
-	}
-	return out
 }
 
 func newPublisher(t *testing.T, cfg natspub.Config) *natspub.Publisher {
@@ -208,10 +148,10 @@ func TestConformance(t *testing.T) {
 			return publishertest.Target{
 				Publisher: p,
 				Received: func(ctx context.Context, n int) ([]publishertest.Record, error) {
-					msgs, err := c.wait(ctx, n)
-					return records(msgs), err
+					recs, err := c.WaitForCount(ctx, n)
+					return natstest.PublisherRecords(recs), err
 				},
-				Unroutable: func(m *relay.Message) { m.Topic = "outboxtest-nostream-" + unique() },
+				Unroutable: func(m *relay.Message) { m.Topic = natstest.UniqueName("outboxtest-nostream-") },
 				Outage: func() func() {
 					proxy.Refuse(true)
 					return func() { proxy.Refuse(false) }
@@ -221,13 +161,13 @@ func TestConformance(t *testing.T) {
 		Quirks: publishertest.Quirks{TooLargePayload: 20_000, HoldsBack: true},
 		CheckRecord: func(t *testing.T, r publishertest.Record, m relay.Message) {
 			t.Helper()
-			jm := r.Raw.(jetstream.Msg)
-			if got := jm.Headers().Get(natspub.MsgIDHeader); got != m.MessageID {
+			jm := r.Raw.(natstest.Record)
+			if got := jm.Headers[natspub.MsgIDHeader]; got != m.MessageID {
 				t.Errorf("%s: %s %q, want the message ID", m.MessageID, natspub.MsgIDHeader, got)
 			}
-			if want := natspub.SubjectToken(m.AggregateID); !strings.HasSuffix(jm.Subject(), "."+want) ||
-				!strings.Contains(jm.Subject(), "."+m.AggregateType+".") {
-				t.Errorf("%s: subject %q, want .%s.%s at its end", m.MessageID, jm.Subject(), m.AggregateType, want)
+			if want := natspub.SubjectToken(m.AggregateID); !strings.HasSuffix(jm.Subject, "."+want) ||
+				!strings.Contains(jm.Subject, "."+m.AggregateType+".") {
+				t.Errorf("%s: subject %q, want .%s.%s at its end", m.MessageID, jm.Subject, m.AggregateType, want)
 			}
 		},
 	})
@@ -332,11 +272,11 @@ func TestMaxPayload(t *testing.T) {
 	if !errors.Is(pe[2], natspub.ErrHeldBack) || errors.Is(pe[2], relay.ErrPermanent) {
 		t.Errorf("entry 2 = %v, want ErrHeldBack, not permanent", pe[2])
 	}
-	recs, err := s.consume(t).wait(testCtx(t, 10*time.Second), 1)
+	recs, err := s.consume(t).WaitForCount(testCtx(t, 10*time.Second), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 1 || recs[0].Headers().Get(emit.HeaderMessageID) != batch[1].MessageID {
+	if len(recs) != 1 || recs[0].Headers[emit.HeaderMessageID] != batch[1].MessageID {
 		t.Errorf("stored %d messages, want only %s", len(recs), batch[1].MessageID)
 	}
 }
@@ -388,13 +328,13 @@ func TestUncarriableRow(t *testing.T) {
 			t.Errorf("headers %q: Publish = %v, want entry 0 permanent, entry 1 nil", h, err)
 		}
 	}
-	recs, err := s.consume(t).wait(testCtx(t, 10*time.Second), 4)
+	recs, err := s.consume(t).WaitForCount(testCtx(t, 10*time.Second), 4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range recs {
-		if !strings.HasSuffix(r.Headers().Get(emit.HeaderMessageID), "m-001") {
-			t.Errorf("stored %s", r.Headers().Get(emit.HeaderMessageID))
+		if !strings.HasSuffix(r.Headers[emit.HeaderMessageID], "m-001") {
+			t.Errorf("stored %s", r.Headers[emit.HeaderMessageID])
 		}
 	}
 }
@@ -510,13 +450,13 @@ func TestStalledServer(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	recs, err := s.consume(t).wait(ctx, len(batch))
+	recs, err := s.consume(t).WaitForCount(ctx, len(batch))
 	if err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
 	for _, r := range recs {
-		id := r.Headers().Get(emit.HeaderMessageID)
+		id := r.Headers[emit.HeaderMessageID]
 		if seen[id] {
 			t.Errorf("%s stored twice", id)
 		}
@@ -560,7 +500,7 @@ func TestErrorSources(t *testing.T) {
 
 	missing := msgs(2, 2)
 	for i := range missing {
-		missing[i].Topic = "outboxtest-nostream-" + unique()
+		missing[i].Topic = natstest.UniqueName("outboxtest-nostream-")
 	}
 	err := p.Publish(ctx, missing)
 	var pe relay.PublishErrors

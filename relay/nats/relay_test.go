@@ -87,7 +87,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	for tx := range txs / 2 {
 		commit(tx)
 	}
-	if _, err := cons.wait(ctx, txs/2*per); err != nil {
+	if _, err := cons.WaitForCount(ctx, txs/2*per); err != nil {
 		t.Fatal(err)
 	}
 	proxy.Refuse(true)
@@ -101,25 +101,25 @@ func TestRelayEndToEnd(t *testing.T) {
 		t.Fatal("the relay never failed a batch during the outage")
 	}
 	proxy.Refuse(false)
-	recs, err := cons.wait(ctx, txs*per)
+	recs, err := cons.WaitForCount(ctx, txs*per)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := map[string][]string{}
 	seen := map[string]bool{}
 	for _, m := range recs {
-		id := m.Headers().Get(emit.HeaderMessageID)
+		id := m.Headers[emit.HeaderMessageID]
 		if seen[id] {
 			t.Errorf("%s stored twice", id)
 			continue
 		}
 		seen[id] = true
-		if !bytes.Equal(m.Data(), payload[id]) {
-			t.Errorf("%s: payload %q, want %q", id, m.Data(), payload[id])
+		if !bytes.Equal(m.Payload, payload[id]) {
+			t.Errorf("%s: payload %q, want %q", id, m.Payload, payload[id])
 		}
-		agg := m.Headers().Get(emit.HeaderAggregateID)
-		if m.Subject() != s.Prefix+".outbox.event.order."+natspub.SubjectToken(agg) {
-			t.Errorf("%s: subject %q", id, m.Subject())
+		agg := m.Headers[emit.HeaderAggregateID]
+		if m.Subject != s.Prefix+".outbox.event.order."+natspub.SubjectToken(agg) {
+			t.Errorf("%s: subject %q", id, m.Subject)
 		}
 		got[agg] = append(got[agg], id)
 	}

@@ -3,14 +3,11 @@ package rabbitmq_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +18,7 @@ import (
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/rabbitmq"
+	"github.com/sqloutbox/outbox/relay/rabbitmq/rabbitmqtest"
 )
 
 var (
@@ -55,11 +53,7 @@ func brokerAddr(t *testing.T) string {
 	return fmt.Sprintf("%s:%d", u.Host, u.Port)
 }
 
-func unique() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
+func unique() string { return rabbitmqtest.UniqueName("") }
 
 func testCtx(t testing.TB, d time.Duration) context.Context {
 	t.Helper()
@@ -87,82 +81,39 @@ func admin(t testing.TB) (*amqp.Connection, *amqp.Channel) {
 	return conn, ch
 }
 
-// space is one test's own topic exchange and queue (bound with binding),
-// deleted when the test ends, with a consumer collecting deliveries.
+// space is one test's own topic exchange and queue (bound with binding,
+// rabbitmqtest's consumer), deleted when the test ends.
 type space struct {
 	Exchange string
 	Queue    string
 	ch       *amqp.Channel
-
-	mu      sync.Mutex
-	got     []amqp.Delivery
-	changed chan struct{}
+	cons     *rabbitmqtest.Consumer
 }
 
 func newSpace(t *testing.T, binding string) *space {
 	t.Helper()
-	_, ch := admin(t)
-	id := unique()
-	s := &space{Exchange: "outboxtest.ex." + id, Queue: "outboxtest.q." + id, ch: ch, changed: make(chan struct{})}
-	if err := ch.ExchangeDeclare(s.Exchange, amqp.ExchangeTopic, false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.ch.ExchangeDelete(s.Exchange, false, false) })
-	if _, err := ch.QueueDeclare(s.Queue, false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = s.ch.QueueDelete(s.Queue, false, false, false) })
-	if binding != "" {
-		if err := ch.QueueBind(s.Queue, binding, s.Exchange, false, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	deliveries, err := ch.Consume(s.Queue, "", true, false, false, false, nil)
+	conn, ch := admin(t)
+	ex, err := rabbitmqtest.DeclareExchange(ch)
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		for d := range deliveries {
-			s.mu.Lock()
-			s.got = append(s.got, d)
-			close(s.changed)
-			s.changed = make(chan struct{})
-			s.mu.Unlock()
+	t.Cleanup(func() { _ = ch.ExchangeDelete(ex, false, false) })
+	cons, err := rabbitmqtest.NewConsumer(conn, ex, binding)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cons.Close(); err != nil {
+			t.Error(err)
 		}
-	}()
-	return s
+	})
+	return &space{Exchange: ex, Queue: cons.Queue(), ch: ch, cons: cons}
 }
 
-func (s *space) wait(ctx context.Context, n int) ([]amqp.Delivery, error) {
-	for {
-		s.mu.Lock()
-		got, ch := append([]amqp.Delivery(nil), s.got...), s.changed
-		s.mu.Unlock()
-		if len(got) >= n {
-			return got, nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return got, fmt.Errorf("%d of %d deliveries: %w", len(got), n, ctx.Err())
-		}
-	}
-}
-
-func records(ds []amqp.Delivery) []publishertest.Record {
-	out := make([]publishertest.Record, len(ds))
-	for i, d := range ds {
-		h := map[string]string{}
-		for k, v := range d.Headers {
-			s, ok := v.(string)
-			if !ok {
-				s = fmt.Sprintf("<%T %v>", v, v)
-			}
-			h[k] = s
-		}
-		out[i] = publishertest.Record{Payload: d.Body, Headers: h, Raw: d}
-	}
-	return out
+// wait returns the deliveries once there are at least n, or what there is
+// and ctx's error.
+func (s *space) wait(ctx context.Context, n int) ([]rabbitmqtest.Record, error) {
+	return s.cons.WaitForCount(ctx, n)
 }
 
 func newPublisher(t *testing.T, cfg rabbitmq.Config) *rabbitmq.Publisher {
@@ -202,7 +153,7 @@ func TestConformance(t *testing.T) {
 				Publisher: p,
 				Received: func(ctx context.Context, n int) ([]publishertest.Record, error) {
 					ds, err := s.wait(ctx, n)
-					return records(ds), err
+					return rabbitmqtest.PublisherRecords(ds), err
 				},
 				Unroutable: func(m *relay.Message) { m.Topic = "outboxtest.missing." + unique() },
 				Outage: func() func() {
@@ -214,7 +165,7 @@ func TestConformance(t *testing.T) {
 		Quirks: publishertest.Quirks{TooLargePayload: 20_000, HoldsBack: true},
 		CheckRecord: func(t *testing.T, r publishertest.Record, m relay.Message) {
 			t.Helper()
-			d := r.Raw.(amqp.Delivery)
+			d := r.Raw.(rabbitmqtest.Record).Delivery
 			if d.MessageId != m.MessageID || d.Type != m.EventType || d.ContentType != m.ContentType {
 				t.Errorf("%s: properties message-id %q type %q content-type %q", m.MessageID, d.MessageId, d.Type, d.ContentType)
 			}
@@ -372,7 +323,7 @@ func TestExchangeDeletedUnderThePublisher(t *testing.T) {
 	for _, m := range last {
 		found := false
 		for _, d := range ds {
-			found = found || d.MessageId == m.MessageID
+			found = found || d.Delivery.MessageId == m.MessageID
 		}
 		if !found {
 			t.Errorf("%s not delivered", m.MessageID)
@@ -410,8 +361,8 @@ func TestHealthy(t *testing.T) {
 	}
 	for _, d := range ds {
 		id := d.Headers[emit.HeaderMessageID]
-		if (id != batch[0].MessageID || !bytes.Equal(d.Body, batch[0].Payload)) && (id != batch[1].MessageID || !bytes.Equal(d.Body, batch[1].Payload)) {
-			t.Errorf("delivered %q %v", d.Body, d.Headers)
+		if (id != batch[0].MessageID || !bytes.Equal(d.Payload, batch[0].Payload)) && (id != batch[1].MessageID || !bytes.Equal(d.Payload, batch[1].Payload)) {
+			t.Errorf("delivered %q %v", d.Payload, d.Headers)
 		}
 	}
 }
@@ -466,7 +417,7 @@ func TestStalledBroker(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for _, d := range ds {
-		seen[d.MessageId] = true
+		seen[d.Delivery.MessageId] = true
 	}
 	for _, m := range batch {
 		if !seen[m.MessageID] {

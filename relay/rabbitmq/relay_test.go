@@ -9,14 +9,13 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/rabbitmq"
+	"github.com/sqloutbox/outbox/relay/rabbitmq/rabbitmqtest"
 )
 
 // TestRelayEndToEnd: events committed on SQLite reach the queue through a
@@ -92,7 +91,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	}
 	proxy.Refuse(false)
 	// Wait until every event arrived at least once.
-	var ds []amqp.Delivery
+	var ds []rabbitmqtest.Record
 	for {
 		got, err := s.wait(ctx, len(ds)+1)
 		if err != nil {
@@ -101,7 +100,7 @@ func TestRelayEndToEnd(t *testing.T) {
 		ds = got
 		seen := map[string]bool{}
 		for _, d := range ds {
-			seen[d.MessageId] = true
+			seen[d.Delivery.MessageId] = true
 		}
 		if len(seen) == txs*per {
 			break
@@ -110,15 +109,15 @@ func TestRelayEndToEnd(t *testing.T) {
 	got := map[string][]string{}
 	first := map[string]bool{}
 	for _, d := range ds {
-		id := d.MessageId
-		if !bytes.Equal(d.Body, payload[id]) {
-			t.Errorf("%s: payload %q, want %q", id, d.Body, payload[id])
+		id := d.Delivery.MessageId
+		if !bytes.Equal(d.Payload, payload[id]) {
+			t.Errorf("%s: payload %q, want %q", id, d.Payload, payload[id])
 		}
 		if first[id] {
 			continue // a duplicate, same message ID
 		}
 		first[id] = true
-		agg, _ := d.Headers[emit.HeaderAggregateID].(string)
+		agg := d.Headers[emit.HeaderAggregateID]
 		if d.RoutingKey != rabbitmq.DefaultRoutingKey(relay.Message{AggregateType: "order", AggregateID: agg}) {
 			t.Errorf("%s: routing key %q", id, d.RoutingKey)
 		}

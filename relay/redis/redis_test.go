@@ -3,8 +3,6 @@ package redispub_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -19,6 +17,7 @@ import (
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay"
 	redispub "github.com/sqloutbox/outbox/relay/redis"
+	"github.com/sqloutbox/outbox/relay/redis/redistest"
 )
 
 var (
@@ -70,14 +69,10 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
-func unique() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
+func unique() string { return redistest.UniqueName("") }
 
 // space is one test's own key prefix: every key under Prefix is deleted
-// when the test ends.
+// when the test ends (redistest.DeleteKeys).
 type space struct {
 	Prefix string
 	c      *redis.Client
@@ -85,16 +80,12 @@ type space struct {
 
 func newSpace(t testing.TB) *space {
 	t.Helper()
-	s := &space{Prefix: "outboxtest:" + unique() + ":", c: connect(t, redisAddr())}
+	s := &space{Prefix: redistest.UniqueName("outboxtest:") + ":", c: connect(t, redisAddr())}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		keys, err := s.c.Keys(ctx, s.Prefix+"*").Result()
-		if err == nil && len(keys) > 0 {
-			err = s.c.Del(ctx, keys...).Err()
-		}
-		if err != nil {
-			t.Errorf("deleting %s*: %v", s.Prefix, err)
+		if _, err := redistest.DeleteKeys(ctx, s.c, s.Prefix+"*"); err != nil {
+			t.Error(err)
 		}
 	})
 	return s
@@ -102,6 +93,22 @@ func newSpace(t testing.TB) *space {
 
 // Stream routes into the space: Prefix + DefaultStream(m).
 func (s *space) Stream(m relay.Message) string { return s.Prefix + redispub.DefaultStream(m) }
+
+// consume reads the space's streams of the given aggregate types (Stream)
+// from their start with redistest's consumer until the test ends.
+func (s *space) consume(t testing.TB, aggregateTypes ...string) *redistest.Consumer {
+	t.Helper()
+	streams := make([]string, len(aggregateTypes))
+	for i, typ := range aggregateTypes {
+		streams[i] = s.Stream(relay.Message{AggregateType: typ})
+	}
+	c, err := redistest.NewConsumer(&redis.Options{Addr: redisAddr()}, streams...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
 
 // entries returns every entry of every stream under the prefix, each
 // stream's in stream order.
@@ -122,44 +129,6 @@ func (s *space) entries(ctx context.Context) ([]redis.XMessage, error) {
 		out = append(out, xs...)
 	}
 	return out, nil
-}
-
-// wait returns the entries once there are at least n, or what there is
-// and ctx's error (polling, each poll a round trip).
-func (s *space) wait(ctx context.Context, n int) ([]redis.XMessage, error) {
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		xs, err := s.entries(ctx)
-		if err == nil && len(xs) >= n {
-			return xs, nil
-		}
-		select {
-		case <-ctx.Done():
-			return xs, fmt.Errorf("%d of %d entries: %w", len(xs), n, ctx.Err())
-		case <-tick.C:
-		}
-	}
-}
-
-// records converts entries for the suite: the payload field and every
-// other field as a header.
-func records(xs []redis.XMessage) []publishertest.Record {
-	out := make([]publishertest.Record, len(xs))
-	for i, x := range xs {
-		h := map[string]string{}
-		var payload []byte
-		for k, v := range x.Values {
-			s, _ := v.(string)
-			if k == redispub.PayloadField {
-				payload = []byte(s)
-				continue
-			}
-			h[k] = s
-		}
-		out[i] = publishertest.Record{Payload: payload, Headers: h, Raw: x}
-	}
-	return out
 }
 
 func newPublisher(t *testing.T, cfg redispub.Config) *redispub.Publisher {
@@ -200,6 +169,7 @@ func TestConformance(t *testing.T) {
 			if err := s.c.Set(testCtx(t, 10*time.Second), wrong, "x", 0).Err(); err != nil {
 				t.Fatal(err)
 			}
+			cons := s.consume(t, "order", "invoice")
 			p := newPublisher(t, redispub.Config{Client: c, MaxMessageBytes: 10_000, Stream: func(m relay.Message) string {
 				if m.Topic != "" {
 					return m.Topic
@@ -209,8 +179,8 @@ func TestConformance(t *testing.T) {
 			return publishertest.Target{
 				Publisher: p,
 				Received: func(ctx context.Context, n int) ([]publishertest.Record, error) {
-					xs, err := s.wait(ctx, n)
-					return records(xs), err
+					recs, err := cons.WaitForCount(ctx, n)
+					return redistest.PublisherRecords(recs), err
 				},
 				Unroutable: func(m *relay.Message) { m.Topic = wrong },
 				Outage: func() func() {
@@ -223,7 +193,7 @@ func TestConformance(t *testing.T) {
 		Quirks: publishertest.Quirks{TooLargePayload: 20_000, HoldsBack: true},
 		CheckRecord: func(t *testing.T, r publishertest.Record, m relay.Message) {
 			t.Helper()
-			x := r.Raw.(redis.XMessage)
+			x := r.Raw.(redistest.Record)
 			if x.Values[emit.HeaderAggregateID] != m.AggregateID {
 				t.Errorf("%s: aggregate field %q", m.MessageID, x.Values[emit.HeaderAggregateID])
 			}

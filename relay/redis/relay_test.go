@@ -33,6 +33,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	s := newSpace(t)
 	proxy := startProxy(t)
 	p := newPublisher(t, redispub.Config{Client: connect(t, proxy.Addr()), Stream: s.Stream})
+	cons := s.consume(t, "order", "invoice")
 	e := testdb.New(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, driver.Config{})
 	watched := &failureWatch{Publisher: p, failed: make(chan struct{})}
 	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: watched, PublishTimeout: 2 * time.Second,
@@ -77,7 +78,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	for tx := range txs / 2 {
 		commit(tx)
 	}
-	if _, err := s.wait(ctx, txs/2*per); err != nil {
+	if _, err := cons.WaitForCount(ctx, txs/2*per); err != nil {
 		t.Fatal(err)
 	}
 	proxy.Refuse(true)
@@ -91,14 +92,17 @@ func TestRelayEndToEnd(t *testing.T) {
 		t.Fatal("the relay never failed a batch during the outage")
 	}
 	proxy.Refuse(false)
-	xs, err := s.wait(ctx, txs*per)
+	xs, err := cons.WaitForCount(ctx, txs*per)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if keys, err := s.c.Keys(ctx, s.Prefix+"*").Result(); err != nil || len(keys) != 1 || keys[0] != s.Prefix+"outbox.event.order" {
+		t.Errorf("keys under the prefix: %q, %v; want the order stream only", keys, err)
 	}
 	got := map[string][]string{}
 	seen := map[string]bool{}
 	for _, x := range xs {
-		if x.Values[emit.HeaderAggregateType] != "order" {
+		if x.Values[emit.HeaderAggregateType] != "order" || x.Stream != s.Prefix+"outbox.event.order" {
 			t.Errorf("entry %v in the wrong stream", x.Values)
 		}
 		id, _ := x.Values[emit.HeaderMessageID].(string)

@@ -1,0 +1,30 @@
+// Package rabbitmqtest is the outbox's test kit for RabbitMQ, beside
+// outboxtest/kafkatest: a uniquely named topic exchange
+// ([DeclareExchange]) and a [Consumer] that owns a uniquely named queue
+// bound to an exchange with a routing pattern, consumes it, records every
+// delivery with the time it was received, to wait on and to find by
+// outbox message ID, and deletes the queue on Close. It runs against a
+// real broker; it starts none.
+//
+// It lives in the publisher's module,
+// github.com/sqloutbox/outbox/relay/rabbitmq, so a user of the publisher
+// has it already:
+//
+//	conn, _ := amqp.Dial("amqp://guest:guest@127.0.0.1:5672/")
+//	ch, _ := conn.Channel()
+//	ex, err := rabbitmqtest.DeclareExchange(ch)
+//	if err != nil { t.Fatal(err) }
+//	t.Cleanup(func() { _ = ch.ExchangeDelete(ex, false, false) })
+//	c, err := rabbitmqtest.NewConsumer(conn, ex, "order.#")
+//	if err != nil { t.Fatal(err) }
+//	t.Cleanup(func() { _ = c.Close() })
+//	// ... a relay with rabbitmq.NewPublisher(rabbitmq.Config{URL: ..., Exchange: ex}) ...
+//	recs, err := c.WaitForMessageIDs(ctx, ids...)
+//
+// Create the consumer before publishing: a message routed while no queue
+// is bound is dropped (or returned), never stored. [Record.PublisherRecord]
+// gives what the conformance suite (outboxtest/publishertest) checks.
+// Nothing here sleeps to synchronise: [Consumer.Wait] blocks on a channel
+// that is closed and replaced on every change, until its condition holds
+// or its context ends.
+package rabbitmqtest

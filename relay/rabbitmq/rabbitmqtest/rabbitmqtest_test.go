@@ -1,0 +1,97 @@
+package rabbitmqtest_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/relay/rabbitmq/rabbitmqtest"
+)
+
+func dial(t *testing.T) *amqp.Connection {
+	t.Helper()
+	url := os.Getenv("OUTBOX_TEST_RABBITMQ")
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
+			t.Fatalf("RabbitMQ at %s: %v", url, err)
+		}
+		t.Skipf("RabbitMQ not available: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// TestConsumer: only what the binding routes arrives, in order, headers
+// as strings (another type formatted); Wait ends with ctx's error; Close
+// deletes the queue and is safe twice.
+func TestConsumer(t *testing.T) {
+	t.Parallel()
+	conn := dial(t)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := rabbitmqtest.DeclareExchange(ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ch.ExchangeDelete(ex, false, false) })
+	c, err := rabbitmqtest.NewConsumer(conn, ex, "order.#")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	before := time.Now()
+	for _, p := range []struct{ key, id string }{{"order.1", "a"}, {"invoice.1", "x"}, {"order.2", "b"}} {
+		if err := ch.PublishWithContext(ctx, ex, p.key, false, false, amqp.Publishing{Body: []byte(p.id),
+			Headers: amqp.Table{emit.HeaderMessageID: p.id, "n": int32(7)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := c.WaitForMessageIDs(ctx, "a", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || recs[0].RoutingKey != "order.1" || recs[1].RoutingKey != "order.2" || recs[0].Exchange != ex {
+		t.Fatalf("records %+v", recs)
+	}
+	for _, r := range recs {
+		if id, _ := r.MessageID(); string(r.Payload) != id || r.Headers["n"] != "<int32 7>" || r.Received.Before(before) {
+			t.Errorf("record %+v", r)
+		}
+		if pr := r.PublisherRecord(); pr.Headers["n"] != "<int32 7>" || pr.Raw.(rabbitmqtest.Record).RoutingKey != r.RoutingKey {
+			t.Errorf("PublisherRecord %+v", pr)
+		}
+	}
+	short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer stop()
+	if got, err := c.WaitForCount(short, 3); !errors.Is(err, context.DeadlineExceeded) || len(got) != 2 {
+		t.Errorf("WaitForCount(3) = %d records, %v; want 2 and the deadline", len(got), err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	probe, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := probe.QueueDeclarePassive(c.Queue(), false, false, false, false, nil); err == nil {
+		t.Errorf("queue %s still exists after Close", c.Queue())
+	}
+	if _, err := rabbitmqtest.NewConsumer(conn, "outboxtest.ex.missing-"+rabbitmqtest.UniqueName(""), "#"); err == nil {
+		t.Error("NewConsumer on a missing exchange = nil error")
+	}
+}
