@@ -45,6 +45,13 @@
 // This is relay.PublishInOrder, shared with relay/rabbitmq and
 // relay/redis; the publisher adds only the sending of one message.
 //
+// JetStream's Nats-Expected-Last-Subject-Sequence header cannot lift the
+// one-at-a-time rule: it names the stream sequence of the subject's
+// previous message, which the server assigns only when it stores that
+// message, so a second message cannot carry it before the first one's
+// PubAck. It could guard the order, never pipeline it; the publisher
+// does not set it.
+//
 // # Deduplication
 //
 // The Nats-Msg-Id header is the message ID: JetStream drops a second
