@@ -57,5 +57,5 @@ func Example() {
 	fmt.Println(l.Err())
 	// Output:
 	// delivered: 2 lost: [m3]
-	// kafkatest: committed events not delivered: 1 of 3 (m3)
+	// outboxtest: committed events not delivered: 1 of 3 (m3)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -141,10 +142,10 @@ type Consumer struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu      sync.Mutex
-	recs    []Record
-	errs    []error
-	changed chan struct{} // closed and replaced on every change
+	recs *outboxtest.Recorder[Record]
+
+	mu   sync.Mutex
+	errs []error
 }
 
 // DefaultFetchMaxWait is the consumer's fetch.max.wait: how long the broker
@@ -189,7 +190,7 @@ func newConsumer(brokers []string, opts []kgo.Opt) (*Consumer, error) {
 		return nil, fmt.Errorf("kafkatest: consumer: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &Consumer{cl: cl, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{})}
+	c := &Consumer{cl: cl, cancel: cancel, done: make(chan struct{}), recs: outboxtest.NewRecorder[Record]("kafkatest")}
 	go c.loop(ctx)
 	return c, nil
 }
@@ -222,22 +223,18 @@ func (c *Consumer) loop(ctx context.Context) {
 		if len(recs) == 0 && len(errs) == 0 {
 			continue
 		}
-		c.mu.Lock()
-		c.recs = append(c.recs, recs...)
-		c.errs = append(c.errs, errs...)
-		close(c.changed)
-		c.changed = make(chan struct{})
-		c.mu.Unlock()
+		if len(errs) > 0 {
+			c.mu.Lock()
+			c.errs = append(c.errs, errs...)
+			c.mu.Unlock()
+		}
+		c.recs.Add(recs...)
 	}
 }
 
 // Records returns a copy of the records received so far, in receive order
 // (per partition that is offset order).
-func (c *Consumer) Records() []Record {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]Record(nil), c.recs...)
-}
+func (c *Consumer) Records() []Record { return c.recs.Records() }
 
 // Errors returns the fetch errors seen so far (kgo retries most of them
 // itself; they are kept for diagnosis).
@@ -249,29 +246,20 @@ func (c *Consumer) Errors() []error {
 
 // Wait blocks until cond, called with the records so far after every
 // change (and once at the start), returns true, or ctx ends; then it
-// returns the records so far and an error wrapping ctx's error (match it
-// with errors.Is(err, context.DeadlineExceeded)). cond must not block.
+// returns a copy of the records so far and an error wrapping ctx's error
+// (match it with errors.Is(err, context.DeadlineExceeded)). cond must not
+// block, and must not modify the slice it is given: that is the
+// consumer's own (not copied on every change, so that waiting on a long
+// run stays cheap); keep what it needs, such as how far it has scanned.
+// It is [outboxtest.Recorder.Wait].
 func (c *Consumer) Wait(ctx context.Context, cond func([]Record) bool) ([]Record, error) {
-	for {
-		c.mu.Lock()
-		recs := append([]Record(nil), c.recs...)
-		ch := c.changed
-		c.mu.Unlock()
-		if cond(recs) {
-			return recs, nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return recs, fmt.Errorf("kafkatest: condition not met (%d records consumed): %w", len(recs), ctx.Err())
-		}
-	}
+	return c.recs.Wait(ctx, cond)
 }
 
 // WaitForCount waits, as [Consumer.Wait], until at least n records (duplicates
 // counted) were received.
 func (c *Consumer) WaitForCount(ctx context.Context, n int) ([]Record, error) {
-	return c.Wait(ctx, func(r []Record) bool { return len(r) >= n })
+	return c.recs.WaitForCount(ctx, n)
 }
 
 // Close stops the consumer and waits for its goroutine. Records stay
@@ -354,23 +342,5 @@ func ByMessageID(recs []Record) map[string][]Record {
 // (those of other IDs and duplicates included). With no IDs it returns at
 // once. On timeout the error names how many IDs are still missing.
 func (c *Consumer) WaitForMessageIDs(ctx context.Context, ids ...string) ([]Record, error) {
-	want := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
-	}
-	var missing int
-	recs, err := c.Wait(ctx, func(recs []Record) bool {
-		got := make(map[string]bool, len(want))
-		for _, r := range recs {
-			if id, ok := r.MessageID(); ok && want[id] {
-				got[id] = true
-			}
-		}
-		missing = len(want) - len(got)
-		return missing == 0
-	})
-	if err != nil {
-		return recs, fmt.Errorf("kafkatest: %d of %d message IDs not received: %w", missing, len(want), err)
-	}
-	return recs, nil
+	return c.recs.WaitForMessageIDs(ctx, Record.MessageID, ids...)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/outboxtest"
 )
 
 func rec(topic string, part int32, off int64, msgID string) Record {
@@ -56,7 +57,7 @@ func TestCheck(t *testing.T) {
 		// m2 before m1 (aggregate order/a); user/a (m5) is another
 		// aggregate although its ID is the same.
 		recs:  []Record{rec("t", 0, 0, "m2"), rec("t", 0, 1, "m1"), rec("t", 1, 0, "m3"), rec("t", 1, 1, "m4"), rec("t", 0, 2, "m5")},
-		want:  Ledger{Committed: 5, Delivered: 5, OrderViolations: []OrderViolation{{"order", "a", 1, 2}}},
+		want:  Ledger{Committed: 5, Delivered: 5, OrderViolations: []OrderViolation{{AggregateType: "order", AggregateID: "a", Got: 1, After: 2}}},
 		wants: []error{ErrOrder},
 	}, {
 		name: "ARedeliveryIsNotAViolation",
@@ -89,7 +90,7 @@ func TestCheckNamesAFewIDs(t *testing.T) {
 		rows = append(rows, Row{ID: int64(i + 1), MessageID: string(rune('a' + i)), AggregateType: "t", AggregateID: "x"})
 	}
 	err := Check(rows, nil).Err()
-	const want = "kafkatest: committed events not delivered: 8 of 8 (a, b, c, d, e, and 3 more)"
+	const want = "outboxtest: committed events not delivered: 8 of 8 (a, b, c, d, e, and 3 more)"
 	if err == nil || err.Error() != want {
 		t.Fatalf("Err = %v, want %q", err, want)
 	}
@@ -139,5 +140,22 @@ func TestWaitForMessageIDs(t *testing.T) {
 	}
 	if want := "kafkatest: 1 of 2 message IDs not received"; err.Error()[:len(want)] != want {
 		t.Fatalf("error %q, want it to start with %q", err, want)
+	}
+}
+
+// TestLedgerIsOutboxtests: the kit's names are outboxtest's types and
+// sentinel values, so code written against either compiles and matches.
+func TestLedgerIsOutboxtests(t *testing.T) {
+	t.Parallel()
+	var l outboxtest.Ledger = Check([]Row{{ID: 1, MessageID: "m1"}}, []Record{rec("t", 0, 0, "x"), rec("t", 0, 1, "")})
+	var _ []OrderViolation = l.OrderViolations
+	err := l.Err()
+	for _, w := range []error{ErrLost, ErrGhost, outboxtest.ErrLost, outboxtest.ErrGhost} {
+		if !errors.Is(err, w) {
+			t.Errorf("Err = %v, does not match %v", err, w)
+		}
+	}
+	if ErrOrder != outboxtest.ErrOrder {
+		t.Error("ErrOrder is not outboxtest.ErrOrder")
 	}
 }
