@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/sqloutbox/outbox/relay"
 )
 
 // Row is one committed outbox event, as read back from the outbox table
@@ -188,4 +190,16 @@ func firstFew(s []string) string {
 		return strings.Join(s, ", ")
 	}
 	return strings.Join(s[:n], ", ") + fmt.Sprintf(", and %d more", len(s)-n)
+}
+
+// Rows returns the [Row] of each of msgs, in order: ID, MessageID,
+// AggregateType and AggregateID as the relay read them from the outbox
+// table. It is for tests that hand messages to a publisher themselves,
+// with no table to read the rows back from.
+func Rows(msgs []relay.Message) []Row {
+	out := make([]Row, len(msgs))
+	for i, m := range msgs {
+		out[i] = Row{ID: m.ID, MessageID: m.MessageID, AggregateType: m.AggregateType, AggregateID: m.AggregateID}
+	}
+	return out
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sqloutbox/outbox/outboxtest"
+	"github.com/sqloutbox/outbox/relay"
 )
 
 func TestCheck(t *testing.T) {
@@ -177,4 +178,12 @@ func ExampleCheck() {
 	// outboxtest: committed events not delivered: 1 of 3 (m3)
 	// outboxtest: records of events that were not committed: 1 (0 without a message ID; x)
 	// outboxtest: aggregate order broken: 1 (order/o-1: id 1 after 2)
+}
+
+func TestRows(t *testing.T) {
+	t.Parallel()
+	got := outboxtest.Rows([]relay.Message{{ID: 7, MessageID: "m", AggregateType: "order", AggregateID: "o-1", EventType: "x", Payload: []byte("p")}})
+	if want := []outboxtest.Row{{ID: 7, MessageID: "m", AggregateType: "order", AggregateID: "o-1"}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("Rows = %+v, want %+v", got, want)
+	}
 }

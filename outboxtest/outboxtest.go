@@ -8,6 +8,15 @@
 //	go func() { errc <- r.Run(ctx) }() // read errc after cancelling ctx: Run's error
 //	// ... commit a transaction that emits ...
 //	msgs, err := pub.WaitForCount(ctx, 1)
+//
+// It also holds what the broker test kits (outboxtest/kafkatest,
+// relay/nats/natstest, relay/rabbitmq/rabbitmqtest, relay/redis/redistest)
+// share, with no broker client in it: [Recorder], the collector their
+// consumers record into and tests wait on, and the ledger, [Check], which
+// joins the committed rows ([Row]) with the message IDs of what a
+// consumer received and reports lost events, ghosts, duplicates and
+// per-aggregate order as a [Ledger]. Each kit's Check puts its broker's records in the
+// order a consumer of one aggregate sees them and calls it.
 package outboxtest
 
 import (

@@ -25,11 +25,17 @@
 //	recs, err := c.WaitForMessageIDs(ctx, ids...)
 //	if err := kafkatest.Check(rows, recs).Err(); err != nil { t.Fatal(err) }
 //
-// Nothing here sleeps to synchronise: [Consumer.Wait] blocks on a channel
-// that is closed and replaced on every change, until its condition holds
-// or its context ends.
+// The ledger's types and errors are outboxtest's ([Row] is outboxtest.Row
+// and so on): [Check] puts the records in (topic, partition, offset)
+// order and calls outboxtest.Check, the broker-neutral ledger the other
+// kits (relay/nats/natstest, relay/rabbitmq/rabbitmqtest,
+// relay/redis/redistest) share.
+//
+// Nothing here sleeps to synchronise: [Consumer.Wait] (an
+// outboxtest.Recorder's) blocks on a channel that is closed on every
+// change, until its condition holds or its context ends.
 //
 // The package has no dependency on the outbox's internal packages; it
 // imports only the public emit package, for the header names the relay
-// sets ([emit.HeaderMessageID] and the others).
+// sets ([emit.HeaderMessageID] and the others), and outboxtest.
 package kafkatest

@@ -3,8 +3,11 @@
 // ([CreateStream], deleted by [Stream.Delete]) and a [Consumer] that reads
 // the stream from its start with an ordered consumer and records every
 // message with the time it was received, to wait on and to find by
-// outbox message ID. It runs against a real server (nats-server -js); it
-// starts none.
+// outbox message ID, and [Check], the ledger that joins what the outbox
+// table says was committed with what the stream holds: lost events,
+// ghosts, duplicates and per-aggregate order in stream sequence order
+// (outboxtest.Check, the broker-neutral ledger, does the joining). It
+// runs against a real server (nats-server -js); it starts none.
 //
 // It lives in the publisher's module, github.com/sqloutbox/outbox/relay/nats,
 // so a user of the publisher has it already:
@@ -18,9 +21,10 @@
 //	if err != nil { t.Fatal(err) }
 //	t.Cleanup(c.Close)
 //	recs, err := c.WaitForMessageIDs(ctx, ids...)
+//	if err := natstest.Check(rows, recs).Err(); err != nil { t.Fatal(err) } // rows: []outboxtest.Row from the outbox table
 //
 // [Record.PublisherRecord] gives what the conformance suite
 // (outboxtest/publishertest) checks. Nothing here sleeps to synchronise:
-// [Consumer.Wait] blocks on a channel that is closed and replaced on every
-// change, until its condition holds or its context ends.
+// [Consumer.Wait] (an outboxtest.Recorder's) blocks on a channel that is
+// closed on every change, until its condition holds or its context ends.
 package natstest

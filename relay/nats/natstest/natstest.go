@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 )
 
@@ -141,10 +142,10 @@ func ByMessageID(recs []Record) map[string][]Record {
 type Consumer struct {
 	cc jetstream.ConsumeContext
 
-	mu      sync.Mutex
-	recs    []Record
-	changed chan struct{} // closed and replaced on every change
-	closed  bool
+	recs *outboxtest.Recorder[Record]
+
+	mu     sync.Mutex
+	closed bool
 }
 
 // NewConsumer starts consuming stream (a name, e.g. [Stream.Name]) from
@@ -156,7 +157,7 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, stream string) (*C
 	if err != nil {
 		return nil, fmt.Errorf("natstest: ordered consumer of %s: %w", stream, err)
 	}
-	c := &Consumer{changed: make(chan struct{})}
+	c := &Consumer{recs: outboxtest.NewRecorder[Record]("natstest")}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		now := time.Now()
 		r := Record{Subject: m.Subject(), Payload: m.Data(), Headers: map[string]string{}, Received: now, Msg: m}
@@ -168,11 +169,7 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, stream string) (*C
 		if md, err := m.Metadata(); err == nil {
 			r.Sequence = md.Sequence.Stream
 		}
-		c.mu.Lock()
-		c.recs = append(c.recs, r)
-		close(c.changed)
-		c.changed = make(chan struct{})
-		c.mu.Unlock()
+		c.recs.Add(r)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("natstest: consuming %s: %w", stream, err)
@@ -183,11 +180,7 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, stream string) (*C
 
 // Records returns a copy of the records received so far, in stream
 // sequence order.
-func (c *Consumer) Records() []Record {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]Record(nil), c.recs...)
-}
+func (c *Consumer) Records() []Record { return c.recs.Records() }
 
 // Wait blocks until cond, called with the records so far after every
 // change (and once at the start), returns true, or ctx ends; then it
@@ -196,28 +189,15 @@ func (c *Consumer) Records() []Record {
 // block, and must not modify the slice it is given: that is the
 // consumer's own (not copied on every change, so that waiting on a long
 // run stays cheap); keep what it needs, such as how far it has scanned.
+// It is [outboxtest.Recorder.Wait].
 func (c *Consumer) Wait(ctx context.Context, cond func([]Record) bool) ([]Record, error) {
-	for {
-		c.mu.Lock()
-		// Append-only: the first len elements never change, so the view
-		// is safe to read after Unlock.
-		recs, ch := c.recs[:len(c.recs):len(c.recs)], c.changed
-		c.mu.Unlock()
-		if cond(recs) {
-			return append([]Record(nil), recs...), nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return append([]Record(nil), recs...), fmt.Errorf("natstest: condition not met (%d records consumed): %w", len(recs), ctx.Err())
-		}
-	}
+	return c.recs.Wait(ctx, cond)
 }
 
 // WaitForCount waits, as [Consumer.Wait], until at least n records
 // (duplicates counted) were received.
 func (c *Consumer) WaitForCount(ctx context.Context, n int) ([]Record, error) {
-	return c.Wait(ctx, func(r []Record) bool { return len(r) >= n })
+	return c.recs.WaitForCount(ctx, n)
 }
 
 // WaitForMessageIDs waits, as [Consumer.Wait], until a record of every
@@ -225,26 +205,7 @@ func (c *Consumer) WaitForCount(ctx context.Context, n int) ([]Record, error) {
 // (those of other IDs and duplicates included). With no IDs it returns at
 // once. On timeout the error names how many IDs are still missing.
 func (c *Consumer) WaitForMessageIDs(ctx context.Context, ids ...string) ([]Record, error) {
-	want := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
-	}
-	got := make(map[string]bool, len(want))
-	scanned, missing := 0, len(want)
-	recs, err := c.Wait(ctx, func(recs []Record) bool {
-		for _, r := range recs[scanned:] {
-			if id, ok := r.MessageID(); ok && want[id] {
-				got[id] = true
-			}
-		}
-		scanned = len(recs)
-		missing = len(want) - len(got)
-		return missing == 0
-	})
-	if err != nil {
-		return recs, fmt.Errorf("natstest: %d of %d message IDs not received: %w", missing, len(want), err)
-	}
-	return recs, nil
+	return c.recs.WaitForMessageIDs(ctx, Record.MessageID, ids...)
 }
 
 // Close stops the consumer (JetStream deletes the ephemeral consumer).

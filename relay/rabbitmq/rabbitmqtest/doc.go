@@ -3,8 +3,11 @@
 // ([DeclareExchange]) and a [Consumer] that owns a uniquely named queue
 // bound to an exchange with a routing pattern, consumes it, records every
 // delivery with the time it was received, to wait on and to find by
-// outbox message ID, and deletes the queue on Close. It runs against a
-// real broker; it starts none.
+// outbox message ID, and deletes the queue on Close; and [Check], the
+// ledger that joins what the outbox table says was committed with what
+// the queue delivered: lost events, ghosts, duplicates and per-aggregate
+// order in delivery order (outboxtest.Check, the broker-neutral ledger,
+// does the joining). It runs against a real broker; it starts none.
 //
 // It lives in the publisher's module,
 // github.com/sqloutbox/outbox/relay/rabbitmq, so a user of the publisher
@@ -20,11 +23,12 @@
 //	t.Cleanup(func() { _ = c.Close() })
 //	// ... a relay with rabbitmq.NewPublisher(rabbitmq.Config{URL: ..., Exchange: ex}) ...
 //	recs, err := c.WaitForMessageIDs(ctx, ids...)
+//	if err := rabbitmqtest.Check(rows, recs).Err(); err != nil { t.Fatal(err) } // rows: []outboxtest.Row from the outbox table
 //
 // Create the consumer before publishing: a message routed while no queue
 // is bound is dropped (or returned), never stored. [Record.PublisherRecord]
 // gives what the conformance suite (outboxtest/publishertest) checks.
-// Nothing here sleeps to synchronise: [Consumer.Wait] blocks on a channel
-// that is closed and replaced on every change, until its condition holds
-// or its context ends.
+// Nothing here sleeps to synchronise: [Consumer.Wait] (an
+// outboxtest.Recorder's) blocks on a channel that is closed on every
+// change, until its condition holds or its context ends.
 package rabbitmqtest

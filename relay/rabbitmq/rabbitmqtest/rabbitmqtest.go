@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 )
 
@@ -100,9 +101,7 @@ type Consumer struct {
 	done  chan struct{}
 	once  sync.Once
 
-	mu      sync.Mutex
-	recs    []Record
-	changed chan struct{} // closed and replaced on every change
+	recs *outboxtest.Recorder[Record]
 }
 
 // NewConsumer opens a channel on conn, declares a queue named
@@ -118,7 +117,7 @@ func NewConsumer(conn *amqp.Connection, exchange, binding string) (*Consumer, er
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmqtest: opening a channel: %w", err)
 	}
-	c := &Consumer{ch: ch, queue: UniqueName("outboxtest.q."), done: make(chan struct{}), changed: make(chan struct{})}
+	c := &Consumer{ch: ch, queue: UniqueName("outboxtest.q."), done: make(chan struct{}), recs: outboxtest.NewRecorder[Record]("rabbitmqtest")}
 	fail := func(what string, err error) (*Consumer, error) {
 		_, _ = ch.QueueDelete(c.queue, false, false, false)
 		_ = ch.Close()
@@ -149,11 +148,7 @@ func NewConsumer(conn *amqp.Connection, exchange, binding string) (*Consumer, er
 				h[k] = s
 			}
 			r := Record{Exchange: d.Exchange, RoutingKey: d.RoutingKey, Payload: d.Body, Headers: h, Received: now, Delivery: d}
-			c.mu.Lock()
-			c.recs = append(c.recs, r)
-			close(c.changed)
-			c.changed = make(chan struct{})
-			c.mu.Unlock()
+			c.recs.Add(r)
 		}
 	}()
 	return c, nil
@@ -164,11 +159,7 @@ func (c *Consumer) Queue() string { return c.queue }
 
 // Records returns a copy of the records received so far, in delivery
 // order.
-func (c *Consumer) Records() []Record {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]Record(nil), c.recs...)
-}
+func (c *Consumer) Records() []Record { return c.recs.Records() }
 
 // Wait blocks until cond, called with the records so far after every
 // change (and once at the start), returns true, or ctx ends; then it
@@ -177,28 +168,15 @@ func (c *Consumer) Records() []Record {
 // block, and must not modify the slice it is given: that is the
 // consumer's own (not copied on every change, so that waiting on a long
 // run stays cheap); keep what it needs, such as how far it has scanned.
+// It is [outboxtest.Recorder.Wait].
 func (c *Consumer) Wait(ctx context.Context, cond func([]Record) bool) ([]Record, error) {
-	for {
-		c.mu.Lock()
-		// Append-only: the first len elements never change, so the view
-		// is safe to read after Unlock.
-		recs, ch := c.recs[:len(c.recs):len(c.recs)], c.changed
-		c.mu.Unlock()
-		if cond(recs) {
-			return append([]Record(nil), recs...), nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return append([]Record(nil), recs...), fmt.Errorf("rabbitmqtest: condition not met (%d records consumed): %w", len(recs), ctx.Err())
-		}
-	}
+	return c.recs.Wait(ctx, cond)
 }
 
 // WaitForCount waits, as [Consumer.Wait], until at least n records
 // (duplicates counted) were received.
 func (c *Consumer) WaitForCount(ctx context.Context, n int) ([]Record, error) {
-	return c.Wait(ctx, func(r []Record) bool { return len(r) >= n })
+	return c.recs.WaitForCount(ctx, n)
 }
 
 // WaitForMessageIDs waits, as [Consumer.Wait], until a record of every
@@ -206,26 +184,7 @@ func (c *Consumer) WaitForCount(ctx context.Context, n int) ([]Record, error) {
 // (those of other IDs and duplicates included). With no IDs it returns at
 // once. On timeout the error names how many IDs are still missing.
 func (c *Consumer) WaitForMessageIDs(ctx context.Context, ids ...string) ([]Record, error) {
-	want := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
-	}
-	got := make(map[string]bool, len(want))
-	scanned, missing := 0, len(want)
-	recs, err := c.Wait(ctx, func(recs []Record) bool {
-		for _, r := range recs[scanned:] {
-			if id, ok := r.MessageID(); ok && want[id] {
-				got[id] = true
-			}
-		}
-		scanned = len(recs)
-		missing = len(want) - len(got)
-		return missing == 0
-	})
-	if err != nil {
-		return recs, fmt.Errorf("rabbitmqtest: %d of %d message IDs not received: %w", missing, len(want), err)
-	}
-	return recs, nil
+	return c.recs.WaitForMessageIDs(ctx, Record.MessageID, ids...)
 }
 
 // Close deletes the queue (with what it still holds), closes the

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	redispub "github.com/sqloutbox/outbox/relay/redis"
 )
@@ -120,10 +121,10 @@ type Consumer struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu      sync.Mutex
-	recs    []Record
-	errs    []error
-	changed chan struct{} // closed and replaced on every change
+	recs *outboxtest.Recorder[Record]
+
+	mu   sync.Mutex
+	errs []error
 }
 
 // NewConsumer starts reading streams (at least one key) with a client
@@ -147,7 +148,7 @@ func NewConsumer(opts *redis.Options, streams ...string) (*Consumer, error) {
 		return nil, fmt.Errorf("redistest: Redis at %s: %w", o.Addr, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &Consumer{cl: cl, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{})}
+	c := &Consumer{cl: cl, cancel: cancel, done: make(chan struct{}), recs: outboxtest.NewRecorder[Record]("redistest")}
 	go c.loop(ctx, streams)
 	return c, nil
 }
@@ -192,14 +193,12 @@ func (c *Consumer) loop(ctx context.Context, streams []string) {
 				}
 			}
 		}
-		c.mu.Lock()
-		c.recs = append(c.recs, recs...)
 		if err != nil {
+			c.mu.Lock()
 			c.errs = append(c.errs, err)
+			c.mu.Unlock()
 		}
-		close(c.changed)
-		c.changed = make(chan struct{})
-		c.mu.Unlock()
+		c.recs.Add(recs...)
 		if err != nil {
 			// A retry pause after a failed read, not a synchronisation.
 			retry.Reset(50 * time.Millisecond)
@@ -213,11 +212,7 @@ func (c *Consumer) loop(ctx context.Context, streams []string) {
 }
 
 // Records returns a copy of the records read so far, in the order read.
-func (c *Consumer) Records() []Record {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]Record(nil), c.recs...)
-}
+func (c *Consumer) Records() []Record { return c.recs.Records() }
 
 // Errors returns the read errors seen so far (each read was retried).
 func (c *Consumer) Errors() []error {
@@ -233,28 +228,15 @@ func (c *Consumer) Errors() []error {
 // block, and must not modify the slice it is given: that is the
 // consumer's own (not copied on every change, so that waiting on a long
 // run stays cheap); keep what it needs, such as how far it has scanned.
+// It is [outboxtest.Recorder.Wait].
 func (c *Consumer) Wait(ctx context.Context, cond func([]Record) bool) ([]Record, error) {
-	for {
-		c.mu.Lock()
-		// Append-only: the first len elements never change, so the view
-		// is safe to read after Unlock.
-		recs, ch := c.recs[:len(c.recs):len(c.recs)], c.changed
-		c.mu.Unlock()
-		if cond(recs) {
-			return append([]Record(nil), recs...), nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return append([]Record(nil), recs...), fmt.Errorf("redistest: condition not met (%d records read): %w", len(recs), ctx.Err())
-		}
-	}
+	return c.recs.Wait(ctx, cond)
 }
 
 // WaitForCount waits, as [Consumer.Wait], until at least n records
 // (duplicates counted) were read.
 func (c *Consumer) WaitForCount(ctx context.Context, n int) ([]Record, error) {
-	return c.Wait(ctx, func(r []Record) bool { return len(r) >= n })
+	return c.recs.WaitForCount(ctx, n)
 }
 
 // WaitForMessageIDs waits, as [Consumer.Wait], until a record of every
@@ -262,26 +244,7 @@ func (c *Consumer) WaitForCount(ctx context.Context, n int) ([]Record, error) {
 // (those of other IDs and duplicates included). With no IDs it returns at
 // once. On timeout the error names how many IDs are still missing.
 func (c *Consumer) WaitForMessageIDs(ctx context.Context, ids ...string) ([]Record, error) {
-	want := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
-	}
-	got := make(map[string]bool, len(want))
-	scanned, missing := 0, len(want)
-	recs, err := c.Wait(ctx, func(recs []Record) bool {
-		for _, r := range recs[scanned:] {
-			if id, ok := r.MessageID(); ok && want[id] {
-				got[id] = true
-			}
-		}
-		scanned = len(recs)
-		missing = len(want) - len(got)
-		return missing == 0
-	})
-	if err != nil {
-		return recs, fmt.Errorf("redistest: %d of %d message IDs not received: %w", missing, len(want), err)
-	}
-	return recs, nil
+	return c.recs.WaitForMessageIDs(ctx, Record.MessageID, ids...)
 }
 
 // Close stops the consumer, closes its client and waits for its
