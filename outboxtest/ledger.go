@@ -203,3 +203,17 @@ func Rows(msgs []relay.Message) []Row {
 	}
 	return out
 }
+
+// ByMessageID groups recs by outbox message ID, each group in the order
+// of recs (a group of two or more is a duplicate delivery); messageID
+// returns a record's ID and whether it has one (a kit's Record.MessageID
+// method expression fits). Records without one are left out.
+func ByMessageID[R any](recs []R, messageID func(R) (string, bool)) map[string][]R {
+	out := make(map[string][]R, len(recs))
+	for _, r := range recs {
+		if id, ok := messageID(r); ok {
+			out[id] = append(out[id], r)
+		}
+	}
+	return out
+}

@@ -187,3 +187,19 @@ func TestRows(t *testing.T) {
 		t.Fatalf("Rows = %+v, want %+v", got, want)
 	}
 }
+
+func TestByMessageID(t *testing.T) {
+	t.Parallel()
+	type rec struct {
+		id string
+		n  int
+	}
+	id := func(r rec) (string, bool) { return r.id, r.id != "" }
+	got := outboxtest.ByMessageID([]rec{{"a", 1}, {"", 2}, {"b", 3}, {"a", 4}}, id)
+	if want := map[string][]rec{"a": {{"a", 1}, {"a", 4}}, "b": {{"b", 3}}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("ByMessageID = %v, want %v", got, want)
+	}
+	if got := outboxtest.ByMessageID(nil, id); len(got) != 0 {
+		t.Fatalf("ByMessageID(nil) = %v", got)
+	}
+}

@@ -327,14 +327,9 @@ func (r Record) MessageID() (string, bool) {
 // ByMessageID groups recs by outbox message ID, each group in the order
 // of recs (a group of two or more is a duplicate delivery). Records
 // without a message ID are left out.
+// It is [outboxtest.ByMessageID].
 func ByMessageID(recs []Record) map[string][]Record {
-	out := make(map[string][]Record, len(recs))
-	for _, r := range recs {
-		if id, ok := r.MessageID(); ok {
-			out[id] = append(out[id], r)
-		}
-	}
-	return out
+	return outboxtest.ByMessageID(recs, Record.MessageID)
 }
 
 // WaitForMessageIDs waits, as [Consumer.Wait], until a record of every

@@ -229,6 +229,17 @@ func Messages(prefix string, firstID int64, n, aggs int) []relay.Message {
 	return msgs
 }
 
+// RecordsOf converts recs, in order, with conv: what a consumer of a
+// broker kit received, as Record, e.g. RecordsOf(recs,
+// natstest.Record.PublisherRecord). The kits' PublisherRecords call it.
+func RecordsOf[R any](recs []R, conv func(R) Record) []Record {
+	out := make([]Record, len(recs))
+	for i, r := range recs {
+		out[i] = conv(r)
+	}
+	return out
+}
+
 // WantHeaders returns the headers a consumer must receive for m: the
 // relay's emit.Header* headers, then m.Headers.
 func WantHeaders(m relay.Message) map[string]string {

@@ -3,7 +3,6 @@ package natstest_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/outboxtest"
+	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
 	"github.com/sqloutbox/outbox/relay/nats/natstest"
@@ -68,17 +68,6 @@ func (s *ledgerSpace) direct(t *testing.T, ctx context.Context, subject, msgID, 
 	}
 }
 
-// batch is n messages over aggs aggregates of type order, outbox ids 1..n
-// in batch order.
-func batch(n, aggs int) []relay.Message {
-	out := make([]relay.Message, n)
-	for i := range out {
-		out[i] = relay.Message{ID: int64(i + 1), MessageID: fmt.Sprintf("m%d", i+1), AggregateType: "order",
-			AggregateID: fmt.Sprintf("o-%d", i%aggs), EventType: "order.updated", Payload: []byte{byte(i)}}
-	}
-	return out
-}
-
 // TestCheck: a batch published through the publisher over three
 // aggregates, plus a committed row never published (lost), a record of
 // no row (ghost), one without a message ID, the same event stored a
@@ -90,22 +79,22 @@ func TestCheck(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	s := newLedgerSpace(t, ctx)
-	msgs := batch(9, 3)
+	msgs := publishertest.Messages("", 1, 9, 3) // agg-00, agg-02: order; agg-01: invoice
 	if err := s.pub.Publish(ctx, msgs); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.pub.Publish(ctx, msgs[1:2]); err != nil { // deduplicated by Nats-Msg-Id
 		t.Fatal(err)
 	}
-	s.direct(t, ctx, "outbox.event.order.o-0", "m1", "m1-again") // stored twice
+	s.direct(t, ctx, "outbox.event.order.agg-00", msgs[0].MessageID, "again") // stored twice
 	s.direct(t, ctx, "other", "", "")
 	s.direct(t, ctx, "other", "ghost", "") // last: once it is in, all is
 	recs, err := s.cons.WaitForMessageIDs(ctx, "ghost")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := append(outboxtest.Rows(msgs), outboxtest.Row{ID: 10, MessageID: "m10", AggregateType: "order", AggregateID: "o-0"})
-	want := outboxtest.Ledger{Committed: 10, Delivered: 9, Lost: []string{"m10"}, Ghosts: []string{"ghost"}, NoMessageID: 1, Duplicates: 1}
+	rows := append(outboxtest.Rows(msgs), outboxtest.Row{ID: 10, MessageID: "lost", AggregateType: "order", AggregateID: "agg-00"})
+	want := outboxtest.Ledger{Committed: 10, Delivered: 9, Lost: []string{"lost"}, Ghosts: []string{"ghost"}, NoMessageID: 1, Duplicates: 1}
 	l := natstest.Check(rows, recs)
 	if !reflect.DeepEqual(l, want) {
 		t.Fatalf("Check =\n %+v, want\n %+v", l, want)

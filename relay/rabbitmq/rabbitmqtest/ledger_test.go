@@ -3,7 +3,6 @@ package rabbitmqtest_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"reflect"
 	"testing"
@@ -13,7 +12,7 @@ import (
 
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/outboxtest"
-	"github.com/sqloutbox/outbox/relay"
+	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay/rabbitmq"
 	"github.com/sqloutbox/outbox/relay/rabbitmq/rabbitmqtest"
 )
@@ -70,17 +69,6 @@ func (s *ledgerSpace) direct(t *testing.T, ctx context.Context, key, msgID strin
 	}
 }
 
-// batch is n messages over aggs aggregates of type order, outbox ids 1..n
-// in batch order.
-func batch(n, aggs int) []relay.Message {
-	out := make([]relay.Message, n)
-	for i := range out {
-		out[i] = relay.Message{ID: int64(i + 1), MessageID: fmt.Sprintf("m%d", i+1), AggregateType: "order",
-			AggregateID: fmt.Sprintf("o-%d", i%aggs), EventType: "order.updated", Payload: []byte{byte(i)}}
-	}
-	return out
-}
-
 // TestCheck: a batch published through the publisher over three
 // aggregates, plus a committed row never published (lost), one event
 // published again (RabbitMQ delivers it twice: a duplicate), a record of
@@ -90,7 +78,7 @@ func TestCheck(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	s := newLedgerSpace(t)
-	msgs := batch(9, 3)
+	msgs := publishertest.Messages("", 1, 9, 3) // agg-00, agg-02: order; agg-01: invoice
 	if err := s.pub.Publish(ctx, msgs); err != nil {
 		t.Fatal(err)
 	}
@@ -103,8 +91,8 @@ func TestCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := append(outboxtest.Rows(msgs), outboxtest.Row{ID: 10, MessageID: "m10", AggregateType: "order", AggregateID: "o-0"})
-	want := outboxtest.Ledger{Committed: 10, Delivered: 9, Lost: []string{"m10"}, Ghosts: []string{"ghost"}, NoMessageID: 1, Duplicates: 1}
+	rows := append(outboxtest.Rows(msgs), outboxtest.Row{ID: 10, MessageID: "lost", AggregateType: "order", AggregateID: "agg-00"})
+	want := outboxtest.Ledger{Committed: 10, Delivered: 9, Lost: []string{"lost"}, Ghosts: []string{"ghost"}, NoMessageID: 1, Duplicates: 1}
 	l := rabbitmqtest.Check(rows, recs)
 	if !reflect.DeepEqual(l, want) {
 		t.Fatalf("Check =\n %+v, want\n %+v", l, want)

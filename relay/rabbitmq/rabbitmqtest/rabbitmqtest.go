@@ -70,24 +70,15 @@ func (r Record) PublisherRecord() publishertest.Record {
 
 // PublisherRecords converts recs with [Record.PublisherRecord], in order.
 func PublisherRecords(recs []Record) []publishertest.Record {
-	out := make([]publishertest.Record, len(recs))
-	for i, r := range recs {
-		out[i] = r.PublisherRecord()
-	}
-	return out
+	return publishertest.RecordsOf(recs, Record.PublisherRecord)
 }
 
 // ByMessageID groups recs by outbox message ID, each group in the order
 // of recs (a group of two or more is a duplicate delivery). Records
 // without a message ID are left out.
+// It is [outboxtest.ByMessageID].
 func ByMessageID(recs []Record) map[string][]Record {
-	out := make(map[string][]Record, len(recs))
-	for _, r := range recs {
-		if id, ok := r.MessageID(); ok {
-			out[id] = append(out[id], r)
-		}
-	}
-	return out
+	return outboxtest.ByMessageID(recs, Record.MessageID)
 }
 
 // Consumer owns a uniquely named queue bound to an exchange and consumes

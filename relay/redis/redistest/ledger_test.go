@@ -3,7 +3,6 @@ package redistest_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/outboxtest"
+	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay"
 	redispub "github.com/sqloutbox/outbox/relay/redis"
 	"github.com/sqloutbox/outbox/relay/redis/redistest"
@@ -61,18 +61,6 @@ func (s *ledgerSpace) direct(t *testing.T, ctx context.Context, stream, id, msgI
 	}
 }
 
-// batch is n messages over aggs aggregates of type typ, outbox ids
-// first.. in batch order, message IDs typ + "-" + the outbox id.
-func batch(typ string, first int64, n, aggs int) []relay.Message {
-	out := make([]relay.Message, n)
-	for i := range out {
-		id := first + int64(i)
-		out[i] = relay.Message{ID: id, MessageID: fmt.Sprintf("%s-%d", typ, id), AggregateType: typ,
-			AggregateID: fmt.Sprintf("%s-%d", typ, i%aggs), EventType: typ + ".updated", Payload: []byte{byte(i)}}
-	}
-	return out
-}
-
 // TestCheck: batches published through the publisher into two streams
 // (order over two aggregates, invoice over one), plus a committed row
 // never published (lost), one event published again (Redis stores it
@@ -84,7 +72,7 @@ func TestCheck(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	s := newLedgerSpace(t)
-	msgs := append(batch("order", 1, 6, 2), batch("invoice", 7, 3, 1)...)
+	msgs := publishertest.Messages("", 1, 9, 3) // agg-00, agg-02: order; agg-01: invoice
 	if err := s.pub.Publish(ctx, msgs); err != nil {
 		t.Fatal(err)
 	}
@@ -97,8 +85,8 @@ func TestCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := append(outboxtest.Rows(msgs), outboxtest.Row{ID: 10, MessageID: "order-10", AggregateType: "order", AggregateID: "order-0"})
-	want := outboxtest.Ledger{Committed: 10, Delivered: 9, Lost: []string{"order-10"}, Ghosts: []string{"ghost"}, NoMessageID: 1, Duplicates: 1}
+	rows := append(outboxtest.Rows(msgs), outboxtest.Row{ID: 10, MessageID: "lost", AggregateType: "order", AggregateID: "agg-00"})
+	want := outboxtest.Ledger{Committed: 10, Delivered: 9, Lost: []string{"lost"}, Ghosts: []string{"ghost"}, NoMessageID: 1, Duplicates: 1}
 	l := redistest.Check(rows, recs)
 	if !reflect.DeepEqual(l, want) {
 		t.Fatalf("Check =\n %+v, want\n %+v", l, want)
