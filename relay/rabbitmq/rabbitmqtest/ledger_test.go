@@ -3,7 +3,6 @@ package rabbitmqtest_test
 import (
 	"context"
 	"errors"
-	"os"
 	"reflect"
 	"testing"
 	"time"
@@ -29,25 +28,13 @@ type ledgerSpace struct {
 func newLedgerSpace(t *testing.T) *ledgerSpace {
 	t.Helper()
 	conn := dial(t)
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ex, err := rabbitmqtest.DeclareExchange(ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ch.ExchangeDelete(ex, false, false) })
+	ch, ex := exchange(t, conn)
 	c, err := rabbitmqtest.NewConsumer(conn, ex, "#")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	url := os.Getenv("OUTBOX_TEST_RABBITMQ")
-	if url == "" {
-		url = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	pub, err := rabbitmq.NewPublisher(rabbitmq.Config{URL: url, Exchange: ex})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.Config{URL: brokerURL(), Exchange: ex})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,12 +13,18 @@ import (
 	"github.com/sqloutbox/outbox/relay/rabbitmq/rabbitmqtest"
 )
 
+// brokerURL is the broker the tests use: $OUTBOX_TEST_RABBITMQ or the
+// local one.
+func brokerURL() string {
+	if url := os.Getenv("OUTBOX_TEST_RABBITMQ"); url != "" {
+		return url
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
+}
+
 func dial(t *testing.T) *amqp.Connection {
 	t.Helper()
-	url := os.Getenv("OUTBOX_TEST_RABBITMQ")
-	if url == "" {
-		url = "amqp://guest:guest@127.0.0.1:5672/"
-	}
+	url := brokerURL()
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
@@ -30,12 +36,10 @@ func dial(t *testing.T) *amqp.Connection {
 	return conn
 }
 
-// TestConsumer: only what the binding routes arrives, in order, headers
-// as strings (another type formatted); Wait ends with ctx's error; Close
-// deletes the queue and is safe twice.
-func TestConsumer(t *testing.T) {
-	t.Parallel()
-	conn := dial(t)
+// exchange opens a channel on conn and declares the test's own exchange
+// on it, deleted when the test ends.
+func exchange(t *testing.T, conn *amqp.Connection) (*amqp.Channel, string) {
+	t.Helper()
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +49,16 @@ func TestConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ch.ExchangeDelete(ex, false, false) })
+	return ch, ex
+}
+
+// TestConsumer: only what the binding routes arrives, in order, headers
+// as strings (another type formatted); Wait ends with ctx's error; Close
+// deletes the queue and is safe twice.
+func TestConsumer(t *testing.T) {
+	t.Parallel()
+	conn := dial(t)
+	ch, ex := exchange(t, conn)
 	c, err := rabbitmqtest.NewConsumer(conn, ex, "order.#")
 	if err != nil {
 		t.Fatal(err)

@@ -22,7 +22,7 @@ import (
 // compared as the two numbers they are ("9-0" before "10-0"), not as
 // strings. The publisher XADDs an aggregate's next entry only after the
 // previous one's reply, and an aggregate's entries all go to one stream
-// (its aggregate type's, with redispub.DefaultStream), so they must be
+// (its aggregate type's, with [redispub.DefaultStream]), so they must be
 // in outbox-id order there; records of different streams are not
 // ordered against each other, and needn't be. An ID that is not "ms-seq"
 // (not from Redis) sorts after every valid one of its stream, by string.
