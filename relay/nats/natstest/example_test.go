@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
 	"github.com/sqloutbox/outbox/relay/nats/natstest"
@@ -62,5 +63,13 @@ func Example() {
 		return
 	}
 	fmt.Println(recs[0].Sequence, recs[0].Subject == prefix+".outbox.event.order.o-1", string(recs[0].Payload))
-	// Output: 1 true {"cents":1250}
+	// The ledger: the rows the outbox table holds (read back with a SELECT
+	// in a real test) against what was received; m-2 was never published.
+	rows := []outboxtest.Row{{ID: 1, MessageID: "m-1", AggregateType: "order", AggregateID: "o-1"},
+		{ID: 2, MessageID: "m-2", AggregateType: "order", AggregateID: "o-1"}}
+	l := natstest.Check(rows, recs)
+	fmt.Printf("committed %d, delivered %d, lost %v\n", l.Committed, l.Delivered, l.Lost)
+	// Output:
+	// 1 true {"cents":1250}
+	// committed 2, delivered 1, lost [m-2]
 }

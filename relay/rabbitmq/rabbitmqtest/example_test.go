@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/rabbitmq"
 	"github.com/sqloutbox/outbox/relay/rabbitmq/rabbitmqtest"
@@ -60,5 +61,13 @@ func Example() {
 		return
 	}
 	fmt.Println(recs[0].RoutingKey, recs[0].Headers["outbox-event-type"], string(recs[0].Payload))
-	// Output: order.o-1 order.paid {"cents":1250}
+	// The ledger: the rows the outbox table holds (read back with a SELECT
+	// in a real test) against what was received; m-2 was never published.
+	rows := []outboxtest.Row{{ID: 1, MessageID: "m-1", AggregateType: "order", AggregateID: "o-1"},
+		{ID: 2, MessageID: "m-2", AggregateType: "order", AggregateID: "o-1"}}
+	l := rabbitmqtest.Check(rows, recs)
+	fmt.Printf("committed %d, delivered %d, lost %v\n", l.Committed, l.Delivered, l.Lost)
+	// Output:
+	// order.o-1 order.paid {"cents":1250}
+	// committed 2, delivered 1, lost [m-2]
 }

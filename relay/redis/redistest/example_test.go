@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 	redispub "github.com/sqloutbox/outbox/relay/redis"
 	"github.com/sqloutbox/outbox/relay/redis/redistest"
@@ -49,5 +50,13 @@ func Example() {
 		return
 	}
 	fmt.Println(recs[0].Stream == prefix+"outbox.event.order", recs[0].Headers["outbox-aggregate-id"], string(recs[0].Payload))
-	// Output: true o-1 {"cents":1250}
+	// The ledger: the rows the outbox table holds (read back with a SELECT
+	// in a real test) against what was received; m-2 was never published.
+	rows := []outboxtest.Row{{ID: 1, MessageID: "m-1", AggregateType: "order", AggregateID: "o-1"},
+		{ID: 2, MessageID: "m-2", AggregateType: "order", AggregateID: "o-1"}}
+	l := redistest.Check(rows, recs)
+	fmt.Printf("committed %d, delivered %d, lost %v\n", l.Committed, l.Delivered, l.Lost)
+	// Output:
+	// true o-1 {"cents":1250}
+	// committed 2, delivered 1, lost [m-2]
 }
