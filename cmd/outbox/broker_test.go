@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/internal/faultproxy"
+	"github.com/sqloutbox/outbox/internal/privateserver"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
@@ -761,21 +761,6 @@ func TestRelayReadyzFollowsBroker(t *testing.T) {
 	}
 }
 
-// rabbitmqctl runs the broker's CLI on this host, skipping t if it is
-// not available (or the broker is not local).
-func rabbitmqctl(t *testing.T, args ...string) {
-	t.Helper()
-	path, err := exec.LookPath("rabbitmqctl")
-	if err != nil {
-		t.Skip("SKIP: rabbitmqctl not on PATH: cannot create a broker user")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, path, args...).CombinedOutput(); err != nil {
-		t.Skipf("SKIP: rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
 // TestRelayRabbitMQCredentials: a RabbitMQ user created for the test
 // (removed when it ends), named in --broker on the command line with its
 // password in --broker-password-file (SASL PLAIN through amqp.Config), or
@@ -791,15 +776,8 @@ func TestRelayRabbitMQCredentials(t *testing.T) {
 	}
 	host := net.JoinHostPort(u.Host, strconv.Itoa(u.Port))
 	user, pass := "outboxcmd-"+uniqueID(), "Rabbit-"+uniqueID()
-	rabbitmqctl(t, "add_user", user, pass)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		if out, err := exec.CommandContext(ctx, "rabbitmqctl", "delete_user", user).CombinedOutput(); err != nil {
-			t.Errorf("removing the test's user %s: %v\n%s", user, err, out)
-		}
-	})
-	rabbitmqctl(t, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
+	privateserver.RabbitMQUser(t, user, pass) // removed when the test ends
+	privateserver.Rabbitmqctl(t, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
 
 	t.Run("PasswordFile", func(t *testing.T) {
 		t.Parallel()

@@ -6,90 +6,44 @@ import (
 	"encoding/pem"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sqloutbox/outbox/internal/privateserver"
 	"github.com/sqloutbox/outbox/internal/testdb"
 )
 
-// natsServerBin is the nats-server binary of the test machine; tests that
-// need a private server skip without it.
-func natsServerBin() string { return envOr("OUTBOX_TEST_NATS_SERVER", "/usr/sbin/nats-server") }
-
-// privateNATS starts a nats-server of this test's own on a free port: TLS
+// privateNATS starts a nats-server of this test's own on a free port
+// (privateserver.NATSServer: the shared server is never touched): TLS
 // with pki's server certificate, client certificates required, JetStream
-// in a temporary directory and one user. It is stopped when t ends (the
-// shared server is never touched). It returns the server's tls:// URL and
-// the client TLS configuration that connects to it.
+// in a temporary directory and one user. It returns the server's tls://
+// URL and the client TLS configuration that connects to it.
 func privateNATS(t *testing.T, pki testPKI, user, password string) (string, *tls.Config) {
 	t.Helper()
-	bin := natsServerBin()
-	if _, err := os.Stat(bin); err != nil {
-		// CI and this project's machines have it (the shared NATS runs
-		// from it): there its absence is a failure, not a skip.
-		if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
-			t.Fatalf("no nats-server binary at %s (OUTBOX_TEST_REQUIRE is set; set OUTBOX_TEST_NATS_SERVER): %v", bin, err)
-		}
-		t.Skipf("SKIP: no nats-server binary at %s (set OUTBOX_TEST_NATS_SERVER): %v", bin, err)
-	}
-	dir := t.TempDir()
 	keyDER, err := x509.MarshalPKCS8PrivateKey(pki.server.PrivateKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	certFile, keyFile := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
-	for f, b := range map[string][]byte{
-		certFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.server.Certificate[0]}),
-		keyFile:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
-	} {
-		if err := os.WriteFile(f, b, 0o600); err != nil {
-			t.Fatal(err)
+	addr := privateserver.NATSServer(t, func(dir string) string {
+		certFile, keyFile := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
+		for f, b := range map[string][]byte{
+			certFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.server.Certificate[0]}),
+			keyFile:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+		} {
+			if err := os.WriteFile(f, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	addr := freeAddr(t)
-	conf := filepath.Join(dir, "nats.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, `listen: %q
-jetstream { store_dir: %q, max_memory_store: 67108864, max_file_store: 67108864 }
+		return fmt.Sprintf(`jetstream { store_dir: %q, max_memory_store: 67108864, max_file_store: 67108864 }
 tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true, timeout: 5 }
 authorization { user: %q, password: %q }
-`, addr, filepath.Join(dir, "js"), certFile, keyFile, pki.caFile, user, password), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var out testdb.SyncBuffer
-	cmd := exec.Command(bin, "-c", conf)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", bin, err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill() // the server this test started, by its pid
-		<-exited
+`, filepath.Join(dir, "js"), certFile, keyFile, pki.caFile, user, password)
 	})
 	tc := &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.client}, MinVersion: tls.VersionTLS12}
-	url := "tls://" + addr
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		nc, err := nats.Connect(url, nats.Secure(tc), nats.UserInfo(user, password), nats.Timeout(2*time.Second))
-		if err == nil {
-			nc.Close()
-			return url, tc
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("nats-server exited: %v\n%s", err, out.String())
-		case <-time.After(50 * time.Millisecond): // polling for the server to listen
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nats-server at %s did not accept a TLS connection: %v\n%s", addr, err, out.String())
-		}
-	}
+	return "tls://" + addr, tc
 }
 
 // TestRelayNATSTLS: the relay reaches a private NATS server over TLS

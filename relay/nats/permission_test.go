@@ -1,13 +1,9 @@
 package natspub_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,13 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sqloutbox/outbox/internal/privateserver"
 	"github.com/sqloutbox/outbox/relay"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
 )
-
-// permNATSServer is the nats-server binary the permission tests start a
-// private server with (never the shared one the other tests use).
-const permNATSServer = "/usr/sbin/nats-server"
 
 // Users of the private server. permAdmin may do everything; permPub may
 // not publish to permDenied's subjects (the stream stores them, were they
@@ -37,33 +30,16 @@ const (
 	permOpen   = "perm.open"   // subject prefix everyone may publish under
 )
 
-// permServer starts a private nats-server with JetStream (a temporary
-// store directory) and the users above on a free port, waits until it
-// accepts a connection, and returns its URL; the server is killed when
-// the test ends. Without the binary the test is skipped, except in CI
-// (CI=true or OUTBOX_TEST_REQUIRE set), where it fails.
+// permServer starts a private nats-server (privateserver.NATSServer:
+// never the shared one) with JetStream (a temporary store directory) and
+// the users above on a free port, and returns its URL once it accepts
+// connections; the server is killed when the test ends. Without the
+// binary the test is skipped, except under OUTBOX_TEST_REQUIRE (CI),
+// where it fails.
 func permServer(t *testing.T) string {
 	t.Helper()
-	if _, err := os.Stat(permNATSServer); err != nil {
-		if os.Getenv("CI") == "true" || os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
-			t.Fatalf("%s: %v", permNATSServer, err)
-		}
-		t.Skipf("%s not available: %v", permNATSServer, err)
-	}
-	dir := t.TempDir()
-	// A free port: the kernel's choice, released for the server. Another
-	// process could take it in between; the server then fails to start
-	// and the test says so.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	conf := fmt.Sprintf(`
-listen: "127.0.0.1:%d"
+	addr := privateserver.NATSServer(t, func(dir string) string {
+		return fmt.Sprintf(`
 jetstream { store_dir: %q }
 authorization {
   users: [
@@ -72,55 +48,9 @@ authorization {
     { user: %q, password: %q, permissions: { publish: { deny: ["$JS.API.>"] } } }
   ]
 }
-`, port, filepath.Join(dir, "js"), permAdmin, permPass, permPub, permPass, permDenied+".>", permNoAPI, permPass)
-	confFile := filepath.Join(dir, "nats.conf")
-	if err := os.WriteFile(confFile, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	cmd := exec.Command(permNATSServer, "-c", confFile)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", permNATSServer, err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
+`, filepath.Join(dir, "js"), permAdmin, permPass, permPub, permPass, permDenied+".>", permNoAPI, permPass)
 	})
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-
-	// Ready: a connection that retries until the server listens reports
-	// itself connected (its ConnectedHandler), within a deadline.
-	connected := make(chan struct{}, 1)
-	nc, err := nats.Connect(url, nats.UserInfo(permAdmin, permPass),
-		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
-		nats.ConnectHandler(func(*nats.Conn) { permSignal(connected) }))
-	if err != nil {
-		t.Fatalf("connecting to the private server: %v", err)
-	}
-	defer nc.Close()
-	if nc.IsConnected() {
-		permSignal(connected)
-	}
-	select {
-	case <-connected:
-	case err := <-exited:
-		exited <- err // for the cleanup
-		t.Fatalf("nats-server exited: %v\n%s", err, out.String())
-	case <-time.After(15 * time.Second):
-		t.Fatalf("nats-server not ready after 15 s\n%s", out.String())
-	}
-	return url
-}
-
-// permSignal sends on c unless c already holds a value.
-func permSignal(c chan<- struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
+	return "nats://" + addr
 }
 
 // permConnect connects to url as user and closes the connection when the

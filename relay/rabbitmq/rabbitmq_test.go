@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/internal/faultproxy"
+	"github.com/sqloutbox/outbox/internal/privateserver"
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/rabbitmq"
@@ -426,21 +426,6 @@ func TestStalledBroker(t *testing.T) {
 	}
 }
 
-// rabbitmqctl runs the broker's CLI (on this host) and skips the test if
-// it is not available here.
-func rabbitmqctl(t *testing.T, args ...string) {
-	t.Helper()
-	path, err := exec.LookPath("rabbitmqctl")
-	if err != nil {
-		t.Skip("rabbitmqctl not on PATH: cannot create a broker user")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, path, args...).CombinedOutput(); err != nil {
-		t.Skipf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
 // TestWriteRefused: a user (created for this test under a unique name,
 // removed at cleanup) that may not write to the exchange gets
 // relay.ErrUnavailable for the batch (access refused is a configuration
@@ -457,15 +442,8 @@ func TestWriteRefused(t *testing.T) {
 	if vhost == "" {
 		vhost = "/"
 	}
-	rabbitmqctl(t, "add_user", user, pass)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		if out, err := exec.CommandContext(ctx, "rabbitmqctl", "delete_user", user).CombinedOutput(); err != nil {
-			t.Errorf("removing the test's user %s: %v\n%s", user, err, out)
-		}
-	})
-	rabbitmqctl(t, "set_permissions", "-p", vhost, user, "", "", ".*") // configure none, write none, read all
+	privateserver.RabbitMQUser(t, user, pass)                                        // removed when the test ends
+	privateserver.Rabbitmqctl(t, "set_permissions", "-p", vhost, user, "", "", ".*") // configure none, write none, read all
 	u.Username, u.Password = user, pass
 	p := newPublisher(t, rabbitmq.Config{URL: u.String(), Exchange: s.Exchange})
 	err = p.Publish(testCtx(t, 30*time.Second), msgs(3, 3))
