@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -13,11 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
@@ -273,25 +276,50 @@ type errTest string
 func (e errTest) Error() string { return string(e) }
 
 // TestRelayHealthDatabaseOutage: with the database cut off (a proxy
-// between relay and PostgreSQL refusing connections) /readyz turns 503
-// after the grace and names the database, /livez stays 200, and both
-// recover when the database is back; an event committed meanwhile is
-// delivered.
+// between relay and PostgreSQL or MariaDB refusing connections) /readyz
+// turns 503 after the grace and names the database, /livez stays 200,
+// and both recover when the database is back; an event committed
+// meanwhile is delivered.
 func TestRelayHealthDatabaseOutage(t *testing.T) {
 	t.Parallel()
-	tg := serverTarget(t, driver.Postgres)
-	table := randomTable()
-	tg.migrate(t, table)
+	for _, d := range []driver.Dialect{driver.Postgres, driver.MySQL} {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			relayHealthDatabaseOutage(t, serverTarget(t, d))
+		})
+	}
+}
+
+// proxiedDSN returns tg's DSN with its server address replaced by addr,
+// and the server address it had.
+func proxiedDSN(t *testing.T, tg dbTarget, addr string) (dsn, server string) {
+	t.Helper()
+	if tg.dialect == driver.MySQL {
+		cfg, err := mysql.ParseDSN(tg.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		server, cfg.Addr = cfg.Addr, addr
+		return cfg.FormatDSN(), server
+	}
 	u, err := url.Parse(tg.dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy, err := faultproxy.Start(u.Host)
+	server, u.Host = u.Host, addr
+	return u.String(), server
+}
+
+func relayHealthDatabaseOutage(t *testing.T, tg dbTarget) {
+	table := randomTable()
+	tg.migrate(t, table)
+	_, server := proxiedDSN(t, tg, "")
+	proxy, err := faultproxy.Start(server)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	u.Host = proxy.Addr()
+	dsn, _ := proxiedDSN(t, tg, proxy.Addr())
 	broker, err := kafkatest.Start(kafkatest.Topics(4, "outbox.event.order"))
 	if err != nil {
 		t.Fatal(err)
@@ -304,7 +332,7 @@ func TestRelayHealthDatabaseOutage(t *testing.T) {
 	defer consumer.Close()
 
 	const grace = time.Second
-	r := startRelay(t, nil, "--dsn", u.String(), "--table", table, "relay", "--brokers", strings.Join(broker.Addrs(), ","),
+	r := startRelay(t, nil, "--dsn", dsn, "--table", table, "relay", "--brokers", strings.Join(broker.Addrs(), ","),
 		"--http", freeAddr(t), "--lease-ttl", "2s", "--poll", "100ms", "--unhealthy-after", grace.String())
 	r.waitFor(t, "/readyz 200", func() bool { return r.status("/readyz") == http.StatusOK })
 
@@ -348,5 +376,50 @@ func TestRelayHealthDatabaseOutage(t *testing.T) {
 	}
 	if code := r.shutdown(t); code != 0 {
 		t.Errorf("exit %d; stderr:\n%s", code, r.stderr.String())
+	}
+}
+
+// TestMySQLDriverLogIsJSON: what go-sql-driver/mysql logs itself (here:
+// a server that hangs up during the handshake) reaches the relay's JSON
+// log, not plain text on the process's stderr. REGRESSION: it went to
+// os.Stderr as "[mysql] 2026/12/01 ... packets.go:58 unexpected EOF".
+func TestMySQLDriverLogIsJSON(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close() // hang up before the handshake
+		}
+	}()
+	var buf testdb.SyncBuffer
+	routeMySQLLog(newJSONLog(&buf, func(s string) string { return s }))
+	cfg := mysql.NewConfig() // after routeMySQLLog, as in runRelay: a config takes the logger when made
+	cfg.Net, cfg.Addr, cfg.User = "tcp", ln.Addr().String(), "root"
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err == nil {
+		t.Fatal("Ping succeeded against a server that hangs up")
+	}
+	out := buf.String()
+	if !strings.Contains(out, `"component":"go-sql-driver/mysql"`) {
+		t.Fatalf("the driver's log line is not in the relay's log: %q", out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("not a JSON line: %q", line)
+		}
 	}
 }

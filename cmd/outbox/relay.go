@@ -9,10 +9,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -223,6 +225,9 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 	// library logs as a time.Duration value.
 	baseLog := newJSONLog(a.stderr, a.redact)
 	log := baseLog.With("component", "outbox.cmd")
+	if t.dialect == driver.MySQL {
+		routeMySQLLog(baseLog)
+	}
 	// The table, described without touching the database: relay,
 	// retention, metrics and NOTIFY listener are all built from it.
 	ob, err := a.outbox(t, f.partitions)
@@ -471,4 +476,29 @@ func durationsAsText(_ []string, a slog.Attr) slog.Attr {
 		return slog.String(a.Key, a.Value.Duration().String())
 	}
 	return a
+}
+
+// go-sql-driver/mysql logs through one process-wide logger (a connection
+// that broke: "unexpected EOF", "closing bad idle connection"), by default
+// as plain text on os.Stderr. routeMySQLLog sends those lines to the
+// relay's JSON log instead (the relay that started last, for tests that
+// run several in one process), at WARN, component go-sql-driver/mysql.
+func routeMySQLLog(log *slog.Logger) {
+	mysqlLog.Store(log.With("component", "go-sql-driver/mysql"))
+	mysqlLogOnce.Do(func() { _ = mysql.SetLogger(mysqlLogger{}) }) // only a nil logger is refused
+}
+
+var (
+	mysqlLogOnce sync.Once
+	mysqlLog     atomic.Pointer[slog.Logger]
+)
+
+// mysqlLogger is the driver's mysql.Logger on mysqlLog.
+type mysqlLogger struct{}
+
+// Print logs one driver message at WARN.
+func (mysqlLogger) Print(v ...any) {
+	if l := mysqlLog.Load(); l != nil {
+		l.Warn("go-sql-driver/mysql", "message", strings.TrimSuffix(fmt.Sprint(v...), "\n"))
+	}
 }
