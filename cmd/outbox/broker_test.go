@@ -818,3 +818,39 @@ func TestRelayRabbitMQCredentials(t *testing.T) {
 		}
 	})
 }
+
+// TestParseBrokerURLServerListCredentials: credentials written after the
+// first server of a list ("nats://n1:4222,nats://tok@n2:4222", or each
+// server's own "u:p@") are not silently read as one userinfo spanning the
+// first servers, which then vanish from the list (the relay connected to
+// n2 only, with user "n1" and the rest as its password). Nor is a second
+// host of RabbitMQ or Redis, which take one, left to a DNS lookup of
+// "h1:5672,h2" (exit 1). All are usage errors naming no secret.
+func TestParseBrokerURLServerListCredentials(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		"nats://n1:4222,nats://s3cr3t-tok@n2:4222",
+		"nats://alice:pw-one@n1:4222,alice:pw-one@n2:4222",
+		"tls://n1,tok3n-abc@n2",
+		"kafka://k1:9092,u:s3cr3t@k2:9092",
+		"amqp://guest:s3cr3t@h1:5672,h2:5672/",
+		"redis://:s3cr3t@h1:6379,h2:6379/0",
+	} {
+		b, err := parseBrokerURL(in)
+		var ee *exitError
+		if err == nil || !errors.As(err, &ee) || ee.code != exitUsage {
+			t.Errorf("parseBrokerURL(%q) = %+v, %v; want a usage error", in, b, err)
+			continue
+		}
+		for _, s := range []string{"s3cr3t", "pw-one", "tok3n"} {
+			if strings.Contains(err.Error(), s) {
+				t.Errorf("parseBrokerURL(%q): the error shows a secret: %v", in, err)
+			}
+		}
+	}
+	// A percent-encoded ',' or '@' in a password stays allowed.
+	b, err := parseBrokerURL("nats://alice:a%2Cb%40c@n1:4222,n2:4222")
+	if err != nil || b.password != "a,b@c" || !slices.Equal(b.hosts, []string{"n1:4222", "n2:4222"}) {
+		t.Errorf("escaped ',' and '@' in a NATS password: %+v %v", b, err)
+	}
+}
