@@ -220,6 +220,13 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 		return usageErrorf("malformed --broker %s: %s", shown, scrub(fmt.Sprintf(format, args...), brokerSecrets(raw)))
 	}
 	ui, after, hasUI := splitUserinfo(rest)
+	if hasUI && s.kind == brokerNATS && strings.Contains(ui, ",") {
+		// The userinfo spans servers of the list: credentials written
+		// after the first server ("nats://n1,nats://tok@n2",
+		// "u:p@n1,u:p@n2") would drop the servers before them. An
+		// unescaped ',' is no password character in a server list.
+		return nil, bad("credentials go once, before the first server (%s://user:password@host1,host2), not after one; escape a ',' in a password as %%2C", scheme)
+	}
 	if hasUI {
 		user, pass, hasPass := strings.Cut(ui, ":")
 		var err error
@@ -275,6 +282,14 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 		if len(b.hosts) == 0 {
 			return nil, bad("no server")
 		}
+	case brokerRabbitMQ, brokerRedis:
+		if strings.Contains(after, ",") {
+			if i := strings.IndexAny(after, "/?#"); i < 0 || strings.Contains(after[:i], ",") {
+				return nil, bad("%s takes one host, not a list", s.kind.title())
+			}
+		}
+	}
+	switch s.kind {
 	case brokerRabbitMQ:
 		uri, err := amqp.ParseURI(raw)
 		if err != nil {

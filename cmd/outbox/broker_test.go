@@ -853,4 +853,8 @@ func TestParseBrokerURLServerListCredentials(t *testing.T) {
 	if err != nil || b.password != "a,b@c" || !slices.Equal(b.hosts, []string{"n1:4222", "n2:4222"}) {
 		t.Errorf("escaped ',' and '@' in a NATS password: %+v %v", b, err)
 	}
+	// A ',' in a RabbitMQ password or vhost of one host is no list.
+	if b, err := parseBrokerURL("amqp://u:a,b@h1:5672/v,h"); err != nil || b.password != "a,b" {
+		t.Errorf("',' in a RabbitMQ password and vhost: %+v %v", b, err)
+	}
 }
