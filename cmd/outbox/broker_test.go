@@ -858,3 +858,26 @@ func TestParseBrokerURLServerListCredentials(t *testing.T) {
 		t.Errorf("',' in a RabbitMQ password and vhost: %+v %v", b, err)
 	}
 }
+
+// TestRelayRabbitMQURLTLSParams: amqp091-go's TLS parameters in an
+// amqps:// URL (cacertfile, certfile, keyfile, server_name_indication) are
+// never read by the relay, whose TLS configuration always comes from the
+// --tls flags: the relay silently verified against the system's CAs and
+// the host instead of the CA and name the URL gives. They are usage
+// errors pointing at the flags, and so are they in an amqp:// URL.
+func TestRelayRabbitMQURLTLSParams(t *testing.T) {
+	t.Parallel()
+	tg := sqliteTarget(t)
+	tg.migrate(t, "outbox_message")
+	free := freeAddr(t)
+	for _, param := range []string{"cacertfile=/etc/ssl/ca.pem", "certfile=/c.pem&keyfile=/k.pem", "server_name_indication=rabbit.internal"} {
+		for _, scheme := range []string{"amqps", "amqp"} {
+			u := scheme + "://relay@" + free + "/prod?" + param
+			var out, errb testdb.SyncBuffer
+			code := runEnv(t.Context(), []string{"--dsn", tg.dsn, "relay", "--http", "", "--broker", u}, &out, &errb, noEnv)
+			if stderr := errb.String(); code != exitUsage || !strings.Contains(stderr, "--tls-") {
+				t.Errorf("--broker %s: exit %d, want 2 naming the --tls flags; stderr:\n%s", u, code, stderr)
+			}
+		}
+	}
+}
