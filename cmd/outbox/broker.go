@@ -298,6 +298,11 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 		if u, err := url.Parse(raw); err != nil || u.Hostname() == "" {
 			return nil, bad("no host")
 		}
+		if uri.CACertFile != "" || uri.CertFile != "" || uri.KeyFile != "" || uri.ServerName != "" {
+			// The relay's TLS configuration comes from the flags alone
+			// (amqp091-go reads these only without one).
+			return nil, bad("the URL's cacertfile, certfile, keyfile and server_name_indication are not read: use --tls-ca-file, --tls-cert-file, --tls-key-file and --tls-server-name")
+		}
 		b.hosts = []string{net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))}
 	case brokerRedis:
 		o, err := redis.ParseURL(raw)
