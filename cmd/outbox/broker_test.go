@@ -881,3 +881,30 @@ func TestRelayRabbitMQURLTLSParams(t *testing.T) {
 		}
 	}
 }
+
+// TestBrokerURLPasswordFragmentsRedacted: a password holding an unescaped
+// '/', '?', '#' or ':' is cut by url.Parse, whose error (or go-redis's
+// path error) then quotes a piece of it ("invalid port \":s3cr3tpw\"
+// after host"): scrubbing the whole password missed the piece, printed
+// on stderr as the usage error.
+func TestBrokerURLPasswordFragmentsRedacted(t *testing.T) {
+	t.Parallel()
+	tg := sqliteTarget(t)
+	tg.migrate(t, "outbox_message")
+	free := freeAddr(t)
+	for _, tc := range []struct{ url, piece string }{
+		{"redis://:s3cr3tpw/xyz@" + free + "/0", "s3cr3tpw"},
+		{"amqp://guest:s3cr3tpw/xyz@" + free + "/", "s3cr3tpw"},
+		{"amqp://guest:s3cr3tpw#xyz@" + free + "/", "s3cr3tpw"},
+		{"redis://:s3cr3tpw?xyz@" + free + "/0", "s3cr3tpw"},
+		{"redis://:1234/secretpart@" + free + "/0", "secretpart"}, // ":1234" parses as a port; the rest is the path
+		{"amqp://guest:ab:s3cr3tpw/x@" + free + "/", "s3cr3tpw"},
+	} {
+		var out, errb testdb.SyncBuffer
+		code := runEnv(t.Context(), []string{"--dsn", tg.dsn, "relay", "--http", ""}, &out, &errb,
+			func(k string) string { return map[string]string{envBroker: tc.url}[k] })
+		if all := errb.String() + out.String(); code != exitUsage || strings.Contains(all, tc.piece) {
+			t.Errorf("OUTBOX_BROKER=%s: exit %d, want 2 without %q; output:\n%s", tc.url, code, tc.piece, all)
+		}
+	}
+}
