@@ -899,6 +899,9 @@ func TestBrokerURLPasswordFragmentsRedacted(t *testing.T) {
 		{"redis://:s3cr3tpw?xyz@" + free + "/0", "s3cr3tpw"},
 		{"redis://:1234/secretpart@" + free + "/0", "secretpart"}, // ":1234" parses as a port; the rest is the path
 		{"amqp://guest:ab:s3cr3tpw/x@" + free + "/", "s3cr3tpw"},
+		// url.Parse reads host "guest", port 1234 and vhost
+		// "secretpart@127.0.0.1:.../": accepted, it connected elsewhere.
+		{"amqp://guest:1234/secretpart@" + free + "/", "secretpart"},
 	} {
 		var out, errb testdb.SyncBuffer
 		code := runEnv(t.Context(), []string{"--dsn", tg.dsn, "relay", "--http", ""}, &out, &errb,
