@@ -183,6 +183,12 @@ func urlSecrets(raw string, natsToken bool) []string {
 		if u, err := url.PathUnescape(s); err == nil && u != s {
 			out = append(out, u)
 		}
+		// The pieces between unescaped delimiters too: url.Parse cuts
+		// such a password and its errors (or the client's) quote a
+		// piece ("invalid port \":s3cr3t\" after host").
+		if pieces := strings.FieldsFunc(s, func(r rune) bool { return strings.ContainsRune("/?#:@", r) }); len(pieces) > 1 {
+			out = append(out, pieces...)
+		}
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if ok {
@@ -297,6 +303,8 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 		}
 		if u, err := url.Parse(raw); err != nil || u.Hostname() == "" {
 			return nil, bad("no host")
+		} else if err := sameUserinfo(u, b, hasUI); err != nil {
+			return nil, bad("%v", err)
 		}
 		if uri.CACertFile != "" || uri.CertFile != "" || uri.KeyFile != "" || uri.ServerName != "" {
 			// The relay's TLS configuration comes from the flags alone
@@ -312,11 +320,33 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 		host, _, _ := net.SplitHostPort(o.Addr)
 		if u, err := url.Parse(raw); err != nil || u.Hostname() == "" || host == "" {
 			return nil, bad("no host")
+		} else if err := sameUserinfo(u, b, hasUI); err != nil {
+			return nil, bad("%v", err)
 		}
 		b.redis = o
 		b.hosts = []string{o.Addr}
 	}
 	return b, nil
+}
+
+// sameUserinfo checks that url.Parse (which the RabbitMQ and Redis
+// clients use) reads the user and password that splitUserinfo did: an
+// unescaped '/', '?' or '#' in the password ends the authority early for
+// url.Parse, which then takes part of the password for a host or port
+// and the rest for the path (a connection elsewhere, with a vhost or
+// database made of the password).
+func sameUserinfo(u *url.URL, b *brokerURL, hasUI bool) error {
+	if !hasUI && u.User == nil {
+		return nil
+	}
+	pass, hasPass := "", false
+	if u.User != nil {
+		pass, hasPass = u.User.Password()
+	}
+	if !hasUI || u.User == nil || u.User.Username() != b.user || pass != b.password || hasPass != b.hasPassword {
+		return errors.New("the user or password holds an unescaped '/', '?', '#' or '@': escape them as %2F, %3F, %23 and %40")
+	}
+	return nil
 }
 
 // urlErrorCause drops the URL a *url.Error repeats (it may hold the
