@@ -911,3 +911,21 @@ func TestBrokerURLPasswordFragmentsRedacted(t *testing.T) {
 		}
 	}
 }
+
+// TestParseBrokerURLMixedNATSSchemes: every server of a NATS list is
+// dialled with the first URL's scheme, so "nats://a,tls://b" reached b
+// without TLS, as written it must not be (and "tls://a,nats://b" reached b
+// over TLS). A server's own scheme other than the first is a usage error.
+func TestParseBrokerURLMixedNATSSchemes(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{"nats://n1:4222,tls://n2:4222", "tls://n1:4222,nats://n2:4222", "nats://n1,n2,TLS://n3"} {
+		b, err := parseBrokerURL(in)
+		var ee *exitError
+		if err == nil || !errors.As(err, &ee) || ee.code != exitUsage {
+			t.Errorf("parseBrokerURL(%q) = %+v, %v; want a usage error", in, b, err)
+		}
+	}
+	if b, err := parseBrokerURL("tls://n1:4222,TLS://n2:4222"); err != nil || !b.tls || len(b.hosts) != 2 {
+		t.Errorf("tls:// servers: %+v %v", b, err)
+	}
+}
