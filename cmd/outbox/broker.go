@@ -259,6 +259,10 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 				if brokerSchemes[strings.ToLower(p)].kind != s.kind {
 					return nil, bad("server %q is not a %s server", h, s.kind.title())
 				}
+				if strings.ToLower(p) != scheme {
+					// Every server is dialled with the first one's scheme.
+					return nil, bad("server %q: give every server the same scheme (%s://), TLS or not", h, scheme)
+				}
 				h = r
 			}
 			if i := strings.IndexAny(h, "/?#"); i >= 0 {
