@@ -183,6 +183,12 @@ func urlSecrets(raw string, natsToken bool) []string {
 		if u, err := url.PathUnescape(s); err == nil && u != s {
 			out = append(out, u)
 		}
+		// The pieces between unescaped delimiters too: url.Parse cuts
+		// such a password and its errors (or the client's) quote a
+		// piece ("invalid port \":s3cr3t\" after host").
+		if pieces := strings.FieldsFunc(s, func(r rune) bool { return strings.ContainsRune("/?#:@", r) }); len(pieces) > 1 {
+			out = append(out, pieces...)
+		}
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if ok {
@@ -220,6 +226,13 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 		return usageErrorf("malformed --broker %s: %s", shown, scrub(fmt.Sprintf(format, args...), brokerSecrets(raw)))
 	}
 	ui, after, hasUI := splitUserinfo(rest)
+	if hasUI && s.kind == brokerNATS && strings.Contains(ui, ",") {
+		// The userinfo spans servers of the list: credentials written
+		// after the first server ("nats://n1,nats://tok@n2",
+		// "u:p@n1,u:p@n2") would drop the servers before them. An
+		// unescaped ',' is no password character in a server list.
+		return nil, bad("credentials go once, before the first server (%s://user:password@host1,host2), not after one; escape a ',' in a password as %%2C", scheme)
+	}
 	if hasUI {
 		user, pass, hasPass := strings.Cut(ui, ":")
 		var err error
@@ -245,6 +258,10 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 			if p, r, ok := strings.Cut(h, "://"); ok { // nats://a:4222,nats://b:4222
 				if brokerSchemes[strings.ToLower(p)].kind != s.kind {
 					return nil, bad("server %q is not a %s server", h, s.kind.title())
+				}
+				if strings.ToLower(p) != scheme {
+					// Every server is dialled with the first one's scheme.
+					return nil, bad("server %q: give every server the same scheme (%s://), TLS or not", h, scheme)
 				}
 				h = r
 			}
@@ -275,6 +292,14 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 		if len(b.hosts) == 0 {
 			return nil, bad("no server")
 		}
+	case brokerRabbitMQ, brokerRedis:
+		if strings.Contains(after, ",") {
+			if i := strings.IndexAny(after, "/?#"); i < 0 || strings.Contains(after[:i], ",") {
+				return nil, bad("%s takes one host, not a list", s.kind.title())
+			}
+		}
+	}
+	switch s.kind {
 	case brokerRabbitMQ:
 		uri, err := amqp.ParseURI(raw)
 		if err != nil {
@@ -282,6 +307,13 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 		}
 		if u, err := url.Parse(raw); err != nil || u.Hostname() == "" {
 			return nil, bad("no host")
+		} else if err := sameUserinfo(u, b, hasUI); err != nil {
+			return nil, bad("%v", err)
+		}
+		if uri.CACertFile != "" || uri.CertFile != "" || uri.KeyFile != "" || uri.ServerName != "" {
+			// The relay's TLS configuration comes from the flags alone
+			// (amqp091-go reads these only without one).
+			return nil, bad("the URL's cacertfile, certfile, keyfile and server_name_indication are not read: use --tls-ca-file, --tls-cert-file, --tls-key-file and --tls-server-name")
 		}
 		b.hosts = []string{net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))}
 	case brokerRedis:
@@ -292,11 +324,33 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 		host, _, _ := net.SplitHostPort(o.Addr)
 		if u, err := url.Parse(raw); err != nil || u.Hostname() == "" || host == "" {
 			return nil, bad("no host")
+		} else if err := sameUserinfo(u, b, hasUI); err != nil {
+			return nil, bad("%v", err)
 		}
 		b.redis = o
 		b.hosts = []string{o.Addr}
 	}
 	return b, nil
+}
+
+// sameUserinfo checks that url.Parse (which the RabbitMQ and Redis
+// clients use) reads the user and password that splitUserinfo did: an
+// unescaped '/', '?' or '#' in the password ends the authority early for
+// url.Parse, which then takes part of the password for a host or port
+// and the rest for the path (a connection elsewhere, with a vhost or
+// database made of the password).
+func sameUserinfo(u *url.URL, b *brokerURL, hasUI bool) error {
+	if !hasUI && u.User == nil {
+		return nil
+	}
+	pass, hasPass := "", false
+	if u.User != nil {
+		pass, hasPass = u.User.Password()
+	}
+	if !hasUI || u.User == nil || u.User.Username() != b.user || pass != b.password || hasPass != b.hasPassword {
+		return errors.New("the user or password holds an unescaped '/', '?', '#' or '@': escape them as %2F, %3F, %23 and %40")
+	}
+	return nil
 }
 
 // urlErrorCause drops the URL a *url.Error repeats (it may hold the

@@ -818,3 +818,114 @@ func TestRelayRabbitMQCredentials(t *testing.T) {
 		}
 	})
 }
+
+// TestParseBrokerURLServerListCredentials: credentials written after the
+// first server of a list ("nats://n1:4222,nats://tok@n2:4222", or each
+// server's own "u:p@") are not silently read as one userinfo spanning the
+// first servers, which then vanish from the list (the relay connected to
+// n2 only, with user "n1" and the rest as its password). Nor is a second
+// host of RabbitMQ or Redis, which take one, left to a DNS lookup of
+// "h1:5672,h2" (exit 1). All are usage errors naming no secret.
+func TestParseBrokerURLServerListCredentials(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		"nats://n1:4222,nats://s3cr3t-tok@n2:4222",
+		"nats://alice:pw-one@n1:4222,alice:pw-one@n2:4222",
+		"tls://n1,tok3n-abc@n2",
+		"kafka://k1:9092,u:s3cr3t@k2:9092",
+		"amqp://guest:s3cr3t@h1:5672,h2:5672/",
+		"redis://:s3cr3t@h1:6379,h2:6379/0",
+	} {
+		b, err := parseBrokerURL(in)
+		var ee *exitError
+		if err == nil || !errors.As(err, &ee) || ee.code != exitUsage {
+			t.Errorf("parseBrokerURL(%q) = %+v, %v; want a usage error", in, b, err)
+			continue
+		}
+		for _, s := range []string{"s3cr3t", "pw-one", "tok3n"} {
+			if strings.Contains(err.Error(), s) {
+				t.Errorf("parseBrokerURL(%q): the error shows a secret: %v", in, err)
+			}
+		}
+	}
+	// A percent-encoded ',' or '@' in a password stays allowed.
+	b, err := parseBrokerURL("nats://alice:a%2Cb%40c@n1:4222,n2:4222")
+	if err != nil || b.password != "a,b@c" || !slices.Equal(b.hosts, []string{"n1:4222", "n2:4222"}) {
+		t.Errorf("escaped ',' and '@' in a NATS password: %+v %v", b, err)
+	}
+	// A ',' in a RabbitMQ password or vhost of one host is no list.
+	if b, err := parseBrokerURL("amqp://u:a,b@h1:5672/v,h"); err != nil || b.password != "a,b" {
+		t.Errorf("',' in a RabbitMQ password and vhost: %+v %v", b, err)
+	}
+}
+
+// TestRelayRabbitMQURLTLSParams: amqp091-go's TLS parameters in an
+// amqps:// URL (cacertfile, certfile, keyfile, server_name_indication) are
+// never read by the relay, whose TLS configuration always comes from the
+// --tls flags: the relay silently verified against the system's CAs and
+// the host instead of the CA and name the URL gives. They are usage
+// errors pointing at the flags, and so are they in an amqp:// URL.
+func TestRelayRabbitMQURLTLSParams(t *testing.T) {
+	t.Parallel()
+	tg := sqliteTarget(t)
+	tg.migrate(t, "outbox_message")
+	free := freeAddr(t)
+	for _, param := range []string{"cacertfile=/etc/ssl/ca.pem", "certfile=/c.pem&keyfile=/k.pem", "server_name_indication=rabbit.internal"} {
+		for _, scheme := range []string{"amqps", "amqp"} {
+			u := scheme + "://relay@" + free + "/prod?" + param
+			var out, errb testdb.SyncBuffer
+			code := runEnv(t.Context(), []string{"--dsn", tg.dsn, "relay", "--http", "", "--broker", u}, &out, &errb, noEnv)
+			if stderr := errb.String(); code != exitUsage || !strings.Contains(stderr, "--tls-") {
+				t.Errorf("--broker %s: exit %d, want 2 naming the --tls flags; stderr:\n%s", u, code, stderr)
+			}
+		}
+	}
+}
+
+// TestBrokerURLPasswordFragmentsRedacted: a password holding an unescaped
+// '/', '?', '#' or ':' is cut by url.Parse, whose error (or go-redis's
+// path error) then quotes a piece of it ("invalid port \":s3cr3tpw\"
+// after host"): scrubbing the whole password missed the piece, printed
+// on stderr as the usage error.
+func TestBrokerURLPasswordFragmentsRedacted(t *testing.T) {
+	t.Parallel()
+	tg := sqliteTarget(t)
+	tg.migrate(t, "outbox_message")
+	free := freeAddr(t)
+	for _, tc := range []struct{ url, piece string }{
+		{"redis://:s3cr3tpw/xyz@" + free + "/0", "s3cr3tpw"},
+		{"amqp://guest:s3cr3tpw/xyz@" + free + "/", "s3cr3tpw"},
+		{"amqp://guest:s3cr3tpw#xyz@" + free + "/", "s3cr3tpw"},
+		{"redis://:s3cr3tpw?xyz@" + free + "/0", "s3cr3tpw"},
+		{"redis://:1234/secretpart@" + free + "/0", "secretpart"}, // ":1234" parses as a port; the rest is the path
+		{"amqp://guest:ab:s3cr3tpw/x@" + free + "/", "s3cr3tpw"},
+		// url.Parse reads host "guest", port 1234 and vhost
+		// "secretpart@127.0.0.1:.../": accepted, it connected elsewhere.
+		{"amqp://guest:1234/secretpart@" + free + "/", "secretpart"},
+	} {
+		var out, errb testdb.SyncBuffer
+		code := runEnv(t.Context(), []string{"--dsn", tg.dsn, "relay", "--http", ""}, &out, &errb,
+			func(k string) string { return map[string]string{envBroker: tc.url}[k] })
+		if all := errb.String() + out.String(); code != exitUsage || strings.Contains(all, tc.piece) {
+			t.Errorf("OUTBOX_BROKER=%s: exit %d, want 2 without %q; output:\n%s", tc.url, code, tc.piece, all)
+		}
+	}
+}
+
+// TestParseBrokerURLMixedNATSSchemes: every server of a NATS list is
+// dialled with the first URL's scheme, so "nats://a,tls://b" reached b
+// without TLS, as written it must not be (and "tls://a,nats://b" reached b
+// over TLS). A server's own scheme other than the first is a usage error.
+func TestParseBrokerURLMixedNATSSchemes(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{"nats://n1:4222,tls://n2:4222", "tls://n1:4222,nats://n2:4222", "nats://n1,n2,TLS://n3"} {
+		b, err := parseBrokerURL(in)
+		var ee *exitError
+		if err == nil || !errors.As(err, &ee) || ee.code != exitUsage {
+			t.Errorf("parseBrokerURL(%q) = %+v, %v; want a usage error", in, b, err)
+		}
+	}
+	if b, err := parseBrokerURL("tls://n1:4222,TLS://n2:4222"); err != nil || !b.tls || len(b.hosts) != 2 {
+		t.Errorf("tls:// servers: %+v %v", b, err)
+	}
+}

@@ -68,7 +68,8 @@
 //     broker's 404), access refused (403), a message returned as
 //     unroutable (no queue bound for its routing key): the message's error
 //     wraps relay.ErrUnavailable; if every message failed so, Publish
-//     returns one error wrapping it.
+//     returns one error wrapping it. A return names the message only by
+//     its message ID, so messages sharing one are never in flight at once.
 //   - A message larger than Config.MaxMessageBytes: relay.ErrPermanent for
 //     it alone, refused before sending. Set MaxMessageBytes no higher than
 //     the broker's max_message_size: a larger message makes the broker
@@ -228,6 +229,36 @@ type session struct {
 	mu       sync.Mutex
 	returned map[string]amqp.Return // returns by message ID, not yet matched
 	broken   bool
+	// inFlight holds the message IDs with a publish awaiting its confirm
+	// (closed when it is handled): a return names only the message ID, so
+	// two messages of one ID are never in flight at once.
+	inFlight map[string]chan struct{}
+}
+
+// claimID waits until no other message with this ID is in flight on s
+// and marks it in flight; release ends that. ctx bounds the wait.
+func (s *session) claimID(ctx context.Context, id string) (release func(), err error) {
+	for {
+		s.mu.Lock()
+		busy, ok := s.inFlight[id]
+		if !ok {
+			done := make(chan struct{})
+			s.inFlight[id] = done
+			s.mu.Unlock()
+			return func() {
+				s.mu.Lock()
+				delete(s.inFlight, id)
+				s.mu.Unlock()
+				close(done)
+			}, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, &relay.BatchError{Err: ctx.Err()}
+		}
+	}
 }
 
 // NewPublisher connects to cfg.URL and opens a confirming channel. It
@@ -375,7 +406,7 @@ func (p *Publisher) open(ctx context.Context) (*session, error) {
 		p.mu.Unlock()
 		return nil, &relay.BatchError{Err: fmt.Errorf("outbox/rabbitmq: opening a confirming channel: %w", classifyConn(err))}
 	}
-	s := &session{conn: conn, ch: ch, returned: map[string]amqp.Return{}}
+	s := &session{conn: conn, ch: ch, returned: map[string]amqp.Return{}, inFlight: map[string]chan struct{}{}}
 	s.chDone = make(chan struct{})
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
@@ -588,6 +619,11 @@ func (p *Publisher) publishOne(ctx context.Context, s *session, m *relay.Message
 	if len(key) > MaxRoutingKeyBytes {
 		return fmt.Errorf("%w: message %s: routing key of %d bytes exceeds %d", relay.ErrPermanent, m.MessageID, len(key), MaxRoutingKeyBytes)
 	}
+	release, err := s.claimID(ctx, m.MessageID)
+	if err != nil {
+		return err
+	}
+	defer release()
 	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchangeOf(m), key, true, false, pub)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -453,3 +453,37 @@ func TestWriteRefused(t *testing.T) {
 	}
 	t.Logf("Publish without write permission: %v", err)
 }
+
+// TestReturnedDuplicateMessageID: two messages of one batch with the same
+// message ID, one unroutable (returned) and one routable, on different
+// aggregates. The return names only the message ID, so whichever confirm
+// is handled first took it: the routable copy could fail and, worse, the
+// returned one be reported acknowledged though no queue holds it.
+func TestReturnedDuplicateMessageID(t *testing.T) {
+	t.Parallel()
+	s := newSpace(t, "order.#")
+	p := newPublisher(t, rabbitmq.Config{URL: brokerURL(), Exchange: s.Exchange})
+	ctx := testCtx(t, 60*time.Second)
+	const pairs = 64
+	var batch []relay.Message
+	for i := range pairs {
+		id := fmt.Sprintf("dup-%03d-%s", i, unique())
+		for _, typ := range []string{"invoice", "order"} { // invoice: no binding, returned
+			batch = append(batch, relay.Message{ID: int64(len(batch) + 1), MessageID: id, AggregateType: typ,
+				AggregateID: fmt.Sprintf("a-%d", i), EventType: typ + ".updated", Payload: []byte{byte(i)}})
+		}
+	}
+	err := p.Publish(ctx, batch)
+	var pe relay.PublishErrors
+	if !errors.As(err, &pe) || len(pe) != len(batch) {
+		t.Fatalf("Publish = %v, want PublishErrors", err)
+	}
+	for i, e := range pe {
+		if batch[i].AggregateType == "invoice" && e == nil {
+			t.Errorf("message %d (%s, unroutable, returned) reported acknowledged", i, batch[i].MessageID)
+		}
+		if batch[i].AggregateType == "order" && e != nil {
+			t.Errorf("message %d (%s, routed) failed: %v", i, batch[i].MessageID, e)
+		}
+	}
+}

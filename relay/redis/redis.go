@@ -77,8 +77,10 @@
 //     did not arrive in time: Publish returns one error for the batch (not
 //     relay.PublishErrors), no further message of the batch is sent, and
 //     the relay re-sends the batch later without counting an attempt.
-//   - NOPERM (the user may not XADD to the stream) and WRONGTYPE (a key of
-//     another type at the stream's name): the message's error wraps
+//   - NOPERM (the user may not XADD to the stream), WRONGTYPE (a key of
+//     another type at the stream's name), WRONGPASS and NOAUTH (a new
+//     connection's credentials refused or missing: a password rotated, an
+//     ACL user deleted or disabled): the message's error wraps
 //     relay.ErrUnavailable; if every message failed so, Publish returns one
 //     error wrapping it (the relay backs off, dead-letters nothing).
 //   - A message larger than Config.MaxMessageBytes (payload and fields),
@@ -377,7 +379,11 @@ func classify(ctx context.Context, m *relay.Message, stream string, err error) e
 	}
 	msg := rerr.Error()
 	switch {
-	case strings.HasPrefix(msg, "NOPERM"), strings.HasPrefix(msg, "WRONGTYPE"):
+	case strings.HasPrefix(msg, "NOPERM"), strings.HasPrefix(msg, "WRONGTYPE"),
+		// Credentials refused on a new connection (a password rotated,
+		// an ACL user deleted or disabled; a server now requiring one):
+		// the route, never the message.
+		strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"):
 		return fmt.Errorf("%w: message %s: stream %q: %w", relay.ErrUnavailable, m.MessageID, stream, err)
 	case strings.HasPrefix(msg, "LOADING"), strings.HasPrefix(msg, "READONLY"), strings.HasPrefix(msg, "MASTERDOWN"),
 		strings.HasPrefix(msg, "CLUSTERDOWN"), strings.HasPrefix(msg, "TRYAGAIN"):

@@ -460,3 +460,26 @@ func TestStalledServer(t *testing.T) {
 	proxy.Stall(false)
 	proxy.CutAll()
 }
+
+// TestWrongPassword: credentials the server refuses (WRONGPASS: a password
+// rotated, an ACL user deleted or never created) are a misconfigured
+// route, like NOPERM: Publish returns one error wrapping
+// relay.ErrUnavailable, so the relay backs off without counting attempts
+// and dead-letters nothing, never a retriable failure of every message
+// (which spends their attempts and dead-letters the backlog).
+func TestWrongPassword(t *testing.T) {
+	t.Parallel()
+	s := newSpace(t)
+	ctx := testCtx(t, 30*time.Second)
+	user := "outboxtest-" + unique() // never created: AUTH fails with WRONGPASS
+	c := connect(t, redisAddr(), func(o *redis.Options) { o.Username, o.Password = user, unique() })
+	p := newPublisher(t, redispub.Config{Client: c, Stream: s.Stream})
+	err := p.Publish(ctx, msgs(4, 2))
+	var pe relay.PublishErrors
+	if errors.As(err, &pe) || !errors.Is(err, relay.ErrUnavailable) || errors.Is(err, relay.ErrPermanent) {
+		t.Errorf("Publish with a refused password = %v, want one error wrapping ErrUnavailable", err)
+	}
+	if xs, err := s.entries(ctx); err != nil || len(xs) != 0 {
+		t.Errorf("stored %v, %v; want nothing", xs, err)
+	}
+}
