@@ -93,6 +93,11 @@
 //     publish keeps its slot among the connection's pending asynchronous
 //     publishes until AckTimeout; with so many of them that no slot is
 //     left, the batch fails as a whole instead.)
+//   - A stream that refuses new messages (full with DiscardNew: MaxMsgs,
+//     MaxBytes or MaxMsgsPerSubject reached; JetStream out of resources;
+//     API status 503): relay.ErrUnavailable, as a missing stream, so a
+//     full stream makes the relay back off instead of counting attempts
+//     and dead-lettering the backlog.
 //   - A message larger than the server's max_payload or the stream's
 //     max_msg_size: relay.ErrPermanent for that message only.
 //   - Any other JetStream error: that message fails (retried by the
@@ -591,6 +596,11 @@ func classify(err error) error {
 		return fmt.Errorf("%w: no JetStream stream answers for the subject: %w", relay.ErrUnavailable, err)
 	case errors.As(err, &apiErr) && (apiErr.Code == http.StatusForbidden || apiErr.Code == http.StatusNotFound):
 		return fmt.Errorf("%w: %w", relay.ErrUnavailable, err)
+	case errors.As(err, &apiErr) && apiErr.Code == http.StatusServiceUnavailable:
+		// The stream is full (DiscardNew at MaxMsgs, MaxBytes or
+		// MaxMsgsPerSubject: err_code 10077) or JetStream lacks resources:
+		// the route's state, not the message's fault.
+		return fmt.Errorf("%w: the stream refuses new messages: %w", relay.ErrUnavailable, err)
 	case errors.As(err, &apiErr):
 		return err // this message fails; the relay retries it
 	}

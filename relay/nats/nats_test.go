@@ -517,3 +517,66 @@ func TestErrorSources(t *testing.T) {
 		t.Errorf("Publish above max_msg_size = %v, want PublishErrors{ErrPermanent wrapping API error 10054}", err)
 	}
 }
+
+// TestStreamFull: a stream that refuses new messages because it is full
+// (DiscardNew at MaxMsgs: "maximum messages exceeded", status 503) is the
+// route's state, not the messages' fault: the refused messages wrap
+// relay.ErrUnavailable (the relay backs off, counts no attempt,
+// dead-letters nothing), never ErrPermanent; a batch refused whole is one
+// error. REGRESSION: they were ordinary failures, each counting an
+// attempt, so a stream full for long enough dead-lettered the backlog.
+func TestStreamFull(t *testing.T) {
+	t.Parallel()
+	nc := connect(t, serverURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := natstest.UniqueName("outboxtest-full-")
+	st, err := natstest.CreateStream(testCtx(t, 10*time.Second), js, []string{prefix + ".>"}, func(c *jetstream.StreamConfig) {
+		c.MaxMsgs, c.Discard = 2, jetstream.DiscardNew
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := st.Delete(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	p := newPublisher(t, natspub.Config{Conn: nc, Subject: func(m relay.Message) string { return prefix + "." + natspub.DefaultSubject(m) }})
+
+	batch := msgs(5, 5) // five aggregates, one message each: two fit
+	err = p.Publish(testCtx(t, 30*time.Second), batch)
+	var pe relay.PublishErrors
+	if !errors.As(err, &pe) || len(pe) != len(batch) {
+		t.Fatalf("Publish into a stream with room for 2 of 5 = %v, want PublishErrors of 5", err)
+	}
+	stored, refused := 0, 0
+	for i, e := range pe {
+		switch {
+		case e == nil:
+			stored++
+		case errors.Is(e, relay.ErrUnavailable) && !errors.Is(e, relay.ErrPermanent):
+			refused++
+		default:
+			t.Errorf("entry %d = %v, want nil or ErrUnavailable", i, e)
+		}
+	}
+	if stored != 2 || refused != 3 {
+		t.Errorf("%d acknowledged, %d refused as unavailable; want 2 and 3", stored, refused)
+	}
+
+	// Full: the next batch (new message IDs: not duplicates the stream
+	// would acknowledge) is refused whole, as one error.
+	next := msgs(3, 3)
+	for i := range next {
+		next[i].MessageID += "-next"
+	}
+	err = p.Publish(testCtx(t, 30*time.Second), next)
+	if err == nil || errors.As(err, &pe) || !errors.Is(err, relay.ErrUnavailable) || errors.Is(err, relay.ErrPermanent) {
+		t.Errorf("Publish into a full stream = %v, want one error wrapping ErrUnavailable", err)
+	}
+}
