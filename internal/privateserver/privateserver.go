@@ -77,8 +77,23 @@ func NATSServer(t testing.TB, conf func(dir string) string) string {
 	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	start(t, "nats-server", bin, []string{"-c", file}, addr, func(r *bufio.Reader, _ net.Conn) error {
+		line, err := r.ReadString('\n')
+		if err == nil && !strings.HasPrefix(line, "INFO ") {
+			err = fmt.Errorf("greeting %q", line)
+		}
+		return err
+	})
+	return addr
+}
+
+// start runs bin with argv, kills it when t ends, and returns once
+// ready(conn) succeeds on a connection to addr; a server that exits first
+// or is not ready within 60 s fails t with its output.
+func start(t testing.TB, name, bin string, argv []string, addr string, ready func(*bufio.Reader, net.Conn) error) {
+	t.Helper()
 	var out syncBuffer
-	cmd := exec.Command(bin, "-c", file)
+	cmd := exec.Command(bin, argv...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", bin, err)
@@ -89,37 +104,35 @@ func NATSServer(t testing.TB, conf func(dir string) string) string {
 		_ = cmd.Process.Kill() // the server this test started
 		<-exited
 	})
-	ready := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	go func() { ready <- waitINFO(ctx, addr) }()
+	done := make(chan error, 1)
+	go func() { done <- waitReady(ctx, addr, ready) }()
 	select {
-	case err := <-ready:
+	case err := <-done:
 		if err != nil {
-			t.Fatalf("nats-server at %s not ready: %v\n%s", addr, err, out.String())
+			t.Fatalf("%s at %s not ready: %v\n%s", name, addr, err, out.String())
 		}
 	case err := <-exited:
 		exited <- err // for the cleanup
-		t.Fatalf("nats-server exited: %v\n%s", err, out.String())
+		t.Fatalf("%s exited: %v\n%s", name, err, out.String())
 	}
-	return addr
 }
 
-// waitINFO dials addr until the server greets with its INFO line or ctx
-// ends. Between refused dials it waits on ctx with a short timer: it
-// polls a condition with a deadline, it does not sleep for a result.
-func waitINFO(ctx context.Context, addr string) error {
+// waitReady dials addr until ready succeeds on a connection or ctx ends.
+// Between attempts it waits on ctx with a short timer: it polls a
+// condition with a deadline, it does not sleep for a result.
+func waitReady(ctx context.Context, addr string, ready func(*bufio.Reader, net.Conn) error) error {
 	var d net.Dialer
 	for {
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			line, rerr := bufio.NewReader(c).ReadString('\n')
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			err = ready(bufio.NewReader(c), c)
 			_ = c.Close()
-			if rerr == nil && strings.HasPrefix(line, "INFO ") {
+			if err == nil {
 				return nil
 			}
-			err = fmt.Errorf("greeting %q: %v", line, rerr)
 		}
 		select {
 		case <-ctx.Done():
@@ -142,6 +155,47 @@ func freeAddr(t testing.TB) string {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
+	return addr
+}
+
+// EnvRedisServer names the variable that overrides the redis-server
+// binary (default DefaultRedisServer).
+const EnvRedisServer = "OUTBOX_TEST_REDIS_SERVER"
+
+// DefaultRedisServer is where Debian's redis-server package installs the
+// binary (the shared server on this project's machines runs from it).
+const DefaultRedisServer = "/usr/bin/redis-server"
+
+// RedisServer starts a redis-server of t's own on a free 127.0.0.1 port,
+// keeping nothing on disk (no RDB, no AOF, its directory the test's
+// temporary one), with args appended to its command line (e.g.
+// "--maxmemory", "10mb"), and returns its address, host:port, once it
+// answers PING. The server is killed when t ends; without the binary
+// (EnvRedisServer, default DefaultRedisServer) the test is skipped, or
+// failed under OUTBOX_TEST_REQUIRE.
+func RedisServer(t testing.TB, args ...string) string {
+	t.Helper()
+	bin := os.Getenv(EnvRedisServer)
+	if bin == "" {
+		bin = DefaultRedisServer
+	}
+	if _, err := os.Stat(bin); err != nil {
+		Unavailable(t, fmt.Sprintf("no redis-server binary at %s (set %s): %v", bin, EnvRedisServer, err))
+	}
+	addr := freeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	argv := append([]string{"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no",
+		"--dir", t.TempDir(), "--daemonize", "no"}, args...)
+	start(t, "redis-server", bin, argv, addr, func(r *bufio.Reader, c net.Conn) error {
+		if _, err := c.Write([]byte("PING\r\n")); err != nil {
+			return err
+		}
+		line, err := r.ReadString('\n')
+		if err == nil && !strings.HasPrefix(line, "+PONG") {
+			err = fmt.Errorf("PING answered %q", line)
+		}
+		return err
+	})
 	return addr
 }
 

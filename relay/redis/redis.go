@@ -80,14 +80,15 @@
 //   - NOPERM (the user may not XADD to the stream), WRONGTYPE (a key of
 //     another type at the stream's name), WRONGPASS and NOAUTH (a new
 //     connection's credentials refused or missing: a password rotated, an
-//     ACL user deleted or disabled): the message's error wraps
+//     ACL user deleted or disabled), OOM (a server at its maxmemory with
+//     noeviction refuses every write): the message's error wraps
 //     relay.ErrUnavailable; if every message failed so, Publish returns one
 //     error wrapping it (the relay backs off, dead-letters nothing).
 //   - A message larger than Config.MaxMessageBytes (payload and fields),
 //     or a field larger than the server's proto-max-bulk-len:
 //     relay.ErrPermanent for that message only, never sent.
-//   - Any other Redis error (OOM, for one): that message fails (retried by
-//     the relay), its aggregate's later ones are held back.
+//   - Any other Redis error: that message fails (retried by the relay),
+//     its aggregate's later ones are held back.
 package redispub
 
 import (
@@ -383,7 +384,10 @@ func classify(ctx context.Context, m *relay.Message, stream string, err error) e
 		// Credentials refused on a new connection (a password rotated,
 		// an ACL user deleted or disabled; a server now requiring one):
 		// the route, never the message.
-		strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"):
+		strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"),
+		// A server at its maxmemory with noeviction refuses every write:
+		// its state, not the message's fault.
+		strings.HasPrefix(msg, "OOM"):
 		return fmt.Errorf("%w: message %s: stream %q: %w", relay.ErrUnavailable, m.MessageID, stream, err)
 	case strings.HasPrefix(msg, "LOADING"), strings.HasPrefix(msg, "READONLY"), strings.HasPrefix(msg, "MASTERDOWN"),
 		strings.HasPrefix(msg, "CLUSTERDOWN"), strings.HasPrefix(msg, "TRYAGAIN"):

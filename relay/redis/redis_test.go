@@ -14,6 +14,7 @@ import (
 
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/internal/faultproxy"
+	"github.com/sqloutbox/outbox/internal/privateserver"
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay"
 	redispub "github.com/sqloutbox/outbox/relay/redis"
@@ -467,6 +468,10 @@ func TestStalledServer(t *testing.T) {
 // relay.ErrUnavailable, so the relay backs off without counting attempts
 // and dead-letters nothing, never a retriable failure of every message
 // (which spends their attempts and dead-letters the backlog).
+// TestWrongPassword: credentials the server refuses (an ACL user that
+// does not exist: WRONGPASS) are the route's state (a rotated password, a
+// deleted user), not the messages' fault: one error for the batch wrapping
+// relay.ErrUnavailable, never ErrPermanent, nothing stored.
 func TestWrongPassword(t *testing.T) {
 	t.Parallel()
 	s := newSpace(t)
@@ -481,5 +486,32 @@ func TestWrongPassword(t *testing.T) {
 	}
 	if xs, err := s.entries(ctx); err != nil || len(xs) != 0 {
 		t.Errorf("stored %v, %v; want nothing", xs, err)
+	}
+}
+
+// TestOutOfMemory: a server at its maxmemory with noeviction refuses
+// every XADD with OOM. That is the server's state, not the messages'
+// fault: one error for the batch wrapping relay.ErrUnavailable (the relay
+// backs off, counts no attempt, dead-letters nothing), never
+// ErrPermanent. It runs on a private redis-server (the shared one is
+// never reconfigured). REGRESSION: OOM was an ordinary per-message
+// failure, so a server out of memory for long enough dead-lettered the
+// backlog.
+func TestOutOfMemory(t *testing.T) {
+	t.Parallel()
+	addr := privateserver.RedisServer(t, "--maxmemory-policy", "noeviction")
+	c := connect(t, addr)
+	ctx := testCtx(t, 30*time.Second)
+	if err := c.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil { // below what the server already uses
+		t.Fatal(err)
+	}
+	p := newPublisher(t, redispub.Config{Client: c})
+	err := p.Publish(ctx, msgs(4, 2))
+	var pe relay.PublishErrors
+	if err == nil || errors.As(err, &pe) || !errors.Is(err, relay.ErrUnavailable) || errors.Is(err, relay.ErrPermanent) {
+		t.Errorf("Publish to a server out of memory = %v, want one error wrapping ErrUnavailable", err)
+	}
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Errorf("the server holds %d keys (%v); want none", n, err)
 	}
 }
