@@ -100,7 +100,8 @@ Kafka: --sasl-mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) with
 --sasl-user and the password from --sasl-password-file or the
 OUTBOX_SASL_PASSWORD variable (never a flag), --client-id, --kafka-version
 and --compression. Flags of another broker than the chosen one are usage
-errors. No password is ever logged or printed.
+errors. URLs are logged with their password redacted, and broker passwords
+(3 bytes or longer) are scrubbed from every message.
 
 TLS, for every broker: --tls, --tls-ca-file, --tls-cert-file and
 --tls-key-file (mutual TLS), --tls-server-name, --tls-insecure-skip-verify
