@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
@@ -97,6 +98,9 @@ type brokerURL struct {
 	secretParam bool
 	// redis holds the parsed options of a Redis URL.
 	redis *redis.Options
+	// dialTimeout is the URL's own connect timeout (RabbitMQ's
+	// connection_timeout, Redis's dial_timeout); 0 if it sets none.
+	dialTimeout time.Duration
 }
 
 // hasSecret reports whether the URL itself carries a credential: a
@@ -316,16 +320,29 @@ func parseBrokerURL(raw string) (*brokerURL, error) {
 			return nil, bad("the URL's cacertfile, certfile, keyfile and server_name_indication are not read: use --tls-ca-file, --tls-cert-file, --tls-key-file and --tls-server-name")
 		}
 		b.hosts = []string{net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))}
+		b.dialTimeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond // amqp091-go: milliseconds
 	case brokerRedis:
 		o, err := redis.ParseURL(raw)
 		if err != nil {
 			return nil, bad("%v", urlErrorCause(err))
 		}
 		host, _, _ := net.SplitHostPort(o.Addr)
-		if u, err := url.Parse(raw); err != nil || u.Hostname() == "" || host == "" {
+		u, err := url.Parse(raw)
+		if err != nil || u.Hostname() == "" || host == "" {
 			return nil, bad("no host")
-		} else if err := sameUserinfo(u, b, hasUI); err != nil {
+		}
+		if err := sameUserinfo(u, b, hasUI); err != nil {
 			return nil, bad("%v", err)
+		}
+		q := u.Query()
+		if q.Has("max_retries") {
+			// The client never re-sends on its own: a re-sent XADD whose
+			// first reply was lost stores the entry twice, and a retry
+			// outlives the relay's deadline; retries are the relay's.
+			return nil, bad("max_retries is not honoured: the relay retries itself (a client retry can store an XADD twice)")
+		}
+		if q.Has("dial_timeout") {
+			b.dialTimeout = o.DialTimeout
 		}
 		b.redis = o
 		b.hosts = []string{o.Addr}

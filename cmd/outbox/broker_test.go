@@ -129,13 +129,26 @@ func TestParseBrokerURL(t *testing.T) {
 			t.Errorf("parseBrokerURL(%q) = %s tls=%v %v, want %s tls=%v %v", tc.in, b.kind, b.tls, b.hosts, tc.kind, tc.tls, tc.hosts)
 		}
 	}
+	// The URL's own connect timeout is kept (amqp091-go: milliseconds).
+	for in, want := range map[string]time.Duration{
+		"amqp://rabbit/?connection_timeout=1500": 1500 * time.Millisecond,
+		"redis://redis:6379/0?dial_timeout=3s":   3 * time.Second,
+		"redis://redis:6379/0":                   0,
+	} {
+		b, err := parseBrokerURL(in)
+		if err != nil {
+			t.Errorf("parseBrokerURL(%q): %v", in, err)
+		} else if b.dialTimeout != want {
+			t.Errorf("parseBrokerURL(%q): dial timeout %v, want %v", in, b.dialTimeout, want)
+		}
+	}
 	b, err := parseBrokerURL("nats://alice@n1")
 	if err != nil || b.user != "alice" || !b.hasSecret(false) || b.hasSecret(true) {
 		t.Errorf("a NATS user without password is a token unless the password comes separately: %+v %v", b, err)
 	}
 	for _, in := range []string{"", "n1:4222", "mqtt://n1", "://n1", "nats://", "nats://n1:99999", "nats://n1:abc", "nats://n1/path",
 		"kafka://u:p@k1:9092", "nats://n1,redis://n2", "amqp://h:notaport/", "redis://h:6379/x", "redis://h/1/2", "redis://:6379/0", "amqp://",
-		"nats://%zz@n1"} {
+		"nats://%zz@n1", "redis://h:6379/0?max_retries=3"} {
 		_, err := parseBrokerURL(in)
 		var ee *exitError
 		if err == nil || !errors.As(err, &ee) || ee.code != exitUsage {

@@ -321,7 +321,11 @@ func (a *app) connectNATS(ctx context.Context, p *brokerPlan, timeout time.Durat
 
 // connectRabbitMQ dials the broker and checks the exchange.
 func connectRabbitMQ(ctx context.Context, p *brokerPlan, timeout time.Duration, attrs []any) (*brokerConn, error) {
-	cfg := amqp.Config{Dial: amqp.DefaultDial(min(timeout, 30*time.Second)), TLSClientConfig: p.tls}
+	dial := min(timeout, 30*time.Second)
+	if p.url.dialTimeout > 0 { // the URL's connection_timeout
+		dial = p.url.dialTimeout
+	}
+	cfg := amqp.Config{Dial: amqp.DefaultDial(dial), TLSClientConfig: p.tls}
 	if p.password != "" {
 		cfg.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: p.url.user, Password: p.password}}
 	}
@@ -348,6 +352,9 @@ func connectRedis(ctx context.Context, p *brokerPlan, timeout time.Duration, log
 	o.ContextTimeoutEnabled = true
 	o.MaxRetries = -1 // retries are the relay's
 	o.DialTimeout = min(timeout, 5*time.Second)
+	if p.url.dialTimeout > 0 { // the URL's dial_timeout
+		o.DialTimeout = p.url.dialTimeout
+	}
 	if p.password != "" {
 		o.Password = p.password
 	}
