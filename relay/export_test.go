@@ -23,3 +23,7 @@ func (r *Relay) ClaimOnce(ctx context.Context, n, count int) ([]Message, int64, 
 
 // FloorEpoch is the table floor epoch the relay's floor was proven under.
 func (r *Relay) FloorEpoch() int64 { return r.floor.epoch }
+
+// OnLoopsStarted makes Run call fn once its background loops have started
+// (before the first cycle). Call it before Run.
+func (r *Relay) OnLoopsStarted(fn func()) { r.loopsStarted = fn }

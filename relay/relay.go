@@ -267,6 +267,10 @@ type Relay struct {
 	log *slog.Logger
 	// table is ob's table, as configured.
 	table string
+	// loopsStarted, if set (tests only, before Run), is called by Run once
+	// its background loops (leases, partition check, health, progress)
+	// have started, before the first cycle.
+	loopsStarted func()
 
 	notify   chan struct{}
 	stopping chan struct{}
@@ -408,6 +412,12 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	if err := r.startLeases(hardCtx); err != nil {
 		return err
 	}
+	// Running before the health loop starts: its first probe must not
+	// report ErrNotRunning (a spurious "relay not ready" at every start,
+	// and outbox_relay_up 0 for a moment). Cleared after the loops below
+	// have stopped (defers run last registered first).
+	r.running.Store(true)
+	defer r.running.Store(false)
 	beatCtx, stopBeat := context.WithCancel(hardCtx)
 	beatDone := make(chan struct{})
 	go func() { defer close(beatDone); r.leases.run(beatCtx) }()
@@ -417,6 +427,9 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	go func() { defer close(healthDone); r.runHealth(beatCtx) }()
 	progressDone := make(chan struct{})
 	go func() { defer close(progressDone); r.runProgress(beatCtx) }()
+	if r.loopsStarted != nil {
+		r.loopsStarted() // tests only: the background loops are running
+	}
 	defer func() {
 		stopBeat()
 		<-beatDone
@@ -428,8 +441,6 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		r.leases.leave(lctx)
 	}()
 	close(r.started)
-	r.running.Store(true)
-	defer r.running.Store(false)
 	r.cfg.Observer.Up(true)
 	defer func() {
 		// After Up(false), no readiness report (health.go).

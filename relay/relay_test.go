@@ -32,7 +32,7 @@ type bundle struct {
 }
 
 // setup starts a relay on a private table of target tg.
-func setup(t *testing.T, tg testdb.Target, mod func(*relay.Config)) *bundle {
+func setup(t *testing.T, tg testdb.Target, mod func(*relay.Config), beforeRun ...func(*relay.Relay)) *bundle {
 	t.Helper()
 	e := testdb.New(t, tg, driver.Config{})
 	pub := outboxtest.NewPublisher()
@@ -48,6 +48,9 @@ func setup(t *testing.T, tg testdb.Target, mod func(*relay.Config)) *bundle {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	b := &bundle{e: e, pub: pub, r: r, run: make(chan error, 1), ctx: ctx}
+	for _, fn := range beforeRun {
+		fn(r)
+	}
 	go func() { b.run <- r.Run(context.Background()) }()
 	t.Cleanup(func() {
 		sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
