@@ -381,14 +381,48 @@ func urlErrorCause(err error) error {
 }
 
 // scrub replaces every secret of at least 3 bytes in msg (shorter ones
-// would mangle ordinary text) by xxxxx.
+// would mangle ordinary text) by xxxxx: everywhere if it has 8 bytes or
+// more; a shorter one only where it is not part of a longer word (a
+// letter or digit on an edge where the secret has one), so that a token
+// "tok" blanks "nats://tok@host" but not the word "token".
 func scrub(msg string, secrets []string) string {
 	for _, s := range secrets {
-		if len(s) >= 3 {
+		switch {
+		case len(s) >= 8:
 			msg = strings.ReplaceAll(msg, s, redacted)
+		case len(s) >= 3:
+			msg = replaceWord(msg, s)
 		}
 	}
 	return msg
+}
+
+// replaceWord replaces s in msg by redacted where s is not glued to a
+// letter or digit on a side where s itself begins or ends with one.
+func replaceWord(msg, s string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(msg, s)
+		if i < 0 {
+			b.WriteString(msg)
+			return b.String()
+		}
+		end := i + len(s)
+		glued := (i > 0 && alnum(s[0]) && alnum(msg[i-1])) || (end < len(msg) && alnum(s[len(s)-1]) && alnum(msg[end]))
+		b.WriteString(msg[:i])
+		if glued {
+			b.WriteString(s[:1])
+			msg = msg[i+1:]
+			continue
+		}
+		b.WriteString(redacted)
+		msg = msg[end:]
+	}
+}
+
+// alnum reports whether c is an ASCII letter or digit.
+func alnum(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
 // errBrokerSecretInArgv refuses a credential inside --broker on the

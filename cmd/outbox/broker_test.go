@@ -942,3 +942,31 @@ func TestParseBrokerURLMixedNATSSchemes(t *testing.T) {
 		t.Errorf("tls:// servers: %+v %v", b, err)
 	}
 }
+
+// TestScrub: secrets of 8 bytes or more are blanked wherever they appear;
+// shorter ones (3 to 7 bytes) only where they are not part of a longer
+// word, so the command's own text survives. REGRESSION: the token "tok"
+// turned "--broker holds a password or token" into "... or xxxxxen".
+func TestScrub(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		msg     string
+		secrets []string
+		want    string
+	}{
+		{"--broker holds a password or token", []string{"tok"}, "--broker holds a password or token"},
+		{"dial nats://tok@127.0.0.1:4222: refused", []string{"tok"}, "dial nats://xxxxx@127.0.0.1:4222: refused"},
+		{`invalid port ":tok" after host`, []string{"tok"}, `invalid port ":xxxxx" after host`},
+		{"tok", []string{"tok"}, "xxxxx"},
+		{"tokentok tok", []string{"tok"}, "tokentok xxxxx"},
+		{"user guest:guest@rabbit", []string{"guest"}, "user xxxxx:xxxxx@rabbit"},
+		{"a p@ss! b", []string{"p@ss!"}, "a xxxxx b"},                           // edges that are not letters need no boundary
+		{"x@ss!x", []string{"@ss!"}, "xxxxxxx"},                                 // ... so it is blanked even glued
+		{"embeddedS3cr3tPassword", []string{"S3cr3tPassword"}, "embeddedxxxxx"}, // 8 bytes or more: everywhere
+		{"ab cd", []string{"ab"}, "ab cd"},                                      // under 3 bytes: never
+	} {
+		if got := scrub(tc.msg, tc.secrets); got != tc.want {
+			t.Errorf("scrub(%q, %q) = %q, want %q", tc.msg, tc.secrets, got, tc.want)
+		}
+	}
+}
