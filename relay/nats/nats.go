@@ -476,9 +476,20 @@ func (p *Publisher) publishOne(ctx context.Context, m *relay.Message) error {
 	// permissions violation instead of a PubAck.
 	denied, stop := p.denials.watch(nm.Subject)
 	defer stop()
+	// A message's own error names the message and its subject (the one a
+	// stream must bind, for "no stream answers"); a batch error is left
+	// as it is.
+	failed := func(err error) error {
+		err = classify(err)
+		var be *relay.BatchError
+		if errors.As(err, &be) {
+			return err
+		}
+		return fmt.Errorf("message %s: subject %q: %w", m.MessageID, nm.Subject, err)
+	}
 	f, err := p.js.PublishMsgAsync(nm, jetstream.WithMsgID(m.MessageID))
 	if err != nil {
-		return classify(err)
+		return failed(err)
 	}
 	timer := time.NewTimer(p.cfg.AckTimeout)
 	defer timer.Stop()
@@ -486,7 +497,7 @@ func (p *Publisher) publishOne(ctx context.Context, m *relay.Message) error {
 	case <-f.Ok():
 		return nil
 	case err := <-f.Err():
-		return classify(err)
+		return failed(err)
 	case err := <-denied:
 		return fmt.Errorf("message %s: subject %q: %w", m.MessageID, nm.Subject, err)
 	case <-ctx.Done():

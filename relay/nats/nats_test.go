@@ -506,6 +506,10 @@ func TestErrorSources(t *testing.T) {
 	var pe relay.PublishErrors
 	if errors.As(err, &pe) || !errors.Is(err, relay.ErrUnavailable) || !errors.Is(err, jetstream.ErrNoStreamResponse) {
 		t.Errorf("Publish to a missing stream = %v, want one error wrapping ErrUnavailable and ErrNoStreamResponse", err)
+	} else if want := fmt.Sprintf("subject %q", natspub.DefaultSubject(missing[0])); !strings.Contains(err.Error(), want) {
+		// The subject a stream must bind, so the operator knows what to
+		// create. REGRESSION: the error named no subject.
+		t.Errorf("Publish to a missing stream = %v, want it to name the %s", err, want)
 	}
 
 	big := msgs(1, 1)
