@@ -14,7 +14,7 @@ import (
 // after a run: what the database says must be delivered. Read the rows
 // with a plain query, e.g. (default table name)
 //
-//	SELECT id, message_id, aggregate_type, aggregate_id FROM outbox
+//	SELECT id, message_id, aggregate_type, aggregate_id FROM outbox_message
 type Row struct {
 	// ID is the row's outbox id (the table's auto-increment key): the
 	// order in which an aggregate's events must first be delivered.
