@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -66,7 +67,10 @@ func relayChild() int {
 		return 2
 	}
 	r, err := relay.New(ob, db, relay.Config{
-		Publisher: pub, PollInterval: poll, BatchSize: batch, Logger: quietLogger(),
+		// Warnings (a failed cycle, a lost lease) on stderr: the parent
+		// reads them to tell an acknowledged batch the relay failed to
+		// record in time from one it forgot.
+		Publisher: pub, PollInterval: poll, BatchSize: batch, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		LeaseTTL: ttl, InstanceID: os.Getenv("OUTBOX_CHILD_INSTANCE"),
 	})
 	if err != nil {
@@ -276,8 +280,21 @@ func TestRelaySIGTERMWithPublishesInFlight(t *testing.T) {
 		rows := waitLedger(t, ctx, e, kb.cons)
 		second.terminate(t, ctx)
 		rep := checkLedger(rows, kb.cons.Records())
-		if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates != 0 {
-			t.Fatalf("ledger %+v (a graceful stop records every acknowledged batch: no duplicates)", rep)
+		if rep.ghosts != 0 || rep.orderViolations != 0 {
+			t.Fatalf("ledger %+v", rep)
+		}
+		// A graceful stop records every batch the broker acknowledged
+		// within the relay's bounds: no duplicates. Only a cycle that
+		// failed (a Publish past PublishTimeout, a mark-sent past
+		// QueryTimeout: seen at load average 20-50) leaves acknowledged
+		// rows pending, and then the relay said so and the re-sent rows
+		// are at most that one cycle's.
+		if rep.duplicates != 0 {
+			failed := strings.Contains(first.out.String(), "relay cycle failed")
+			if !failed || rep.duplicates > relay.DefaultMaxBatchFactor*batch {
+				t.Fatalf("ledger %+v after a graceful stop (first relay's output:\n%s)", rep, first.out.String())
+			}
+			t.Logf("%d duplicates after a cycle that failed at the stop:\n%s", rep.duplicates, first.out.String())
 		}
 		t.Logf("SIGTERM after %d records; ledger %+v", stoppedAt, rep)
 	})
