@@ -91,7 +91,11 @@ func TestRepartition(t *testing.T) {
 		if _, err := pub.WaitForIDs(ctx, "B-1"); err != nil {
 			t.Fatal(err)
 		}
-		if err := r.Stop(sctx); err != nil {
+		// A deadline of its own: the first Stop's may have passed by now
+		// (it did, at load average 35, after 16 s).
+		sctx2, cancel2 := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel2()
+		if err := r.Stop(sctx2); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-run; err != nil {
