@@ -183,6 +183,12 @@ func readLedger(t *testing.T, e *testdb.Env) []ledgerRow {
 // ledgerReport is what checkLedger found.
 type ledgerReport struct {
 	delivered, duplicates, lost, ghosts, orderViolations int
+	// violations describes each order violation: the aggregate, the two
+	// rows (outbox id, seq) and where each was first delivered
+	// (partition/offset), so a failure says what happened.
+	violations []string
+	// violated lists the aggregates of the violations, for explainLedger.
+	violated []string
 }
 
 // checkLedger joins consumed records with committed rows by message ID:
@@ -197,6 +203,7 @@ func checkLedger(rows []ledgerRow, recs []kafkatest.Record) ledgerReport {
 	}
 	seen := map[string]bool{}
 	last := map[string]ledgerRow{}
+	lastRec := map[string]kafkatest.Record{}
 	for _, rec := range recs {
 		id := rec.Headers[emit.HeaderMessageID]
 		row, ok := byID[id]
@@ -212,11 +219,59 @@ func checkLedger(rows []ledgerRow, recs []kafkatest.Record) ledgerReport {
 		rep.delivered++
 		if prev, ok := last[row.aggregateID]; ok && (row.id < prev.id || row.seq < prev.seq) {
 			rep.orderViolations++
+			rep.violated = append(rep.violated, row.aggregateID)
+			pr := lastRec[row.aggregateID]
+			rep.violations = append(rep.violations, fmt.Sprintf("%s: id %d (seq %d, partition %d offset %d, producer %d) first delivered after id %d (seq %d, partition %d offset %d, producer %d)",
+				row.aggregateID, row.id, row.seq, rec.Partition, rec.Offset, rec.ProducerID, prev.id, prev.seq, pr.Partition, pr.Offset, pr.ProducerID))
 		}
 		last[row.aggregateID] = row
+		lastRec[row.aggregateID] = rec
 	}
 	rep.lost = len(rows) - rep.delivered
 	return rep
+}
+
+// explainLedger logs, for each aggregate of rep's order violations, its
+// rows as the table holds them now (id, partition, status, attempts,
+// created, sent, updated) and its records in the order the consumer
+// received them (partition, offset, producer ID, message ID): what a
+// report's counts cannot say about how the order broke.
+func explainLedger(t *testing.T, e *testdb.Env, rep ledgerReport, recs []kafkatest.Record) {
+	t.Helper()
+	for i, agg := range rep.violated {
+		if i == 3 {
+			break
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "aggregate %s, rows (id partition status attempts created sent updated message_id):\n", agg)
+		rows, err := e.RelayDB.Query("SELECT id, partition_key, status, attempts, created_at, sent_at, updated_at, message_id FROM "+e.Table+
+			" WHERE aggregate_id = "+e.Placeholder(1)+" ORDER BY id", agg)
+		if err != nil {
+			t.Logf("reading the rows of %s: %v", agg, err)
+			continue
+		}
+		ids := map[string]int64{}
+		for rows.Next() {
+			var id, part, status, attempts int64
+			var created, sent, updated sql.NullString
+			var mid string
+			if err := rows.Scan(&id, &part, &status, &attempts, &created, &sent, &updated, &mid); err != nil {
+				t.Logf("scanning a row of %s: %v", agg, err)
+				break
+			}
+			ids[mid] = id
+			fmt.Fprintf(&b, "  %d %d %d %d %s %s %s %s\n", id, part, status, attempts, created.String, sent.String, updated.String, mid)
+		}
+		rows.Close()
+		b.WriteString("records (partition offset producer id message_id received):\n")
+		for _, r := range recs {
+			mid := r.Headers[emit.HeaderMessageID]
+			if id, ok := ids[mid]; ok {
+				fmt.Fprintf(&b, "  %d %d %d %d %s %s\n", r.Partition, r.Offset, r.ProducerID, id, mid, r.Received.Format("15:04:05.000000"))
+			}
+		}
+		t.Log(b.String())
+	}
 }
 
 // waitLedger reads the committed rows of e and waits until cons has

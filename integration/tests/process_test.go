@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
@@ -47,6 +49,10 @@ func relayChild() int {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(2)
+	// sarama's own log (retries, reconnects, state changes) on stderr too:
+	// the parent prints a child's output only when the test fails, and
+	// then a silent in-producer retry is what a ledger report cannot show.
+	sarama.Logger = log.New(os.Stderr, "[sarama] ", log.Lmicroseconds)
 	pub, err := kafka.NewPublisher(kafka.Config{Brokers: strings.Split(os.Getenv("OUTBOX_CHILD_BROKERS"), ",")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -67,10 +73,11 @@ func relayChild() int {
 		return 2
 	}
 	r, err := relay.New(ob, db, relay.Config{
-		// Warnings (a failed cycle, a lost lease) on stderr: the parent
-		// reads them to tell an acknowledged batch the relay failed to
-		// record in time from one it forgot.
-		Publisher: pub, PollInterval: poll, BatchSize: batch, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		// Info and above (leases acquired and lost, a failed cycle) on
+		// stderr: the parent reads them to tell an acknowledged batch the
+		// relay failed to record in time from one it forgot, and prints
+		// them when a test fails.
+		Publisher: pub, PollInterval: poll, BatchSize: batch, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		LeaseTTL: ttl, InstanceID: os.Getenv("OUTBOX_CHILD_INSTANCE"),
 	})
 	if err != nil {
@@ -207,8 +214,10 @@ func TestRelayKilledAtFailpoints(t *testing.T) {
 				second := startChild(t, e, kb.broker.Addrs(), batch, "")
 				rows := waitLedger(t, ctx, e, kb.cons)
 				second.terminate(t, ctx)
-				rep := checkLedger(rows, kb.cons.Records())
+				recs := kb.cons.Records()
+				rep := checkLedger(rows, recs)
 				if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > 2*relay.DefaultMaxBatchFactor*batch {
+					explainLedger(t, e, rep, recs)
 					t.Fatalf("ledger %+v", rep)
 				}
 				if fp == failpoint.AfterClaim && rep.duplicates > relay.DefaultMaxBatchFactor*batch {
@@ -251,8 +260,10 @@ func TestRelayKilledAtRandomMoments(t *testing.T) {
 		wg.Wait()
 		rows := waitLedger(t, ctx, e, kb.cons)
 		last.terminate(t, ctx)
-		rep := checkLedger(rows, kb.cons.Records())
+		recs := kb.cons.Records()
+		rep := checkLedger(rows, recs)
 		if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > kills*2*relay.DefaultMaxBatchFactor*batch {
+			explainLedger(t, e, rep, recs)
 			t.Fatalf("ledger %+v after %d kills", rep, kills)
 		}
 		t.Logf("%d kills; ledger %+v", kills, rep)

@@ -130,6 +130,11 @@ type Record struct {
 	// Received is time.Now() taken right after the poll that returned the
 	// record, before any processing.
 	Received time.Time
+	// ProducerID is the producer ID of the idempotent producer that wrote
+	// the record (-1 for a producer that is not idempotent): records of
+	// one relay process share it, so it tells which process delivered
+	// what when several took turns.
+	ProducerID int64
 }
 
 // Consumer consumes topics in a background goroutine (without a consumer
@@ -211,7 +216,7 @@ func (c *Consumer) loop(ctx context.Context) {
 			}
 			recs = append(recs, Record{
 				Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-				Key: r.Key, Value: r.Value, Headers: h, Received: now,
+				Key: r.Key, Value: r.Value, Headers: h, Received: now, ProducerID: r.ProducerID,
 			})
 		})
 		var errs []error
