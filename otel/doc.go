@@ -20,9 +20,9 @@
 //     producer span (below) and forwards everything else to the Observer
 //     it wraps (metrics.RelayMetrics, say).
 //
-// On the consumer side, ExtractFranz and ExtractSarama return a context
-// carrying the span context and baggage of a received record, to start
-// the consumer's span under.
+// On the consumer side, Extract and ExtractMap return a context carrying
+// the span context and baggage of a received message, to start the
+// consumer's span under (see Consumers).
 //
 // # When the application sets its own trace headers
 //
@@ -76,6 +76,60 @@
 // WithSpanPerMessage the publish span is the consumer span's sibling), which
 // keeps invariant 5, bytes in = bytes out.
 //
+// # Consumers
+//
+// Extract reads a received message's headers through a lookup function,
+// get(key) string, so that this module imports no broker client (its users
+// download none they do not use). Each broker's headers are one short
+// adapter away; with rec, msg or d the received message:
+//
+//	// franz-go (*kgo.Record)
+//	ctx = outboxotel.Extract(ctx, func(k string) string {
+//		for _, h := range rec.Headers {
+//			if h.Key == k {
+//				return string(h.Value)
+//			}
+//		}
+//		return ""
+//	})
+//
+//	// sarama (*sarama.ConsumerMessage; its headers may hold nil entries)
+//	ctx = outboxotel.Extract(ctx, func(k string) string {
+//		for _, h := range msg.Headers {
+//			if h != nil && string(h.Key) == k {
+//				return string(h.Value)
+//			}
+//		}
+//		return ""
+//	})
+//
+//	// NATS (*nats.Msg; a jetstream.Msg: msg.Headers().Get)
+//	ctx = outboxotel.Extract(ctx, msg.Header.Get)
+//
+//	// RabbitMQ (amqp091.Delivery: relay/rabbitmq writes string values)
+//	ctx = outboxotel.Extract(ctx, func(k string) string {
+//		s, _ := d.Headers[k].(string)
+//		return s
+//	})
+//
+//	// Redis Streams (go-redis XMessage: the entry's fields)
+//	ctx = outboxotel.Extract(ctx, func(k string) string {
+//		s, _ := msg.Values[k].(string)
+//		return s
+//	})
+//
+// ExtractMap takes a map[string]string as is: an inbox.Message's Headers
+// (the inbox keeps a record's headers), say. With inbox/kafka, give the
+// franz-go adapter as inboxkafka.Config.ContextFor.
+//
+// Why a function and not a type per broker, or a carrier type of ours: it
+// fits every shape above without copying the headers (nats.Header.Get is
+// one already), and it is what a propagator needs to
+// extract the W3C headers. It cannot list the header names; the few
+// propagators that enumerate them (prefixed baggage headers, not W3C's) get
+// the names from ExtractMap, or from a propagation.TextMapCarrier of your
+// own given to the propagator's Extract.
+//
 // # Defaults
 //
 // Without WithPropagator, the global otel.GetTextMapPropagator() is used,
@@ -85,6 +139,6 @@
 //		propagation.TraceContext{}, propagation.Baggage{}))
 //
 // Without WithTracerProvider, the global otel.GetTracerProvider() is used.
-// Both globals are looked up when Capture or NewObserver is called; they
-// delegate to what is installed later.
+// Both globals are looked up when Capture, NewObserver, Extract or
+// ExtractMap is called; they delegate to what is installed later.
 package outboxotel

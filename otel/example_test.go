@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -50,12 +49,54 @@ func Example() {
 	cfg := relay.Config{Observer: outboxotel.NewObserver(nil /* or your metrics.RelayMetrics */)}
 	_ = cfg
 
-	// Consumer: continue the trace from a received record.
-	consume := func(ctx context.Context, rec *kgo.Record) {
-		ctx, span := otel.Tracer("consumer").Start(outboxotel.ExtractFranz(ctx, rec), "process "+rec.Topic,
-			trace.WithSpanKind(trace.SpanKindConsumer))
+	// Consumer: continue the trace from a received message; Extract reads
+	// its headers through a lookup (the package documentation has one for
+	// each broker client).
+	consume := func(ctx context.Context, topic string, headers map[string][]string) {
+		ctx, span := otel.Tracer("consumer").Start(outboxotel.Extract(ctx, func(k string) string {
+			if v := headers[k]; len(v) > 0 {
+				return v[0]
+			}
+			return ""
+		}), "process "+topic, trace.WithSpanKind(trace.SpanKindConsumer))
 		defer span.End()
 		_ = ctx
 	}
 	_ = consume
+}
+
+// ExampleExtract continues a trace from a received message's headers, here
+// Kafka-style key/value pairs (a franz-go record's rec.Headers has this
+// shape).
+func ExampleExtract() {
+	type header struct {
+		Key   string
+		Value []byte
+	}
+	headers := []header{
+		{Key: "outbox-message-id", Value: []byte("m-1")},
+		{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")},
+	}
+	ctx := outboxotel.Extract(context.Background(), func(k string) string {
+		for _, h := range headers {
+			if h.Key == k {
+				return string(h.Value)
+			}
+		}
+		return ""
+	}, outboxotel.WithPropagator(propagation.TraceContext{}))
+	sc := trace.SpanContextFromContext(ctx)
+	fmt.Println(sc.TraceID(), sc.SpanID(), sc.IsRemote())
+	// Output:
+	// 0af7651916cd43dd8448eb211c80319c b7ad6b7169203331 true
+}
+
+// ExampleExtractMap continues a trace from headers held in a map, such as
+// an inbox.Message's Headers.
+func ExampleExtractMap() {
+	headers := map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	ctx := outboxotel.ExtractMap(context.Background(), headers, outboxotel.WithPropagator(propagation.TraceContext{}))
+	fmt.Println(trace.SpanContextFromContext(ctx).TraceID())
+	// Output:
+	// 0af7651916cd43dd8448eb211c80319c
 }

@@ -6,15 +6,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sqloutbox/outbox/relay"
-	"github.com/sqloutbox/outbox/relay/kafka"
 )
 
 // ScopeName is the instrumentation scope name of the tracer NewObserver
 // uses.
 const ScopeName = "github.com/sqloutbox/outbox/otel"
 
-// Option configures Capture, NewObserver, ExtractFranz and ExtractSarama;
-// each uses the options that apply to it (the extractors and Capture only
+// Option configures Capture, NewObserver, Extract and ExtractMap; each
+// uses the options that apply to it (the extractors and Capture only
 // WithPropagator) and ignores the others. A nil Option is ignored.
 type Option func(*config)
 
@@ -27,7 +26,7 @@ type config struct {
 
 // WithPropagator sets the propagator that injects the trace context into
 // events' headers (Capture) and extracts it from them (NewObserver's
-// links, ExtractFranz, ExtractSarama). Default (or nil): the global
+// links, Extract, ExtractMap). Default (or nil): the global
 // otel.GetTextMapPropagator(). Give writers, relays and consumers the same
 // propagator.
 func WithPropagator(p propagation.TextMapPropagator) Option {
@@ -43,7 +42,10 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // WithTopic sets how NewObserver names a message's destination
 // (messaging.destination.name) when its event has no Topic of its own.
 // Give it the route of your relay/kafka.Config.Topic. Default (or nil):
-// kafka.DefaultTopic, the Kafka publisher's default route.
+// the Kafka publisher's default route, relay/kafka.DefaultTopic
+// (DefaultTopicPrefix + the aggregate type). This package does not import
+// relay/kafka, which would make its users download sarama; it applies the
+// same rule (a test in the integration module keeps the two equal).
 func WithTopic(route func(relay.Message) string) Option {
 	return func(c *config) { c.topic = route }
 }
@@ -74,10 +76,18 @@ func newConfig(opts []Option) config {
 		c.tp = otel.GetTracerProvider()
 	}
 	if c.topic == nil {
-		c.topic = kafka.DefaultTopic
+		c.topic = DefaultTopic
 	}
 	return c
 }
+
+// DefaultTopicPrefix is relay/kafka.DefaultTopicPrefix: "order" events go
+// to "outbox.event.order" unless routed otherwise.
+const DefaultTopicPrefix = "outbox.event."
+
+// DefaultTopic is relay/kafka.DefaultTopic, WithTopic's default:
+// DefaultTopicPrefix + m.AggregateType.
+func DefaultTopic(m relay.Message) string { return DefaultTopicPrefix + m.AggregateType }
 
 // destination returns m's topic as the Kafka publisher routes it.
 func (c *config) destination(m *relay.Message) string {
