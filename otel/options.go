@@ -2,6 +2,8 @@ package outboxotel
 
 import (
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -9,19 +11,22 @@ import (
 )
 
 // ScopeName is the instrumentation scope name of the tracer NewObserver
-// uses.
+// uses and of the meter NewMetrics uses.
 const ScopeName = "github.com/sqloutbox/outbox/otel"
 
-// Option configures Capture, NewObserver, Extract and ExtractMap; each
-// uses the options that apply to it (the extractors and Capture only
-// WithPropagator) and ignores the others. A nil Option is ignored.
+// Option configures Capture, NewObserver, NewMetrics, Extract and
+// ExtractMap; each uses the options that apply to it (the extractors and
+// Capture only WithPropagator; NewMetrics only WithMeterProvider and
+// WithMetricAttributes) and ignores the others. A nil Option is ignored.
 type Option func(*config)
 
 type config struct {
-	prop       propagation.TextMapPropagator
-	tp         trace.TracerProvider
-	topic      func(relay.Message) string
-	perMessage bool
+	prop        propagation.TextMapPropagator
+	tp          trace.TracerProvider
+	mp          metric.MeterProvider
+	metricAttrs []attribute.KeyValue
+	topic       func(relay.Message) string
+	perMessage  bool
 }
 
 // WithPropagator sets the propagator that injects the trace context into
@@ -37,6 +42,24 @@ func WithPropagator(p propagation.TextMapPropagator) Option {
 // nil): the global otel.GetTracerProvider().
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tp = tp }
+}
+
+// WithMeterProvider sets the provider of NewMetrics' meter. Default (or
+// nil): the global otel.GetMeterProvider(), which records nothing until
+// the application installs a provider (otel.SetMeterProvider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.mp = mp }
+}
+
+// WithMetricAttributes adds attributes to every measurement of
+// NewMetrics, beside TableKey: the OpenTelemetry counterpart of wrapping
+// package metrics' registerer with constant labels, such as the broker
+// (semconv.MessagingSystemKafka: messaging.system = "kafka") or the
+// instance. An attribute of TableKey's key is overridden by the table,
+// one of key error.type by the error class.
+// Repeated options add up. Default none.
+func WithMetricAttributes(attrs ...attribute.KeyValue) Option {
+	return func(c *config) { c.metricAttrs = append(c.metricAttrs, attrs...) }
 }
 
 // WithTopic sets how NewObserver names a message's destination
@@ -74,6 +97,9 @@ func newConfig(opts []Option) config {
 	}
 	if c.tp == nil {
 		c.tp = otel.GetTracerProvider()
+	}
+	if c.mp == nil {
+		c.mp = otel.GetMeterProvider()
 	}
 	if c.topic == nil {
 		c.topic = DefaultTopic
