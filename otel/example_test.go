@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sqloutbox/outbox"
@@ -99,4 +102,45 @@ func ExampleExtractMap() {
 	fmt.Println(trace.SpanContextFromContext(ctx).TraceID())
 	// Output:
 	// 0af7651916cd43dd8448eb211c80319c
+}
+
+// ExampleNewMetrics records the relay's metrics with OpenTelemetry beside
+// its spans (give metrics.RelayMetrics instead of nil to keep Prometheus
+// too); a ManualReader stands in for an exporter.
+func ExampleNewMetrics() {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	ob, err := driver.New(driver.Config{Dialect: driver.Postgres})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	m, err := outboxotel.NewMetrics(ob, nil /* or your metrics.RelayMetrics */, outboxotel.WithMeterProvider(mp))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	cfg := relay.Config{Observer: outboxotel.NewObserver(m)} // spans and metrics
+	_ = cfg
+
+	m.Published(relay.Message{Age: 40 * time.Millisecond}, 10*time.Millisecond) // what the relay calls
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, md := range sm.Metrics {
+			switch d := md.Data.(type) {
+			case metricdata.Sum[int64]:
+				fmt.Println(md.Name, md.Unit, d.DataPoints[0].Value)
+			case metricdata.Histogram[float64]:
+				fmt.Println(md.Name, md.Unit, d.DataPoints[0].Count, d.DataPoints[0].Sum)
+			}
+		}
+	}
+	// Output:
+	// outbox.relay.published {message} 1
+	// outbox.relay.commit_to_publish.duration s 1 0.05
 }
