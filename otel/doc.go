@@ -1,6 +1,7 @@
 // Package outboxotel carries OpenTelemetry trace context through the
 // outbox: from the span active at outbox.Emit, through the outbox row and
-// the relay's publish, to the consumer that receives the Kafka record. It
+// the relay's publish, to the consumer that receives the Kafka record, and
+// records the relay's metrics with OpenTelemetry instruments. It
 // lives in its own module (github.com/sqloutbox/outbox/otel), so the
 // outbox's core packages neither import OpenTelemetry nor make their users
 // download it; it plugs into two hooks of the core, each off unless set:
@@ -20,9 +21,13 @@
 //     producer span (below) and forwards everything else to the Observer
 //     it wraps (metrics.RelayMetrics, say).
 //
-// On the consumer side, ExtractFranz and ExtractSarama return a context
-// carrying the span context and baggage of a received record, to start
-// the consumer's span under.
+// NewMetrics returns a relay.Observer recording the relay's metrics with
+// OpenTelemetry instruments (see Metrics), the counterpart of package
+// metrics' Prometheus collectors.
+//
+// On the consumer side, Extract and ExtractMap return a context carrying
+// the span context and baggage of a received message, to start the
+// consumer's span under (see Consumers).
 //
 // # When the application sets its own trace headers
 //
@@ -76,6 +81,99 @@
 // WithSpanPerMessage the publish span is the consumer span's sibling), which
 // keeps invariant 5, bytes in = bytes out.
 //
+// # Consumers
+//
+// Extract reads a received message's headers through a lookup function,
+// get(key) string, so that this module imports no broker client (its users
+// download none they do not use). Each broker's headers are one short
+// adapter away; with rec, msg or d the received message:
+//
+//	// franz-go (*kgo.Record)
+//	ctx = outboxotel.Extract(ctx, func(k string) string {
+//		for _, h := range rec.Headers {
+//			if h.Key == k {
+//				return string(h.Value)
+//			}
+//		}
+//		return ""
+//	})
+//
+//	// sarama (*sarama.ConsumerMessage; its headers may hold nil entries)
+//	ctx = outboxotel.Extract(ctx, func(k string) string {
+//		for _, h := range msg.Headers {
+//			if h != nil && string(h.Key) == k {
+//				return string(h.Value)
+//			}
+//		}
+//		return ""
+//	})
+//
+//	// NATS (*nats.Msg; a jetstream.Msg: msg.Headers().Get)
+//	ctx = outboxotel.Extract(ctx, msg.Header.Get)
+//
+//	// RabbitMQ (amqp091.Delivery: relay/rabbitmq writes string values)
+//	ctx = outboxotel.Extract(ctx, func(k string) string {
+//		s, _ := d.Headers[k].(string)
+//		return s
+//	})
+//
+//	// Redis Streams (go-redis XMessage: the entry's fields)
+//	ctx = outboxotel.Extract(ctx, func(k string) string {
+//		s, _ := msg.Values[k].(string)
+//		return s
+//	})
+//
+// ExtractMap takes a map[string]string as is: an inbox.Message's Headers
+// (the inbox keeps a record's headers), say. With inbox/kafka, give the
+// franz-go adapter as inboxkafka.Config.ContextFor.
+//
+// Why a function and not a type per broker, or a carrier type of ours: it
+// fits every shape above without copying the headers (nats.Header.Get is
+// one already), and it is what a propagator needs to
+// extract the W3C headers. It cannot list the header names; the few
+// propagators that enumerate them (prefixed baggage headers, not W3C's) get
+// the names from ExtractMap, or from a propagation.TextMapCarrier of your
+// own given to the propagator's Extract.
+//
+// # Metrics
+//
+// NewMetrics(ob, next, opts...) creates, with the meter named ScopeName of
+// WithMeterProvider's provider (default otel.GetMeterProvider()), one
+// instrument per fact that package metrics exports to Prometheus, named in
+// OpenTelemetry's style (dot-separated namespaces, units in UCUM, durations
+// in seconds; the Prometheus name is in parentheses):
+//
+//	outbox.relay.published                   counter    {message}    (outbox_published_total)
+//	outbox.relay.publish.errors              counter    {message}    (outbox_publish_errors_total), error.type
+//	outbox.relay.retries                     counter    {retry}      (outbox_retries_total)
+//	outbox.relay.dead_lettered               counter    {message}    (outbox_dead_lettered_total)
+//	outbox.relay.commit_to_publish.duration  histogram  s            (outbox_commit_to_publish_seconds)
+//	outbox.relay.batch.size                  histogram  {message}    (outbox_batch_size)
+//	outbox.relay.claim.duration              histogram  s            (outbox_claim_duration_seconds)
+//	outbox.relay.partitions.owned            gauge      {partition}  (outbox_partitions_owned)
+//	outbox.relay.up                          gauge      1            (outbox_relay_up)
+//	outbox.relay.partition_mismatch          gauge      1            (outbox_relay_partition_mismatch)
+//
+// Every measurement carries outbox.table (TableKey: the table, the
+// Prometheus table label) and the attributes of WithMetricAttributes (the
+// broker as messaging.system, say, the counterpart of the command's broker
+// label); publish errors carry error.type, the relay.ErrorClass (transient,
+// permanent, unavailable, batch: the values of the publish span's
+// error.type). The histograms' explicit bucket boundaries are package
+// metrics' Prometheus buckets (CommitToPublishBuckets, BatchSizeBuckets,
+// ClaimDurationBuckets), so both aggregate alike; a View of the SDK can
+// change them. The gauges are synchronous (recorded when the relay reports
+// a change), so a gauge appears once it was first recorded.
+//
+// Metrics and the tracing Observer each forward every call to the Observer
+// they wrap, optional interfaces included (PartitionObserver,
+// ReadinessObserver, PublishObserver), so tracing, OpenTelemetry metrics
+// and Prometheus combine by nesting, in any order:
+//
+//	prom, err := metrics.NewRelayMetrics(nil, ob) // optional: nil instead
+//	m, err := outboxotel.NewMetrics(ob, prom)
+//	cfg := relay.Config{Publisher: pub, Observer: outboxotel.NewObserver(m)}
+//
 // # Defaults
 //
 // Without WithPropagator, the global otel.GetTextMapPropagator() is used,
@@ -84,7 +182,8 @@
 //	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(
 //		propagation.TraceContext{}, propagation.Baggage{}))
 //
-// Without WithTracerProvider, the global otel.GetTracerProvider() is used.
-// Both globals are looked up when Capture or NewObserver is called; they
-// delegate to what is installed later.
+// Without WithTracerProvider, the global otel.GetTracerProvider() is used,
+// and without WithMeterProvider the global otel.GetMeterProvider(). The
+// globals are looked up when Capture, NewObserver, NewMetrics, Extract or
+// ExtractMap is called; they delegate to what is installed later.
 package outboxotel

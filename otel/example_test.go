@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sqloutbox/outbox"
@@ -50,12 +52,95 @@ func Example() {
 	cfg := relay.Config{Observer: outboxotel.NewObserver(nil /* or your metrics.RelayMetrics */)}
 	_ = cfg
 
-	// Consumer: continue the trace from a received record.
-	consume := func(ctx context.Context, rec *kgo.Record) {
-		ctx, span := otel.Tracer("consumer").Start(outboxotel.ExtractFranz(ctx, rec), "process "+rec.Topic,
-			trace.WithSpanKind(trace.SpanKindConsumer))
+	// Consumer: continue the trace from a received message; Extract reads
+	// its headers through a lookup (the package documentation has one for
+	// each broker client).
+	consume := func(ctx context.Context, topic string, headers map[string][]string) {
+		ctx, span := otel.Tracer("consumer").Start(outboxotel.Extract(ctx, func(k string) string {
+			if v := headers[k]; len(v) > 0 {
+				return v[0]
+			}
+			return ""
+		}), "process "+topic, trace.WithSpanKind(trace.SpanKindConsumer))
 		defer span.End()
 		_ = ctx
 	}
 	_ = consume
+}
+
+// ExampleExtract continues a trace from a received message's headers, here
+// Kafka-style key/value pairs (a franz-go record's rec.Headers has this
+// shape).
+func ExampleExtract() {
+	type header struct {
+		Key   string
+		Value []byte
+	}
+	headers := []header{
+		{Key: "outbox-message-id", Value: []byte("m-1")},
+		{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")},
+	}
+	ctx := outboxotel.Extract(context.Background(), func(k string) string {
+		for _, h := range headers {
+			if h.Key == k {
+				return string(h.Value)
+			}
+		}
+		return ""
+	}, outboxotel.WithPropagator(propagation.TraceContext{}))
+	sc := trace.SpanContextFromContext(ctx)
+	fmt.Println(sc.TraceID(), sc.SpanID(), sc.IsRemote())
+	// Output:
+	// 0af7651916cd43dd8448eb211c80319c b7ad6b7169203331 true
+}
+
+// ExampleExtractMap continues a trace from headers held in a map, such as
+// an inbox.Message's Headers.
+func ExampleExtractMap() {
+	headers := map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	ctx := outboxotel.ExtractMap(context.Background(), headers, outboxotel.WithPropagator(propagation.TraceContext{}))
+	fmt.Println(trace.SpanContextFromContext(ctx).TraceID())
+	// Output:
+	// 0af7651916cd43dd8448eb211c80319c
+}
+
+// ExampleNewMetrics records the relay's metrics with OpenTelemetry beside
+// its spans (give metrics.RelayMetrics instead of nil to keep Prometheus
+// too); a ManualReader stands in for an exporter.
+func ExampleNewMetrics() {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	ob, err := driver.New(driver.Config{Dialect: driver.Postgres})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	m, err := outboxotel.NewMetrics(ob, nil /* or your metrics.RelayMetrics */, outboxotel.WithMeterProvider(mp))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	cfg := relay.Config{Observer: outboxotel.NewObserver(m)} // spans and metrics
+	_ = cfg
+
+	m.Published(relay.Message{Age: 40 * time.Millisecond}, 10*time.Millisecond) // what the relay calls
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, md := range sm.Metrics {
+			switch d := md.Data.(type) {
+			case metricdata.Sum[int64]:
+				fmt.Println(md.Name, md.Unit, d.DataPoints[0].Value)
+			case metricdata.Histogram[float64]:
+				fmt.Println(md.Name, md.Unit, d.DataPoints[0].Count, d.DataPoints[0].Sum)
+			}
+		}
+	}
+	// Output:
+	// outbox.relay.published {message} 1
+	// outbox.relay.commit_to_publish.duration s 1 0.05
 }

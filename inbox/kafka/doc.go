@@ -98,10 +98,18 @@
 // The relay writes the W3C trace headers (traceparent, tracestate, baggage)
 // captured at Emit into every record. The runner does not import
 // OpenTelemetry: Config.ContextFor derives each handler's context from the
-// record, and with the otel module it is one line:
+// record, and with the otel module (github.com/sqloutbox/outbox/otel) it
+// is a header lookup:
 //
 //	ContextFor: func(ctx context.Context, rec *kgo.Record) context.Context {
-//		return outboxotel.ExtractFranz(ctx, rec) // github.com/sqloutbox/outbox/otel
+//		return outboxotel.Extract(ctx, func(k string) string {
+//			for _, h := range rec.Headers {
+//				if h.Key == k {
+//					return string(h.Value)
+//				}
+//			}
+//			return ""
+//		})
 //	},
 //
 // # Metrics

@@ -45,7 +45,7 @@ func Example() {
 		},
 		Observer: metrics,
 		ContextFor: func(ctx context.Context, rec *kgo.Record) context.Context {
-			return ctx // with the otel module: outboxotel.ExtractFranz(ctx, rec)
+			return ctx // with the otel module: outboxotel.Extract over rec.Headers
 		},
 	})
 	if err != nil {

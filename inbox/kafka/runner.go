@@ -135,7 +135,7 @@ type Config struct {
 	OnFailure FailurePolicy
 	// ContextFor derives a handler's context from the record, e.g. to
 	// continue the trace whose context the relay put in the headers (see
-	// the package documentation for outboxotel.ExtractFranz). The record
+	// the package documentation for outboxotel.Extract). The record
 	// must not be modified. Default: ctx unchanged.
 	ContextFor func(ctx context.Context, rec *kgo.Record) context.Context
 	// Observer is told about every record's outcome and each partition's

@@ -211,7 +211,7 @@ func wantAttrs(t *testing.T, what string, got []attribute.KeyValue, want map[att
 // TestTraceEndToEnd: one trace from an HTTP client span, through the
 // server span and outbox.Middleware's handler, Emit and COMMIT, the relay's
 // publish span (linked to the server span) and the broker, to a franz-go
-// consumer whose span, started from ExtractFranz, is a child of the
+// consumer whose span, started from Extract over the record's headers, is a child of the
 // server span; baggage arrives intact.
 func TestTraceEndToEnd(t *testing.T) {
 	t.Parallel()
@@ -256,7 +256,7 @@ func TestTraceEndToEnd(t *testing.T) {
 			if headers["traceparent"] != wantTP || err != nil || hb.Len() != 2 || hb.Member("tenant").Value() != "acme corp" || hb.Member("user").Value() != "42" {
 				t.Errorf("record headers %v (baggage: %v), want traceparent %s and the request's baggage", headers, err, wantTP)
 			}
-			cctx := outboxotel.ExtractFranz(b.ctx, rec, outboxotel.WithPropagator(w3c))
+			cctx := outboxotel.Extract(b.ctx, franzHeader(rec), outboxotel.WithPropagator(w3c))
 			_, span := b.tracer.Start(cctx, "process "+topic, trace.WithSpanKind(trace.SpanKindConsumer))
 			span.End()
 			cs := b.waitSpan(t, "the consumer span", func(s sdktrace.ReadOnlySpan) bool { return s.SpanKind() == trace.SpanKindConsumer })
@@ -270,7 +270,7 @@ func TestTraceEndToEnd(t *testing.T) {
 
 			// The same record through sarama.
 			msg := consumeSarama(t, b, "msg-o-1")
-			sctx := outboxotel.ExtractSarama(b.ctx, msg, outboxotel.WithPropagator(w3c))
+			sctx := outboxotel.Extract(b.ctx, saramaHeader(msg), outboxotel.WithPropagator(w3c))
 			if ssc := trace.SpanContextFromContext(sctx); ssc.TraceID() != origin.TraceID() || ssc.SpanID() != origin.SpanID() || !ssc.IsRemote() {
 				t.Errorf("sarama: extracted %v, want the server span %v", ssc, origin)
 			}
@@ -297,9 +297,49 @@ func TestTraceSpanPerMessage(t *testing.T) {
 		"messaging.system": "kafka", "messaging.destination.name": topic, "messaging.message.id": "msg-o-1", "messaging.kafka.message.key": "o-1",
 	})
 	rec := consumeOne(t, b, "msg-o-1")
-	cctx := outboxotel.ExtractFranz(b.ctx, rec, outboxotel.WithPropagator(w3c))
+	cctx := outboxotel.Extract(b.ctx, franzHeader(rec), outboxotel.WithPropagator(w3c))
 	if sc := trace.SpanContextFromContext(cctx); sc.SpanID() != origin.SpanID() || sc.TraceID() != client.TraceID() {
 		t.Errorf("consumer context %v, want the server span %v", sc, origin)
+	}
+}
+
+// franzHeader is the adapter of outboxotel's package documentation: a
+// lookup of a franz-go record's headers for outboxotel.Extract.
+func franzHeader(rec *kgo.Record) func(string) string {
+	return func(k string) string {
+		for _, h := range rec.Headers {
+			if h.Key == k {
+				return string(h.Value)
+			}
+		}
+		return ""
+	}
+}
+
+// saramaHeader is franzHeader for a sarama message (whose headers may hold
+// nil entries).
+func saramaHeader(msg *sarama.ConsumerMessage) func(string) string {
+	return func(k string) string {
+		for _, h := range msg.Headers {
+			if h != nil && string(h.Key) == k {
+				return string(h.Value)
+			}
+		}
+		return ""
+	}
+}
+
+// TestDefaultTopic: outboxotel names a destination as relay/kafka routes it
+// (it copies the rule so as not to import relay/kafka and sarama).
+func TestDefaultTopic(t *testing.T) {
+	t.Parallel()
+	if outboxotel.DefaultTopicPrefix != kafka.DefaultTopicPrefix {
+		t.Errorf("outboxotel.DefaultTopicPrefix %q, relay/kafka's %q", outboxotel.DefaultTopicPrefix, kafka.DefaultTopicPrefix)
+	}
+	for _, m := range []relay.Message{{}, {AggregateType: "order"}, {AggregateType: "order", Topic: "own"}} {
+		if got, want := outboxotel.DefaultTopic(m), kafka.DefaultTopic(m); got != want {
+			t.Errorf("DefaultTopic(%+v) = %q, relay/kafka's %q", m, got, want)
+		}
 	}
 }
 

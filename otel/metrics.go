@@ -1,0 +1,366 @@
+package outboxotel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// Names of the instruments Metrics creates, the OpenTelemetry counterparts
+// of package metrics' Prometheus metrics (same facts, same histogram
+// buckets; see the package documentation's Metrics). Every measurement
+// carries TableKey and the attributes given WithMetricAttributes.
+const (
+	// MetricPublished is an Int64Counter, unit {message}, of messages the
+	// broker acknowledged (metrics.MetricPublished).
+	MetricPublished = "outbox.relay.published"
+	// MetricPublishErrors is an Int64Counter, unit {message}, of publish
+	// failures per message, with attribute error.type: the relay.ErrorClass
+	// (transient, permanent, unavailable, batch) (metrics.MetricPublishErrors).
+	MetricPublishErrors = "outbox.relay.publish.errors"
+	// MetricRetries is an Int64Counter, unit {retry}, of retries scheduled
+	// after a failed attempt (metrics.MetricRetries).
+	MetricRetries = "outbox.relay.retries"
+	// MetricDeadLettered is an Int64Counter, unit {message}, of messages
+	// marked failed (metrics.MetricDeadLettered).
+	MetricDeadLettered = "outbox.relay.dead_lettered"
+	// MetricCommitToPublish is a Float64Histogram, unit s, of the time from
+	// a message's commit (its row's creation, by the database clock) to the
+	// broker's acknowledgement, with CommitToPublishBuckets
+	// (metrics.MetricCommitToPublish).
+	MetricCommitToPublish = "outbox.relay.commit_to_publish.duration"
+	// MetricBatchSize is an Int64Histogram, unit {message}, of the messages
+	// per non-empty claim (one Publish batch), with BatchSizeBuckets
+	// (metrics.MetricBatchSize).
+	MetricBatchSize = "outbox.relay.batch.size"
+	// MetricClaimDuration is a Float64Histogram, unit s, of how long a
+	// non-empty claim query took, with ClaimDurationBuckets
+	// (metrics.MetricClaimDuration).
+	MetricClaimDuration = "outbox.relay.claim.duration"
+	// MetricPartitionsOwned is an Int64Gauge, unit {partition}, of the relay
+	// partitions this instance holds a lease on; 0 once the relay stopped
+	// (metrics.MetricPartitionsOwned).
+	MetricPartitionsOwned = "outbox.relay.partitions.owned"
+	// MetricUp is an Int64Gauge, unit 1: 1 while the relay runs and is
+	// ready (relay.Relay.Ready returns nil), 0 when it stopped or is not
+	// ready (metrics.MetricRelayUp). Nothing is recorded before the relay
+	// starts.
+	MetricUp = "outbox.relay.up"
+	// MetricPartitionMismatch is an Int64Gauge, unit 1: 1 while the relay
+	// detects a relay partition mismatch (relay.ErrPartitionMismatch), 0
+	// once a check finds none (metrics.MetricRelayPartitionMismatch).
+	MetricPartitionMismatch = "outbox.relay.partition_mismatch"
+)
+
+// TableKey is the attribute of every Metrics measurement naming the outbox
+// table the relay serves (driver.Config.Table), package metrics' table
+// label.
+const TableKey = attribute.Key("outbox.table")
+
+// ErrInvalidConfig is returned (wrapped) by NewMetrics for a nil Outbox.
+var ErrInvalidConfig = errors.New("outboxotel: invalid config")
+
+// Histogram bucket boundaries of Metrics, the upper bounds of package
+// metrics' Prometheus histograms (metrics/relay.go), so that both
+// exporters aggregate alike and dashboards can move from one to the other.
+// The package's tests keep them equal to the Prometheus ones.
+var (
+	// CommitToPublishBuckets, in seconds: 0.5 ms doubling to 65.5 s (18
+	// boundaries), from a wake-up delivery to a minute of retries and polls.
+	CommitToPublishBuckets = exponential(0.0005, 2, 18)
+	// BatchSizeBuckets, in messages: a 1-2-5 series from 1 to 5000.
+	BatchSizeBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000}
+	// ClaimDurationBuckets, in seconds: 0.1 ms doubling to 6.6 s (17
+	// boundaries).
+	ClaimDurationBuckets = exponential(0.0001, 2, 17)
+)
+
+// exponential is prometheus.ExponentialBuckets for valid arguments.
+func exponential(start, factor float64, n int) []float64 {
+	b := make([]float64, n)
+	for i := range b {
+		b[i] = start
+		start *= factor
+	}
+	return b
+}
+
+// Metrics is a relay.Observer that records what one relay does with
+// OpenTelemetry metric instruments (the constants Metric* list them), the
+// counterpart of package metrics' Prometheus RelayMetrics, and forwards
+// every call to the Observer it wraps. It also implements
+// relay.PartitionObserver and relay.ReadinessObserver (recorded and
+// forwarded) and relay.PublishObserver (forwarded only, so that a tracing
+// Observer wrapped by Metrics keeps its spans). Create it with NewMetrics;
+// its methods only update instruments, never block, and are safe for
+// concurrent use. A zero Metrics records nothing.
+//
+// Use one Metrics per Relay: the up and partitions-owned gauges describe
+// a single relay instance.
+type Metrics struct {
+	next relay.Observer
+	inst *instruments
+}
+
+type instruments struct {
+	table           metric.MeasurementOption // TableKey and the extra attributes
+	published       metric.Int64Counter
+	errors          metric.Int64Counter
+	errorsFor       map[relay.ErrorClass]metric.MeasurementOption
+	extra           []attribute.KeyValue // for a class added to relay later
+	retries         metric.Int64Counter
+	deadLettered    metric.Int64Counter
+	commitToPublish metric.Float64Histogram
+	batchSize       metric.Int64Histogram
+	claimDuration   metric.Float64Histogram
+	partitionsOwned metric.Int64Gauge
+	up              metric.Int64Gauge
+	mismatch        metric.Int64Gauge
+}
+
+var (
+	_ relay.Observer          = (*Metrics)(nil)
+	_ relay.PartitionObserver = (*Metrics)(nil)
+	_ relay.ReadinessObserver = (*Metrics)(nil)
+	_ relay.PublishObserver   = (*Metrics)(nil)
+)
+
+// NewMetrics creates the relay instruments of ob's table (its
+// driver.Config.Table is the TableKey attribute) with the meter named
+// ScopeName of the configured provider (WithMeterProvider; default the
+// global otel.GetMeterProvider()), and returns a Metrics forwarding to
+// next (nil: nothing), for relay.Config.Observer. To trace as well, wrap
+// one in the other, in either order; each forwards every call, optional
+// interfaces included:
+//
+//	m, err := outboxotel.NewMetrics(ob, promMetrics) // promMetrics may be nil
+//	if err != nil {
+//		return err
+//	}
+//	cfg := relay.Config{Publisher: pub, Observer: outboxotel.NewObserver(m)}
+//
+// It returns ErrInvalidConfig (wrapped) for a nil ob, or the errors the
+// meter returned creating instruments, wrapped and joined; it never
+// panics.
+func NewMetrics(ob *driver.Outbox, next relay.Observer, opts ...Option) (*Metrics, error) {
+	if ob == nil {
+		return nil, fmt.Errorf("%w: NewMetrics needs a *driver.Outbox", ErrInvalidConfig)
+	}
+	if next == nil {
+		next = relay.NopObserver{}
+	}
+	c := newConfig(opts)
+	table := ob.Config().Table
+	meter := c.mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
+	// The table last: attribute.NewSet keeps the last value of a key.
+	extra := append(append(make([]attribute.KeyValue, 0, len(c.metricAttrs)+1), c.metricAttrs...), TableKey.String(table))
+	in := &instruments{
+		table:     metric.WithAttributeSet(attribute.NewSet(extra...)),
+		extra:     extra,
+		errorsFor: map[relay.ErrorClass]metric.MeasurementOption{},
+	}
+	var errs []error
+	check := func(name string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("outboxotel: creating instrument %s of table %q: %w", name, table, err))
+		}
+	}
+	var err error
+	in.published, err = meter.Int64Counter(MetricPublished, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox messages acknowledged by the broker."))
+	check(MetricPublished, err)
+	in.errors, err = meter.Int64Counter(MetricPublishErrors, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox messages whose publish failed, by error.type (transient, permanent, unavailable, batch)."))
+	check(MetricPublishErrors, err)
+	in.retries, err = meter.Int64Counter(MetricRetries, metric.WithUnit("{retry}"),
+		metric.WithDescription("Outbox message retries scheduled after a failed publish attempt."))
+	check(MetricRetries, err)
+	in.deadLettered, err = meter.Int64Counter(MetricDeadLettered, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox messages dead-lettered (marked failed)."))
+	check(MetricDeadLettered, err)
+	in.commitToPublish, err = meter.Float64Histogram(MetricCommitToPublish, metric.WithUnit("s"),
+		metric.WithDescription("Time from an outbox message's commit to the broker's acknowledgement."),
+		metric.WithExplicitBucketBoundaries(CommitToPublishBuckets...))
+	check(MetricCommitToPublish, err)
+	in.batchSize, err = meter.Int64Histogram(MetricBatchSize, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox messages per non-empty relay claim (one publish batch)."),
+		metric.WithExplicitBucketBoundaries(BatchSizeBuckets...))
+	check(MetricBatchSize, err)
+	in.claimDuration, err = meter.Float64Histogram(MetricClaimDuration, metric.WithUnit("s"),
+		metric.WithDescription("Duration of a non-empty relay claim query."),
+		metric.WithExplicitBucketBoundaries(ClaimDurationBuckets...))
+	check(MetricClaimDuration, err)
+	in.partitionsOwned, err = meter.Int64Gauge(MetricPartitionsOwned, metric.WithUnit("{partition}"),
+		metric.WithDescription("Relay partitions this relay instance holds a lease on."))
+	check(MetricPartitionsOwned, err)
+	in.up, err = meter.Int64Gauge(MetricUp, metric.WithUnit("1"),
+		metric.WithDescription("1 while the relay runs and is ready (database and broker answer, cycles succeed), 0 otherwise."))
+	check(MetricUp, err)
+	in.mismatch, err = meter.Int64Gauge(MetricPartitionMismatch, metric.WithUnit("1"),
+		metric.WithDescription("1 while the relay detects a relay partition mismatch, else 0."))
+	check(MetricPartitionMismatch, err)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	for _, class := range []relay.ErrorClass{relay.ClassTransient, relay.ClassPermanent, relay.ClassUnavailable, relay.ClassBatch} {
+		in.errorsFor[class] = in.classOption(class)
+	}
+	return &Metrics{next: next, inst: in}, nil
+}
+
+// classOption is the measurement option of a failure of class.
+func (in *instruments) classOption(class relay.ErrorClass) metric.MeasurementOption {
+	kvs := append(append(make([]attribute.KeyValue, 0, len(in.extra)+1), in.extra...), semconv.ErrorTypeKey.String(string(class)))
+	return metric.WithAttributeSet(attribute.NewSet(kvs...))
+}
+
+// observer is the wrapped Observer (NopObserver for a zero Metrics).
+func (m *Metrics) observer() relay.Observer {
+	if m == nil || m.next == nil {
+		return relay.NopObserver{}
+	}
+	return m.next
+}
+
+// instruments returns m's instruments, nil for a zero Metrics.
+func (m *Metrics) instruments() *instruments {
+	if m == nil {
+		return nil
+	}
+	return m.inst
+}
+
+// bg is the context of every measurement: the relay's callbacks carry
+// none, and no exemplar or baggage is wanted from them.
+var bg = context.Background()
+
+// Claimed implements relay.Observer: it records n in
+// outbox.relay.batch.size and took, in seconds, in
+// outbox.relay.claim.duration, then forwards.
+func (m *Metrics) Claimed(n int, took time.Duration) {
+	if in := m.instruments(); in != nil {
+		in.batchSize.Record(bg, int64(n), in.table)
+		in.claimDuration.Record(bg, took.Seconds(), in.table)
+	}
+	m.observer().Claimed(n, took)
+}
+
+// Published implements relay.Observer: it adds 1 to outbox.relay.published
+// and records msg.Age + took, in seconds (never below 0), in
+// outbox.relay.commit_to_publish.duration, then forwards.
+func (m *Metrics) Published(msg relay.Message, took time.Duration) {
+	if in := m.instruments(); in != nil {
+		in.published.Add(bg, 1, in.table)
+		in.commitToPublish.Record(bg, max(msg.Age+took, 0).Seconds(), in.table)
+	}
+	m.observer().Published(msg, took)
+}
+
+// Failed implements relay.Observer: it adds 1 to
+// outbox.relay.publish.errors with error.type = class, then forwards.
+func (m *Metrics) Failed(msg relay.Message, class relay.ErrorClass, err error) {
+	if in := m.instruments(); in != nil {
+		opt, ok := in.errorsFor[class]
+		if !ok { // a class added to relay later
+			opt = in.classOption(class)
+		}
+		in.errors.Add(bg, 1, opt)
+	}
+	m.observer().Failed(msg, class, err)
+}
+
+// Retried implements relay.Observer: it adds 1 to outbox.relay.retries,
+// then forwards.
+func (m *Metrics) Retried(msg relay.Message, attempt int, delay time.Duration) {
+	if in := m.instruments(); in != nil {
+		in.retries.Add(bg, 1, in.table)
+	}
+	m.observer().Retried(msg, attempt, delay)
+}
+
+// DeadLettered implements relay.Observer: it adds 1 to
+// outbox.relay.dead_lettered, then forwards.
+func (m *Metrics) DeadLettered(msg relay.Message, err error) {
+	if in := m.instruments(); in != nil {
+		in.deadLettered.Add(bg, 1, in.table)
+	}
+	m.observer().DeadLettered(msg, err)
+}
+
+// Leases implements relay.Observer: it records owned in
+// outbox.relay.partitions.owned, then forwards.
+func (m *Metrics) Leases(owned int) {
+	if in := m.instruments(); in != nil {
+		in.partitionsOwned.Record(bg, int64(owned), in.table)
+	}
+	m.observer().Leases(owned)
+}
+
+// Up implements relay.Observer: it records 1 or 0 in outbox.relay.up and,
+// when the relay stops (a stopping relay gives up its leases), 0 in
+// outbox.relay.partitions.owned, then forwards.
+func (m *Metrics) Up(up bool) {
+	if in := m.instruments(); in != nil {
+		if up {
+			in.up.Record(bg, 1, in.table)
+		} else {
+			in.up.Record(bg, 0, in.table)
+			in.partitionsOwned.Record(bg, 0, in.table)
+		}
+	}
+	m.observer().Up(up)
+}
+
+// PartitionMismatch implements relay.PartitionObserver: it records 1 in
+// outbox.relay.partition_mismatch when err is not nil, else 0, then
+// forwards to the wrapped Observer if it implements
+// relay.PartitionObserver.
+func (m *Metrics) PartitionMismatch(err error) {
+	if in := m.instruments(); in != nil {
+		in.mismatch.Record(bg, boolInt(err != nil), in.table)
+	}
+	if po, ok := m.observer().(relay.PartitionObserver); ok {
+		po.PartitionMismatch(err)
+	}
+}
+
+// Readiness implements relay.ReadinessObserver: it records 1 in
+// outbox.relay.up when err is nil (the relay is ready again), else 0 (the
+// relay still runs and keeps its leases: outbox.relay.partitions.owned is
+// left as is), then forwards to the wrapped Observer if it implements
+// relay.ReadinessObserver.
+func (m *Metrics) Readiness(err error) {
+	if in := m.instruments(); in != nil {
+		in.up.Record(bg, boolInt(err == nil), in.table)
+	}
+	if ro, ok := m.observer().(relay.ReadinessObserver); ok {
+		ro.Readiness(err)
+	}
+}
+
+// StartPublish implements relay.PublishObserver by forwarding to the
+// wrapped Observer if it implements relay.PublishObserver (a tracing
+// Observer, say); otherwise it returns ctx and an end that does nothing.
+// Metrics records nothing here: the outcomes arrive through Published and
+// Failed.
+func (m *Metrics) StartPublish(ctx context.Context, msgs []relay.Message) (context.Context, func(error)) {
+	if po, ok := m.observer().(relay.PublishObserver); ok {
+		return po.StartPublish(ctx, msgs)
+	}
+	return ctx, func(error) {}
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
