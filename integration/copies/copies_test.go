@@ -1,8 +1,7 @@
 // Package copies checks that the examples' copies of internal code are
 // still copies. The examples may not import the library's internal/
 // packages (a user copies an example into a module of their own), so
-// examples/quickstart, examples/bench and examples/orderservice carry
-// renamed copies of internal/conninfo and internal/handwritten; this test
+// examples/bench carries a renamed copy of internal/handwritten; this test
 // fails when one side changes and the other does not.
 package copies
 
@@ -59,7 +58,6 @@ func decls(t *testing.T, path string, rename map[string]string) map[string]strin
 func TestExampleCopiesMatchInternal(t *testing.T) {
 	t.Parallel()
 	root := filepath.Join("..", "..")
-	conninfo := map[string]string{"MySQL": "mysqlConfig", "RedactURLError": "redactURLError", "SQLite": "sqliteDSN"}
 	handwritten := map[string]string{"Now": "handwrittenNow", "placeholder": "handwrittenPlaceholder", "ArgsPerRow": "handwrittenArgsPerRow", "Insert": "handwrittenRows"}
 	for _, tc := range []struct {
 		orig   string
@@ -67,9 +65,6 @@ func TestExampleCopiesMatchInternal(t *testing.T) {
 		copy   string
 		names  []string // the renamed declarations the copy must hold
 	}{
-		{"internal/conninfo/conninfo.go", conninfo, "examples/quickstart/dsn.go", []string{"mysqlConfig", "redactURLError", "sqliteDSN"}},
-		{"internal/conninfo/conninfo.go", conninfo, "examples/bench/dsn.go", []string{"mysqlConfig", "redactURLError", "sqliteDSN"}},
-		{"internal/conninfo/conninfo.go", conninfo, "examples/orderservice/dsn.go", []string{"sqliteDSN"}},
 		{"internal/handwritten/handwritten.go", handwritten, "examples/bench/handwritten.go", []string{"handwrittenNow", "handwrittenPlaceholder", "handwrittenArgsPerRow", "handwrittenRows"}},
 	} {
 		orig := decls(t, filepath.Join(root, tc.orig), tc.rename)
