@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
@@ -110,9 +111,15 @@ func RedactURLError(err error) error {
 //     with SQLITE_BUSY in the middle of a transaction, which the busy
 //     timeout cannot help.
 //
-// Parameters in user (may be nil) are kept: their pragmas run after the
-// recipe's (so they win), other parameters replace the recipe's.
-// SQLite does not check anything: an invalid parameter fails when
+// Parameters in user (may be nil) are kept. A _pragma of user replaces
+// the recipe's pragma of the same name (the text before '(' or '=',
+// case-insensitive: busy_timeout(500) replaces busy_timeout(10000)) and
+// is added after the recipe's otherwise; the replacement is needed
+// because modernc.org/sqlite runs a DSN's pragmas sorted (busy_timeout
+// first, the others by their text), not in the order given, so of two
+// pragmas of one name either could run last. Any other parameter of
+// user replaces the recipe's (_txlock=deferred turns BEGIN IMMEDIATE
+// off). SQLite checks nothing: an invalid parameter fails when
 // modernc.org/sqlite opens a connection with the DSN.
 func SQLite(path string, user url.Values) string {
 	v := url.Values{}
@@ -122,11 +129,22 @@ func SQLite(path string, user url.Values) string {
 	v.Add("_pragma", "foreign_keys(1)")
 	v.Set("_txlock", "immediate")
 	for k, vals := range user {
-		if k == "_pragma" {
-			v[k] = append(v[k], vals...)
-		} else {
+		if k != "_pragma" {
 			v[k] = vals
+			continue
+		}
+		for _, p := range vals {
+			v[k] = slices.DeleteFunc(v[k], func(q string) bool { return pragmaName(q) == pragmaName(p) })
+			v[k] = append(v[k], p)
 		}
 	}
 	return "file:" + path + "?" + v.Encode()
+}
+
+// pragmaName is the name a _pragma value sets, lower-cased:
+// "journal_mode" for "journal_mode(WAL)" or "JOURNAL_MODE = wal".
+func pragmaName(p string) string {
+	name, _, _ := strings.Cut(p, "(")
+	name, _, _ = strings.Cut(name, "=")
+	return strings.ToLower(strings.TrimSpace(name))
 }

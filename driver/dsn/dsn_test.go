@@ -1,12 +1,16 @@
 package dsn_test
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	_ "modernc.org/sqlite" // registers driver "sqlite"
 
 	"github.com/sqloutbox/outbox/driver/dsn"
 )
@@ -130,12 +134,56 @@ func TestSQLite(t *testing.T) {
 		{"RelativePath", "app.db", url.Values{}, "file:app.db?" + recipe + "&_txlock=immediate"},
 		{"OtherParameterAdded", "/x.db", url.Values{"_time_format": {"sqlite"}}, "file:/x.db?" + recipe + "&_time_format=sqlite&_txlock=immediate"},
 		{"TxlockReplaced", "/x.db", url.Values{"_txlock": {"deferred"}}, "file:/x.db?" + recipe + "&_txlock=deferred"},
-		{"PragmaAppended", "/x.db", url.Values{"_pragma": {"cache_size(2000)"}}, "file:/x.db?" + recipe + "&_pragma=cache_size%282000%29&_txlock=immediate"},
+		{"PragmaAdded", "/x.db", url.Values{"_pragma": {"cache_size(2000)"}}, "file:/x.db?" + recipe + "&_pragma=cache_size%282000%29&_txlock=immediate"},
+		{"PragmaReplaced", "/x.db", url.Values{"_pragma": {"busy_timeout(500)"}},
+			"file:/x.db?_pragma=journal_mode%28WAL%29&_pragma=synchronous%28NORMAL%29&_pragma=foreign_keys%281%29&_pragma=busy_timeout%28500%29&_txlock=immediate"},
+		{"PragmaReplacedWhateverItsSpelling", "/x.db", url.Values{"_pragma": {" Synchronous = FULL"}},
+			"file:/x.db?_pragma=busy_timeout%2810000%29&_pragma=journal_mode%28WAL%29&_pragma=foreign_keys%281%29&_pragma=+Synchronous+%3D+FULL&_txlock=immediate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			if got := dsn.SQLite(tc.path, tc.user); got != tc.want {
 				t.Errorf("SQLite(%q, %v) =\n%s\nwant\n%s", tc.path, tc.user, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSQLiteOpens opens databases with SQLite's DSNs through
+// modernc.org/sqlite and reads back the settings that took effect: the
+// recipe's, and the user's where they replace it.
+func TestSQLiteOpens(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                 string
+		user                 url.Values
+		busyTimeout          int
+		journalMode          string
+		synchronous, foreign int
+	}{
+		{"Recipe", nil, 10000, "wal", 1, 1},
+		{"UserPragmasWin", url.Values{"_pragma": {"busy_timeout(500)", "synchronous(FULL)", "journal_mode(DELETE)", "foreign_keys(0)"}}, 500, "delete", 2, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db, err := sql.Open("sqlite", dsn.SQLite(filepath.Join(t.TempDir(), "x.db"), tc.user))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			var busy, sync, fk int
+			var journal string
+			for _, q := range []struct {
+				pragma string
+				into   any
+			}{{"busy_timeout", &busy}, {"journal_mode", &journal}, {"synchronous", &sync}, {"foreign_keys", &fk}} {
+				if err := db.QueryRow("PRAGMA " + q.pragma).Scan(q.into); err != nil {
+					t.Fatalf("PRAGMA %s: %v", q.pragma, err)
+				}
+			}
+			if busy != tc.busyTimeout || journal != tc.journalMode || sync != tc.synchronous || fk != tc.foreign {
+				t.Errorf("busy_timeout %d journal_mode %s synchronous %d foreign_keys %d, want %d %s %d %d",
+					busy, journal, sync, fk, tc.busyTimeout, tc.journalMode, tc.synchronous, tc.foreign)
 			}
 		})
 	}
