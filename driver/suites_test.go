@@ -21,7 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sqloutbox/outbox/internal/conninfo"
+	"github.com/sqloutbox/outbox/driver/dsn"
 	"github.com/sqloutbox/outbox/internal/testdb"
 )
 
@@ -663,12 +663,12 @@ func pqSuiteSetup(t *testing.T) func(t *testing.T) []string {
 // mysqlSuiteSetup points go-sql-driver/mysql's suite (MYSQL_TEST_*) at the
 // test server, each run in a private database.
 func mysqlSuiteSetup(t *testing.T) func(t *testing.T) []string {
-	dsn := testdb.MySQLDSN(t)
-	cfg, err := conninfo.MySQL(dsn)
+	server := testdb.MySQLDSN(t)
+	cfg, err := dsn.MySQLConfig(server)
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := sql.Open("mysql", dsn)
+	admin, err := sql.Open("mysql", server)
 	if err != nil {
 		t.Fatal(err)
 	}

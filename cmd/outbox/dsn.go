@@ -18,7 +18,7 @@ import (
 	_ "modernc.org/sqlite"             // registers driver "sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/conninfo"
+	"github.com/sqloutbox/outbox/driver/dsn"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
@@ -37,16 +37,16 @@ type target struct {
 	raw string
 }
 
-// parseDSN infers the dialect from dsn and prepares to open it. Errors are
-// usage errors: the DSN cannot be understood.
-func parseDSN(dsn string) (*target, error) {
+// parseDSN infers the dialect from raw, the --dsn as given, and prepares
+// to open it. Errors are usage errors: the DSN cannot be understood.
+func parseDSN(raw string) (*target, error) {
 	switch {
-	case dsn == "":
+	case raw == "":
 		return nil, usageErrorf("no database given: set --dsn or OUTBOX_DSN")
-	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
-		u, err := url.Parse(dsn)
+	case strings.HasPrefix(raw, "postgres://") || strings.HasPrefix(raw, "postgresql://"):
+		u, err := url.Parse(raw)
 		if err != nil {
-			return nil, usageErrorf("cannot parse the PostgreSQL URL %s: %v", redactDSN(dsn), conninfo.RedactURLError(err))
+			return nil, usageErrorf("cannot parse the PostgreSQL URL %s: %v", redactDSN(raw), dsn.RedactURLError(err))
 		}
 		host := u.Hostname()
 		if host == "" {
@@ -57,16 +57,16 @@ func parseDSN(dsn string) (*target, error) {
 			port = "5432"
 		}
 		return &target{
-			dialect: driver.Postgres, where: net.JoinHostPort(host, port), raw: dsn,
-			open: func() (*sql.DB, error) { return sql.Open("pgx", dsn) },
+			dialect: driver.Postgres, where: net.JoinHostPort(host, port), raw: raw,
+			open: func() (*sql.DB, error) { return sql.Open("pgx", raw) },
 		}, nil
-	case strings.HasPrefix(dsn, "mysql://") || strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
-		cfg, err := conninfo.MySQL(dsn)
+	case strings.HasPrefix(raw, "mysql://") || strings.Contains(raw, "@tcp(") || strings.Contains(raw, "@unix("):
+		cfg, err := dsn.MySQLConfig(raw)
 		if err != nil {
-			return nil, usageErrorf("cannot parse the MySQL DSN %s: %v", redactDSN(dsn), err)
+			return nil, usageErrorf("cannot parse the MySQL DSN %s: %v", redactDSN(raw), err)
 		}
 		return &target{
-			dialect: driver.MySQL, where: cfg.Addr, raw: dsn,
+			dialect: driver.MySQL, where: cfg.Addr, raw: raw,
 			open: func() (*sql.DB, error) {
 				c, err := mysql.NewConnector(cfg)
 				if err != nil {
@@ -75,24 +75,24 @@ func parseDSN(dsn string) (*target, error) {
 				return sql.OpenDB(c), nil
 			},
 		}, nil
-	case strings.HasPrefix(dsn, "sqlite:") || strings.HasPrefix(dsn, "file:") || strings.HasSuffix(dsn, ".db"):
-		path, query, _ := strings.Cut(dsn, "?")
+	case strings.HasPrefix(raw, "sqlite:") || strings.HasPrefix(raw, "file:") || strings.HasSuffix(raw, ".db"):
+		path, query, _ := strings.Cut(raw, "?")
 		path = strings.TrimPrefix(strings.TrimPrefix(path, "sqlite:"), "file:")
 		path = strings.TrimPrefix(path, "//") // sqlite:///abs/path
 		if path == "" {
-			return nil, usageErrorf("the SQLite DSN %q names no file", dsn)
+			return nil, usageErrorf("the SQLite DSN %q names no file", raw)
 		}
 		user, err := url.ParseQuery(query)
 		if err != nil {
-			return nil, usageErrorf("cannot parse the SQLite DSN parameters of %q: %v", dsn, err)
+			return nil, usageErrorf("cannot parse the SQLite DSN parameters of %q: %v", raw, err)
 		}
-		full := conninfo.SQLite(path, user)
+		full := dsn.SQLite(path, user)
 		return &target{
-			dialect: driver.SQLite, where: path, path: path, raw: dsn,
+			dialect: driver.SQLite, where: path, path: path, raw: raw,
 			open: func() (*sql.DB, error) { return sql.Open("sqlite", full) },
 		}, nil
 	default:
-		return nil, usageErrorf("cannot tell the database from --dsn %s: want postgres://..., mysql://... or user:pass@tcp(host:port)/db, or sqlite:PATH", redactDSN(dsn))
+		return nil, usageErrorf("cannot tell the database from --dsn %s: want postgres://..., mysql://... or user:pass@tcp(host:port)/db, or sqlite:PATH", redactDSN(raw))
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/conninfo"
 )
 
 func TestRedactDSN(t *testing.T) {
@@ -75,18 +74,5 @@ func TestParseDSN(t *testing.T) {
 		if _, err := parseDSN(dsn); err == nil {
 			t.Errorf("parseDSN(%q) accepted", dsn)
 		}
-	}
-}
-
-func TestSQLiteDSNRecipe(t *testing.T) {
-	t.Parallel()
-	got := conninfo.SQLite("/x.db", map[string][]string{"_pragma": {"busy_timeout(500)"}, "_txlock": {"deferred"}})
-	for _, want := range []string{"file:/x.db?", "busy_timeout%2810000%29", "journal_mode%28WAL%29", "busy_timeout%28500%29", "_txlock=deferred"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("sqliteDSN = %q, missing %q", got, want)
-		}
-	}
-	if i, j := strings.Index(got, "busy_timeout%2810000%29"), strings.Index(got, "busy_timeout%28500%29"); i > j {
-		t.Errorf("the user's pragma must come last (win): %q", got)
 	}
 }

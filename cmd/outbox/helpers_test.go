@@ -22,7 +22,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/conninfo"
+	"github.com/sqloutbox/outbox/driver/dsn"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
@@ -124,7 +124,7 @@ func (tg dbTarget) plainDB(t *testing.T) *sql.DB {
 	case driver.MySQL:
 		db, err = sql.Open("mysql", tg.dsn)
 	default:
-		db, err = sql.Open("sqlite", conninfo.SQLite(tg.path, nil))
+		db, err = sql.Open("sqlite", dsn.SQLite(tg.path, nil))
 		if err == nil {
 			db.SetMaxOpenConns(1)
 		}
@@ -188,7 +188,7 @@ func (tg dbTarget) wrappedDB(t *testing.T, table string) (*sql.DB, *driver.Outbo
 			t.Fatal(err)
 		}
 	default:
-		sc, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(conninfo.SQLite(tg.path, nil))
+		sc, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(dsn.SQLite(tg.path, nil))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/handwritten"
 	"github.com/sqloutbox/outbox/partition"
 )
 
@@ -55,7 +56,7 @@ type CommitResult struct {
 // handwrittenInsert is the seed's hand-written outbox INSERT of one event
 // into table (arguments: see handwrittenEvent).
 func handwrittenInsert(db *database, table string) string {
-	return handwrittenRows(db.dialect, table, 1)
+	return handwritten.Insert(db.dialect, table, 1)
 }
 
 // handwrittenEvent runs ins (handwrittenInsert) in tx: one order.paid
@@ -125,7 +126,7 @@ func runCommit(ctx context.Context, db *database, iters int, cpuprofile string) 
 	// The best hand-written way for 10 events: one ten-row INSERT,
 	// prepared once on the plain pool (not a target ratio; separates what
 	// the library adds from what the rows cost).
-	multi, err := env.plainApp.PrepareContext(ctx, handwrittenRows(db.dialect, env.table, 10))
+	multi, err := env.plainApp.PrepareContext(ctx, handwritten.Insert(db.dialect, env.table, 10))
 	if err != nil {
 		return nil, fmt.Errorf("preparing the ten-row INSERT: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/driver/dsn"
 )
 
 // database is one run's private namespace on the target database: a
@@ -67,19 +68,19 @@ func pgConnector(name, dsn string) (sqldriver.Connector, error) {
 	return nil, fmt.Errorf("-pgdriver %q: want pq or pgx", name)
 }
 
-func openDatabase(ctx context.Context, dsn, pgDriver string) (*database, error) {
-	db := &database{cnt: &counter{}, dsn: dsn, pgDriver: pgDriver}
+func openDatabase(ctx context.Context, source, pgDriver string) (*database, error) {
+	db := &database{cnt: &counter{}, dsn: source, pgDriver: pgDriver}
 	switch {
-	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
-		pc, err := pgx.ParseConfig(dsn)
+	case strings.HasPrefix(source, "postgres://") || strings.HasPrefix(source, "postgresql://"):
+		pc, err := pgx.ParseConfig(source)
 		if err != nil {
 			return nil, fmt.Errorf("parsing -db: %w", err)
 		}
-		if _, err := pgConnector(pgDriver, dsn); err != nil {
+		if _, err := pgConnector(pgDriver, source); err != nil {
 			return nil, err
 		}
 		db.dialect, db.label = driver.Postgres, "postgres"
-		db.raw = func() (sqldriver.Connector, error) { return pgConnector(pgDriver, dsn) }
+		db.raw = func() (sqldriver.Connector, error) { return pgConnector(pgDriver, source) }
 		db.admin = sql.OpenDB(stdlib.GetConnector(*pc))
 		db.schema = "bench_" + randomHex(4)
 		if _, err := db.admin.ExecContext(ctx, "CREATE SCHEMA "+db.schema); err != nil {
@@ -90,8 +91,8 @@ func openDatabase(ctx context.Context, dsn, pgDriver string) (*database, error) 
 			_, _ = db.admin.ExecContext(context.Background(), "DROP SCHEMA "+db.schema+" CASCADE")
 			_ = db.admin.Close()
 		}
-	case strings.HasPrefix(dsn, "mysql://") || strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
-		mc, err := mysqlConfig(dsn)
+	case strings.HasPrefix(source, "mysql://") || strings.Contains(source, "@tcp(") || strings.Contains(source, "@unix("):
+		mc, err := dsn.MySQLConfig(source)
 		if err != nil {
 			return nil, fmt.Errorf("parsing -db: %w", err)
 		}
@@ -113,7 +114,7 @@ func openDatabase(ctx context.Context, dsn, pgDriver string) (*database, error) 
 			_, _ = db.admin.ExecContext(context.Background(), "DROP DATABASE "+db.schema)
 			_ = db.admin.Close()
 		}
-	case dsn == "":
+	case source == "":
 		dir, err := os.MkdirTemp("", "outbox-bench-")
 		if err != nil {
 			return nil, err
@@ -129,27 +130,27 @@ func openDatabase(ctx context.Context, dsn, pgDriver string) (*database, error) 
 			_ = os.RemoveAll(dir)
 		}
 	default:
-		return nil, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN (user@tcp(host:port)/db or mysql://...), or empty for embedded SQLite", dsn)
+		return nil, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN (user@tcp(host:port)/db or mysql://...), or empty for embedded SQLite", source)
 	}
 	return db, nil
 }
 
 func sqliteConnector(file string) sqldriver.Connector {
-	return dsnConnector{&sqlite.Driver{}, sqliteDSN(file, nil)}
+	return dsnConnector{&sqlite.Driver{}, dsn.SQLite(file, nil)}
 }
 
 // childConnector returns, in a child process of the bench, a connector of
-// the real driver for the run's namespace: dsn is the -db value, schema
+// the real driver for the run's namespace: source is the -db value, schema
 // the run's MySQL database, file the SQLite file, pgDriver -pgdriver.
-func childConnector(dsn, schema, file, pgDriver string) (driver.Dialect, sqldriver.Connector, error) {
+func childConnector(source, schema, file, pgDriver string) (driver.Dialect, sqldriver.Connector, error) {
 	switch {
 	case file != "":
 		return driver.SQLite, sqliteConnector(file), nil
-	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
-		c, err := pgConnector(pgDriver, dsn)
+	case strings.HasPrefix(source, "postgres://") || strings.HasPrefix(source, "postgresql://"):
+		c, err := pgConnector(pgDriver, source)
 		return driver.Postgres, c, err
 	default:
-		mc, err := mysqlConfig(dsn)
+		mc, err := dsn.MySQLConfig(source)
 		if err != nil {
 			return "", nil, err
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/handwritten"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
@@ -81,7 +82,7 @@ func preload(ctx context.Context, db *database, env *outboxEnv, n, aggregates in
 			return fmt.Errorf("filling %s: %w", agg, err)
 		}
 	}
-	now := handwrittenNow(db.dialect)
+	now := handwritten.Now(db.dialect)
 	status, attempts, sentAt := "0", "0", "NULL"
 	if sent {
 		status, attempts, sentAt = "1", "1", now

@@ -30,6 +30,14 @@
 // measurement asserts and reports its table's state (tablestate.go).
 // Every run uses its own schema (PostgreSQL), database (MySQL) or file
 // (SQLite), dropped at the end.
+//
+// Unlike examples/quickstart and examples/orderservice, bench is a
+// measuring tool of this repository, not an example to copy out: it
+// imports the library's internal packages (the seed's hand-written SQL
+// from internal/handwritten, the same baseline driver's BenchmarkCommit
+// uses), which Go allows only to packages under
+// github.com/sqloutbox/outbox, so a copy in another module does not
+// build.
 package main
 
 import (

@@ -9,6 +9,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/handwritten"
 )
 
 // BaselineResult is part 5: the seed's relay.
@@ -54,7 +55,7 @@ func newSeedRelay(db *sql.DB, dialect driver.Dialect, ph func(int) string, table
 	return &seedRelay{
 		db: db, sp: sp, topic: topic,
 		sel: fmt.Sprintf("SELECT id, message_id, aggregate_type, aggregate_id, event_type, payload FROM %s WHERE status = 0 ORDER BY id LIMIT %d", table, seedBatch),
-		upd: "UPDATE " + table + " SET status = 1, sent_at = " + handwrittenNow(dialect) + ", updated_at = " + handwrittenNow(dialect) + " WHERE id = " + ph(1),
+		upd: "UPDATE " + table + " SET status = 1, sent_at = " + handwritten.Now(dialect) + ", updated_at = " + handwritten.Now(dialect) + " WHERE id = " + ph(1),
 	}, nil
 }
 

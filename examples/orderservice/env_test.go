@@ -17,6 +17,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/driver/dsn"
 )
 
 // testEnv is one test's private database on one server, set up with plain
@@ -117,7 +118,7 @@ func newTestEnv(t *testing.T, d driver.Dialect) *testEnv {
 	}
 	e.ob = ob
 	if d == driver.SQLite {
-		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(sqliteDSN(filepath.Join(t.TempDir(), "orders.db"), nil))
+		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(dsn.SQLite(filepath.Join(t.TempDir(), "orders.db"), nil))
 		if err != nil {
 			t.Fatal(err)
 		}

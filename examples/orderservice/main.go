@@ -38,6 +38,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/driver/dsn"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
@@ -55,20 +56,20 @@ func main() {
 	}
 }
 
-// openDB wraps the right driver for dsn and returns the application's DB
+// openDB wraps the right driver for source (-db) and returns the application's DB
 // (through the outbox wrapper) and the relay's own small pool.
-func openDB(dsn string) (*driver.Outbox, *sql.DB, *sql.DB, error) {
+func openDB(source string) (*driver.Outbox, *sql.DB, *sql.DB, error) {
 	var d driver.Dialect
 	var conn sqldriver.Connector
 	switch {
-	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
-		cfg, err := pgx.ParseConfig(dsn)
+	case strings.HasPrefix(source, "postgres://"), strings.HasPrefix(source, "postgresql://"):
+		cfg, err := pgx.ParseConfig(source)
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		d, conn = driver.Postgres, stdlib.GetConnector(*cfg)
-	case strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
-		cfg, err := mysql.ParseDSN(dsn)
+	case strings.Contains(source, "@tcp(") || strings.Contains(source, "@unix("):
+		cfg, err := mysql.ParseDSN(source)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -77,7 +78,7 @@ func openDB(dsn string) (*driver.Outbox, *sql.DB, *sql.DB, error) {
 			return nil, nil, nil, err
 		}
 		d, conn = driver.MySQL, c
-	case dsn == "":
+	case source == "":
 		d = driver.SQLite
 	default:
 		return nil, nil, nil, fmt.Errorf("unrecognised -db: want a postgres:// URL or a MySQL DSN")
@@ -87,7 +88,7 @@ func openDB(dsn string) (*driver.Outbox, *sql.DB, *sql.DB, error) {
 		return nil, nil, nil, err
 	}
 	if d == driver.SQLite {
-		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(sqliteDSN("orders.db", nil))
+		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(dsn.SQLite("orders.db", nil))
 		if err != nil {
 			return nil, nil, nil, err
 		}

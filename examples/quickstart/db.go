@@ -17,6 +17,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/driver/dsn"
 )
 
 // database is the quickstart's storage: app is opened through the outbox
@@ -30,11 +31,11 @@ type database struct {
 	close   func()
 }
 
-// openDatabase picks the database from dsn: a postgres:// or
+// openDatabase picks the database from source (-db): a postgres:// or
 // postgresql:// URL is PostgreSQL (pgx), a go-sql-driver DSN
 // (user@tcp(host:port)/db, user@unix(/path)/db) or a mysql:// URL is
 // MySQL, and "" is an embedded SQLite file in a temporary directory.
-func openDatabase(dsn, outboxTable string) (*database, error) {
+func openDatabase(source, outboxTable string) (*database, error) {
 	var (
 		d         driver.Dialect
 		label     string
@@ -43,16 +44,16 @@ func openDatabase(dsn, outboxTable string) (*database, error) {
 		cleanup   = func() {}
 	)
 	switch {
-	case strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://"):
-		pc, err := pgx.ParseConfig(dsn)
+	case strings.HasPrefix(source, "postgres://") || strings.HasPrefix(source, "postgresql://"):
+		pc, err := pgx.ParseConfig(source)
 		if err != nil {
 			return nil, fmt.Errorf("parsing -db: %w", err)
 		}
 		d, label = driver.Postgres, "postgres"
 		connector = stdlib.GetConnector(*pc)
 		plain = sql.OpenDB(stdlib.GetConnector(*pc))
-	case strings.HasPrefix(dsn, "mysql://") || strings.Contains(dsn, "@tcp(") || strings.Contains(dsn, "@unix("):
-		mc, err := mysqlConfig(dsn)
+	case strings.HasPrefix(source, "mysql://") || strings.Contains(source, "@tcp(") || strings.Contains(source, "@unix("):
+		mc, err := dsn.MySQLConfig(source)
 		if err != nil {
 			return nil, fmt.Errorf("parsing -db: %w", err)
 		}
@@ -65,16 +66,16 @@ func openDatabase(dsn, outboxTable string) (*database, error) {
 			return nil, err
 		}
 		plain = sql.OpenDB(pconn)
-	case dsn == "":
+	case source == "":
 		dir, err := os.MkdirTemp("", "outbox-quickstart-")
 		if err != nil {
 			return nil, err
 		}
 		cleanup = func() { _ = os.RemoveAll(dir) }
 		d, label = driver.SQLite, "sqlite"
-		dsn = sqliteDSN(filepath.Join(dir, "quickstart.db"), nil)
+		source = dsn.SQLite(filepath.Join(dir, "quickstart.db"), nil)
 	default:
-		return nil, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN (user@tcp(host:port)/db or mysql://...), or empty for embedded SQLite", dsn)
+		return nil, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN (user@tcp(host:port)/db or mysql://...), or empty for embedded SQLite", source)
 	}
 
 	closePlain := func() {
@@ -92,7 +93,7 @@ func openDatabase(dsn, outboxTable string) (*database, error) {
 	if connector != nil {
 		app = sql.OpenDB(ob.WrapConnector(connector))
 	} else {
-		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(dsn)
+		c, err := ob.Wrap(&sqlite.Driver{}).(sqldriver.DriverContext).OpenConnector(source)
 		if err != nil {
 			cleanup()
 			return nil, err

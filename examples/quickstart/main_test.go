@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/driver/dsn"
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
@@ -179,21 +180,8 @@ func TestSummarize(t *testing.T) {
 	}
 }
 
-func TestMySQLConfig(t *testing.T) {
+func TestOpenDatabaseRefusesUnknownDSN(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct{ in, addr, user, pass, db string }{
-		{"root@tcp(127.0.0.1:3306)/test", "127.0.0.1:3306", "root", "", "test"},
-		{"mysql://app:s3cret@db.example:3307/shop?parseTime=true", "db.example:3307", "app", "s3cret", "shop"},
-		{"mysql://root@localhost/test", "localhost:3306", "root", "", "test"},
-	} {
-		c, err := mysqlConfig(tc.in)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.in, err)
-		}
-		if c.Addr != tc.addr || c.User != tc.user || c.Passwd != tc.pass || c.DBName != tc.db {
-			t.Errorf("%s: addr %q user %q pass %q db %q", tc.in, c.Addr, c.User, c.Passwd, c.DBName)
-		}
-	}
 	if _, err := openDatabase("sqlserver://x", "outbox_quickstart"); err == nil {
 		t.Error("openDatabase accepted an unknown DSN")
 	}
@@ -354,17 +342,17 @@ func TestRunPostgres(t *testing.T) {
 
 func TestRunMySQL(t *testing.T) {
 	t.Parallel()
-	dsn := os.Getenv("OUTBOX_TEST_MYSQL")
-	if dsn == "" {
-		dsn = "root@tcp(127.0.0.1:3306)/test"
+	server := os.Getenv("OUTBOX_TEST_MYSQL")
+	if server == "" {
+		server = "root@tcp(127.0.0.1:3306)/test"
 	}
-	mc, err := mysqlConfig(dsn)
+	mc, err := dsn.MySQLConfig(server)
 	if err != nil {
 		t.Fatal(err)
 	}
 	plain := mc.FormatDSN()
-	dsn = serverDSN(t, "OUTBOX_TEST_MYSQL", dsn, "mysql", plain)
-	runOnServer(t, dsn, "mysql", plain)
+	server = serverDSN(t, "OUTBOX_TEST_MYSQL", server, "mysql", plain)
+	runOnServer(t, server, "mysql", plain)
 }
 
 // TestRunExternalBrokers exercises the -brokers path (topic created if

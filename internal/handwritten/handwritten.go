@@ -1,7 +1,10 @@
 // Package handwritten builds the SQL an application writes by hand when it
 // implements the outbox itself, as the seed article does: the baseline the
 // benchmarks (examples/bench, driver's BenchmarkCommit) compare the
-// library against.
+// library against. examples/bench, a module of its own, imports it as
+// well: Go's internal rule goes by import path, and
+// github.com/sqloutbox/outbox/examples/bench lies under
+// github.com/sqloutbox/outbox.
 package handwritten
 
 import (

@@ -39,7 +39,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/conninfo"
+	"github.com/sqloutbox/outbox/driver/dsn"
 	"github.com/sqloutbox/outbox/internal/dialect"
 )
 
@@ -379,8 +379,8 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 	return e
 }
 
-// SQLiteDSN returns the project's DSN for a SQLite file (conninfo.SQLite).
-func SQLiteDSN(path string) string { return conninfo.SQLite(path, nil) }
+// SQLiteDSN returns the project's DSN for a SQLite file (dsn.SQLite).
+func SQLiteDSN(path string) string { return dsn.SQLite(path, nil) }
 
 // Eventually polls cond every 5 ms until it holds, failing t when ctx ends
 // first: a condition with a deadline, not a sleep standing in for
