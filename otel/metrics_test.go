@@ -78,7 +78,9 @@ type metricsBundle struct {
 
 var broker = semconv.MessagingSystemKafka
 
-func setupMetrics(t *testing.T) *metricsBundle {
+// meterSetup returns a ManualReader, its MeterProvider (shut down at
+// cleanup) and an Outbox on table orders_outbox.
+func meterSetup(t *testing.T) (*sdkmetric.ManualReader, *sdkmetric.MeterProvider, *driver.Outbox) {
 	t.Helper()
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
@@ -87,6 +89,12 @@ func setupMetrics(t *testing.T) *metricsBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return reader, mp, ob
+}
+
+func setupMetrics(t *testing.T) *metricsBundle {
+	t.Helper()
+	reader, mp, ob := meterSetup(t)
 	next := &callLog{}
 	m, err := outboxotel.NewMetrics(ob, next, outboxotel.WithMeterProvider(mp), outboxotel.WithMetricAttributes(broker))
 	if err != nil {
@@ -404,13 +412,7 @@ func TestMetricsAndObserverCombine(t *testing.T) {
 		t.Run(order, func(t *testing.T) {
 			t.Parallel()
 			tb := setup(t)
-			reader := sdkmetric.NewManualReader()
-			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-			t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-			ob, err := driver.New(driver.Config{Dialect: driver.Postgres, Table: "orders_outbox"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			reader, mp, ob := meterSetup(t)
 			inner := &callLog{}
 			var obs relay.Observer
 			tracing := []outboxotel.Option{outboxotel.WithTracerProvider(tb.tp), outboxotel.WithPropagator(w3c)}
