@@ -467,7 +467,12 @@ func redisClient(t *testing.T) *redis.Client {
 // (deleted when t ends), and reads it with XRANGE.
 func redisSpace(t *testing.T, url string) *brokerSpace {
 	t.Helper()
-	c := redisClient(t)
+	return redisSpaceOn(t, redisClient(t), url)
+}
+
+// redisSpaceOn is redisSpace on the Redis that c reaches.
+func redisSpaceOn(t *testing.T, c *redis.Client, url string) *brokerSpace {
+	t.Helper()
 	prefix := "outboxcmd-" + uniqueID() + "."
 	t.Cleanup(func() { _ = c.Del(context.Background(), prefix+"order").Err() })
 	return &brokerSpace{kind: brokerRedis, args: []string{"--broker", url, "--topic-prefix", prefix}, read: func(ctx context.Context) ([]consumed, error) {

@@ -101,6 +101,27 @@ func newTestPKI(t *testing.T) testPKI {
 	return p
 }
 
+// serverFiles writes the server certificate and its key as PEM files in
+// dir, for a broker server started from files (nats-server,
+// redis-server), and returns their paths.
+func (p testPKI) serverFiles(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	keyDER, err := x509.MarshalPKCS8PrivateKey(p.server.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
+	for f, b := range map[string][]byte{
+		certFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.server.Certificate[0]}),
+		keyFile:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+	} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return certFile, keyFile
+}
+
 const (
 	saslUser     = "relay"
 	saslPassword = "Kafka-S3cret-pw"

@@ -1,9 +1,10 @@
 // Package privateserver starts and administers broker servers of a test's
 // own, for the tests that need what the shared servers cannot give: a
 // NATS server with users, permissions or TLS (a config file of the test's
-// own, on a free port), a RabbitMQ user created for one test. The shared
-// servers (NATS on 4222, RabbitMQ on 5672) are never stopped, restarted
-// or reconfigured.
+// own, on a free port), a redis-server with the test's arguments or with
+// TLS, a RabbitMQ user created for one test. The shared servers (NATS on
+// 4222, Redis on 6379, RabbitMQ on 5672) are never stopped, restarted or
+// reconfigured.
 //
 // What a test needs but cannot find (the nats-server binary, rabbitmqctl)
 // skips it with the reason, unless OUTBOX_TEST_REQUIRE is set (CI and
@@ -17,6 +18,7 @@ package privateserver
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -175,17 +177,10 @@ const DefaultRedisServer = "/usr/bin/redis-server"
 // failed under OUTBOX_TEST_REQUIRE.
 func RedisServer(t testing.TB, args ...string) string {
 	t.Helper()
-	bin := os.Getenv(EnvRedisServer)
-	if bin == "" {
-		bin = DefaultRedisServer
-	}
-	if _, err := os.Stat(bin); err != nil {
-		Unavailable(t, fmt.Sprintf("no redis-server binary at %s (set %s): %v", bin, EnvRedisServer, err))
-	}
+	bin := redisBinary(t)
 	addr := freeAddr(t)
 	_, port, _ := net.SplitHostPort(addr)
-	argv := append([]string{"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no",
-		"--dir", t.TempDir(), "--daemonize", "no"}, args...)
+	argv := append(redisArgs(t, "--port", port), args...)
 	start(t, "redis-server", bin, argv, addr, func(r *bufio.Reader, c net.Conn) error {
 		if _, err := c.Write([]byte("PING\r\n")); err != nil {
 			return err
@@ -197,6 +192,59 @@ func RedisServer(t testing.TB, args ...string) string {
 		return err
 	})
 	return addr
+}
+
+// RedisTLSServer starts a redis-server of t's own that listens on a free
+// 127.0.0.1 port with TLS only (--tls-port, --port 0): certFile and
+// keyFile are its PEM certificate and key, caFile the CA bundle it
+// verifies client certificates against. Client certificates are required
+// (redis-server's default; pass "--tls-auth-clients", "no" or "optional"
+// in args to relax it). Like RedisServer it keeps nothing on disk, appends
+// args (e.g. "--requirepass", pw) and is killed when t ends; it returns
+// the address, host:port.
+//
+// Readiness is a completed TLS 1.3 handshake on that port, the only one
+// the server opens (no plain-text port is opened just for the probe): the
+// probe neither verifies the server's certificate nor presents one, since
+// it checks that the server's event loop speaks TLS, not who it is, and a
+// TLS 1.3 client has finished its handshake before the server judges the
+// (missing) client certificate. A server whose certificate files are
+// unusable exits at start, and the test fails with its output.
+func RedisTLSServer(t testing.TB, certFile, keyFile, caFile string, args ...string) string {
+	t.Helper()
+	bin := redisBinary(t)
+	addr := freeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	argv := append(redisArgs(t, "--port", "0", "--tls-port", port,
+		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile), args...)
+	start(t, "redis-server", bin, argv, addr, func(_ *bufio.Reader, c net.Conn) error {
+		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}) //nolint:gosec // a readiness probe: no data is sent
+		return tc.Handshake()
+	})
+	return addr
+}
+
+// redisBinary returns the redis-server binary (EnvRedisServer, default
+// DefaultRedisServer), skipping t without it (failing it under
+// OUTBOX_TEST_REQUIRE).
+func redisBinary(t testing.TB) string {
+	t.Helper()
+	bin := os.Getenv(EnvRedisServer)
+	if bin == "" {
+		bin = DefaultRedisServer
+	}
+	if _, err := os.Stat(bin); err != nil {
+		Unavailable(t, fmt.Sprintf("no redis-server binary at %s (set %s): %v", bin, EnvRedisServer, err))
+	}
+	return bin
+}
+
+// redisArgs returns the command line of a private redis-server that binds
+// 127.0.0.1, keeps nothing on disk and stays in the foreground, with
+// listen (its port arguments) after the bind.
+func redisArgs(t testing.TB, listen ...string) []string {
+	argv := append([]string{"--bind", "127.0.0.1"}, listen...)
+	return append(argv, "--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--daemonize", "no")
 }
 
 // Rabbitmqctl runs RabbitMQ's CLI on this host with args (bounded by
