@@ -58,6 +58,11 @@
 //     pending rows in partitions no relay can own, a lease table of
 //     another size, a stored count that differs from the configured one),
 //     including after it refused to start because of one.
+//   - outbox_relay_order_violations_total (counter, messages): messages
+//     the publisher acknowledged although an earlier message of their
+//     aggregate in the same batch had failed (relay.OrderObserver), so
+//     their first delivery may precede it. No publisher of this module
+//     lets that happen; alert on any increase.
 //
 // # Table metrics (NewStatsCollector)
 //

@@ -109,8 +109,8 @@ func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	var obs relay.Observer = m // the point of the type
 
 	// Before anything happens every series exists, errors at 0 per class.
-	if n := testutil.CollectAndCount(m); n != 13 {
-		t.Errorf("CollectAndCount = %d, want 13 (9 single series + 4 error classes)", n)
+	if n := testutil.CollectAndCount(m); n != 14 {
+		t.Errorf("CollectAndCount = %d, want 14 (10 single series + 4 error classes)", n)
 	}
 	if n := testutil.CollectAndCount(m, metrics.MetricPublishErrors); n != 4 {
 		t.Errorf("error classes exported = %d, want 4", n)
@@ -131,6 +131,7 @@ func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	obs.Failed(relay.Message{}, relay.ErrorClass("future"), errors.New("x"))
 	obs.Retried(relay.Message{}, 1, time.Second)
 	obs.DeadLettered(relay.Message{}, relay.ErrPermanent)
+	obs.(relay.OrderObserver).OrderViolation(relay.Message{})
 
 	want := `
 # HELP outbox_dead_lettered_total Outbox messages dead-lettered (marked failed).
@@ -149,6 +150,9 @@ outbox_publish_errors_total{class="unavailable",table="orders_outbox"} 1
 # HELP outbox_published_total Outbox messages acknowledged by the broker.
 # TYPE outbox_published_total counter
 outbox_published_total{table="orders_outbox"} 3
+# HELP outbox_relay_order_violations_total Outbox messages acknowledged after an earlier message of their aggregate in the same batch failed (must stay 0).
+# TYPE outbox_relay_order_violations_total counter
+outbox_relay_order_violations_total{table="orders_outbox"} 1
 # HELP outbox_relay_up 1 while the relay runs and is ready (database and broker answer, cycles succeed), 0 otherwise.
 # TYPE outbox_relay_up gauge
 outbox_relay_up{table="orders_outbox"} 1
@@ -158,7 +162,7 @@ outbox_retries_total{table="orders_outbox"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		metrics.MetricDeadLettered, metrics.MetricPartitionsOwned, metrics.MetricPublishErrors,
-		metrics.MetricPublished, metrics.MetricRelayUp, metrics.MetricRetries); err != nil {
+		metrics.MetricPublished, metrics.MetricOrderViolations, metrics.MetricRelayUp, metrics.MetricRetries); err != nil {
 		t.Error(err)
 	}
 
@@ -486,7 +490,7 @@ func TestIntegrationSQLite(t *testing.T) {
 		metrics.MetricPublished, metrics.MetricPublishErrors, metrics.MetricRetries, metrics.MetricDeadLettered,
 		metrics.MetricCommitToPublish, metrics.MetricBatchSize, metrics.MetricClaimDuration,
 		metrics.MetricPartitionsOwned, metrics.MetricRelayUp, metrics.MetricRelayPartitionMismatch,
-		metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
+		metrics.MetricOrderViolations, metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
 		metrics.MetricPartitionPendingEvents, metrics.MetricPartitionOldestPendingAge, metrics.MetricPartitionOwnerInfo,
 		metrics.MetricStatsScrapeError, metrics.MetricPartitions, metrics.MetricLeasePartitions,
 		metrics.MetricOutOfRangePending, metrics.MetricPartitionMismatch,
@@ -737,7 +741,7 @@ func TestAlertsFile(t *testing.T) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	want := []string{"OutboxBacklogHigh", "OutboxDeadLetters", "OutboxOldestPendingTooOld", "OutboxPartitionMismatch",
+	want := []string{"OutboxBacklogHigh", "OutboxDeadLetters", "OutboxOldestPendingTooOld", "OutboxOrderViolation", "OutboxPartitionMismatch",
 		"OutboxPublishSuccessLow", "OutboxRelayDown", "OutboxStatsScrapeFailing"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("alerts %v, want %v", names, want)
@@ -749,6 +753,7 @@ func TestAlertsFile(t *testing.T) {
 		"OutboxPublishSuccessLow":   {"< 0.99", "10m"},
 		"OutboxRelayDown":           {"outbox_relay_up == 0 or absent(outbox_relay_up)", "2m"},
 		"OutboxDeadLetters":         {"increase(outbox_dead_lettered_total[10m])) > 0", ""},
+		"OutboxOrderViolation":      {"increase(outbox_relay_order_violations_total[10m])) > 0", ""},
 	} {
 		if r := got[name]; !strings.Contains(r.expr, w.in) || r.dur != w.dur {
 			t.Errorf("%s: expr %q for %q, want expr containing %q for %q", name, r.expr, r.dur, w.in, w.dur)

@@ -50,6 +50,12 @@ const (
 	// size, pending rows in partitions no relay owns), also after the
 	// relay refused to start because of one; 0 otherwise.
 	MetricRelayPartitionMismatch = "outbox_relay_partition_mismatch"
+	// MetricOrderViolations is a counter of messages the publisher
+	// acknowledged although an earlier message of their aggregate in the
+	// same batch had failed (relay.OrderObserver): first deliveries that
+	// may be out of order. No publisher of this module does that; it must
+	// stay 0, so alert on any increase.
+	MetricOrderViolations = "outbox_relay_order_violations_total"
 )
 
 // ErrInvalidConfig is returned (wrapped) by NewRelayMetrics for a nil
@@ -95,12 +101,14 @@ type RelayMetrics struct {
 	partitionsOwned prometheus.Gauge
 	up              prometheus.Gauge
 	mismatch        prometheus.Gauge
+	orderViolations prometheus.Counter
 }
 
 var (
 	_ relay.Observer          = (*RelayMetrics)(nil)
 	_ relay.PartitionObserver = (*RelayMetrics)(nil)
 	_ relay.ReadinessObserver = (*RelayMetrics)(nil)
+	_ relay.OrderObserver     = (*RelayMetrics)(nil)
 )
 
 // NewRelayMetrics creates the relay metrics of ob's table (its
@@ -180,6 +188,11 @@ func newRelayMetrics(table string) *RelayMetrics {
 			Help:        "1 while the relay detects a relay partition mismatch (rows no relay can own, or a lease table that disagrees), else 0.",
 			ConstLabels: cl,
 		}),
+		orderViolations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        MetricOrderViolations,
+			Help:        "Outbox messages acknowledged after an earlier message of their aggregate in the same batch failed (must stay 0).",
+			ConstLabels: cl,
+		}),
 	}
 	// Resolve the known classes once (no map lookup or allocation per
 	// failure) and export them from the start at 0, so that rates and
@@ -193,7 +206,7 @@ func newRelayMetrics(table string) *RelayMetrics {
 
 func (m *RelayMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.published, m.errors, m.retries, m.deadLettered,
-		m.commitToPublish, m.batchSize, m.claimDuration, m.partitionsOwned, m.up, m.mismatch}
+		m.commitToPublish, m.batchSize, m.claimDuration, m.partitionsOwned, m.up, m.mismatch, m.orderViolations}
 }
 
 // Describe implements prometheus.Collector: it sends the descriptors of
@@ -292,4 +305,10 @@ func (m *RelayMetrics) Readiness(err error) {
 		return
 	}
 	m.up.Set(1)
+}
+
+// OrderViolation implements relay.OrderObserver: it increments
+// outbox_relay_order_violations_total.
+func (m *RelayMetrics) OrderViolation(relay.Message) {
+	m.orderViolations.Inc()
 }

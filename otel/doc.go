@@ -153,6 +153,7 @@
 //	outbox.relay.partitions.owned            gauge      {partition}  (outbox_partitions_owned)
 //	outbox.relay.up                          gauge      1            (outbox_relay_up)
 //	outbox.relay.partition_mismatch          gauge      1            (outbox_relay_partition_mismatch)
+//	outbox.relay.order_violations            counter    {message}    (outbox_relay_order_violations_total)
 //
 // Every measurement carries outbox.table (TableKey: the table, the
 // Prometheus table label) and the attributes of WithMetricAttributes (the
@@ -167,7 +168,7 @@
 //
 // Metrics and the tracing Observer each forward every call to the Observer
 // they wrap, optional interfaces included (PartitionObserver,
-// ReadinessObserver, PublishObserver), so tracing, OpenTelemetry metrics
+// ReadinessObserver, OrderObserver, PublishObserver), so tracing, OpenTelemetry metrics
 // and Prometheus combine by nesting, in any order:
 //
 //	prom, err := metrics.NewRelayMetrics(nil, ob) // optional: nil instead

@@ -58,6 +58,11 @@ const (
 	// detects a relay partition mismatch (relay.ErrPartitionMismatch), 0
 	// once a check finds none (metrics.MetricRelayPartitionMismatch).
 	MetricPartitionMismatch = "outbox.relay.partition_mismatch"
+	// MetricOrderViolations is an Int64Counter, unit {message}, of
+	// messages the publisher acknowledged although an earlier message of
+	// their aggregate in the same batch had failed (relay.OrderObserver;
+	// metrics.MetricOrderViolations). It must stay 0.
+	MetricOrderViolations = "outbox.relay.order_violations"
 )
 
 // TableKey is the attribute of every Metrics measurement naming the outbox
@@ -124,6 +129,7 @@ type instruments struct {
 	partitionsOwned metric.Int64Gauge
 	up              metric.Int64Gauge
 	mismatch        metric.Int64Gauge
+	orderViolations metric.Int64Counter
 }
 
 var (
@@ -131,6 +137,7 @@ var (
 	_ relay.PartitionObserver = (*Metrics)(nil)
 	_ relay.ReadinessObserver = (*Metrics)(nil)
 	_ relay.PublishObserver   = (*Metrics)(nil)
+	_ relay.OrderObserver     = (*Metrics)(nil)
 )
 
 // NewMetrics creates the relay instruments of ob's table (its
@@ -207,6 +214,9 @@ func NewMetrics(ob *driver.Outbox, next relay.Observer, opts ...Option) (*Metric
 	in.mismatch, err = meter.Int64Gauge(MetricPartitionMismatch, metric.WithUnit("1"),
 		metric.WithDescription("1 while the relay detects a relay partition mismatch, else 0."))
 	check(MetricPartitionMismatch, err)
+	in.orderViolations, err = meter.Int64Counter(MetricOrderViolations, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox messages acknowledged after an earlier message of their aggregate in the same batch failed (must stay 0)."))
+	check(MetricOrderViolations, err)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -363,4 +373,16 @@ func boolInt(b bool) int64 {
 		return 1
 	}
 	return 0
+}
+
+// OrderViolation implements relay.OrderObserver: it adds 1 to
+// outbox.relay.order_violations, then forwards to the wrapped Observer if
+// it implements relay.OrderObserver.
+func (m *Metrics) OrderViolation(msg relay.Message) {
+	if in := m.instruments(); in != nil {
+		in.orderViolations.Add(bg, 1, in.table)
+	}
+	if oo, ok := m.observer().(relay.OrderObserver); ok {
+		oo.OrderViolation(msg)
+	}
 }

@@ -51,10 +51,11 @@ func (l *callLog) Retried(m relay.Message, attempt int, delay time.Duration) {
 func (l *callLog) DeadLettered(m relay.Message, err error) {
 	l.log("DeadLettered %s %v", m.MessageID, err)
 }
-func (l *callLog) Leases(owned int)            { l.log("Leases %d", owned) }
-func (l *callLog) Up(up bool)                  { l.log("Up %v", up) }
-func (l *callLog) PartitionMismatch(err error) { l.log("PartitionMismatch %v", err) }
-func (l *callLog) Readiness(err error)         { l.log("Readiness %v", err) }
+func (l *callLog) Leases(owned int)               { l.log("Leases %d", owned) }
+func (l *callLog) Up(up bool)                     { l.log("Up %v", up) }
+func (l *callLog) PartitionMismatch(err error)    { l.log("PartitionMismatch %v", err) }
+func (l *callLog) Readiness(err error)            { l.log("Readiness %v", err) }
+func (l *callLog) OrderViolation(m relay.Message) { l.log("OrderViolation %s", m.MessageID) }
 func (l *callLog) StartPublish(ctx context.Context, msgs []relay.Message) (context.Context, func(error)) {
 	l.log("StartPublish %d", len(msgs))
 	return ctx, func(err error) { l.log("end %v", err) }
@@ -255,6 +256,9 @@ func TestMetrics(t *testing.T) {
 		{"PartitionMismatchCleared", func(m *outboxotel.Metrics) { m.PartitionMismatch(mismatch); m.PartitionMismatch(nil) }, []point{
 			{name: outboxotel.MetricPartitionMismatch, unit: "1", value: 0},
 		}, []string{"PartitionMismatch " + mismatch.Error(), "PartitionMismatch <nil>"}},
+		{"OrderViolation", func(m *outboxotel.Metrics) { m.OrderViolation(msg); m.OrderViolation(msg) }, []point{
+			{name: outboxotel.MetricOrderViolations, unit: "{message}", value: 2},
+		}, []string{"OrderViolation " + msg.MessageID, "OrderViolation " + msg.MessageID}},
 		{"StartPublishForwardsOnly", func(m *outboxotel.Metrics) {
 			_, end := m.StartPublish(context.Background(), []relay.Message{msg, msg})
 			end(boom)
@@ -321,6 +325,7 @@ func TestMetricsNilAndZero(t *testing.T) {
 		m.Up(false)
 		m.PartitionMismatch(nil)
 		m.Readiness(nil)
+		m.OrderViolation(zero)
 		ctx, end := m.StartPublish(context.Background(), nil)
 		if ctx == nil || end == nil {
 			t.Error("StartPublish returned a nil context or end")
@@ -436,7 +441,8 @@ func TestMetricsAndObserverCombine(t *testing.T) {
 			obs.Published(msg, time.Millisecond)
 			obs.(relay.ReadinessObserver).Readiness(nil)
 			obs.(relay.PartitionObserver).PartitionMismatch(nil)
-			want := []string{"StartPublish 1", "end <nil>", "Published m-1 1ms", "Readiness <nil>", "PartitionMismatch <nil>"}
+			obs.(relay.OrderObserver).OrderViolation(msg)
+			want := []string{"StartPublish 1", "end <nil>", "Published m-1 1ms", "Readiness <nil>", "PartitionMismatch <nil>", "OrderViolation m-1"}
 			if got := inner.got(); !slices.Equal(got, want) {
 				t.Errorf("forwarded %q, want %q", got, want)
 			}
@@ -448,6 +454,7 @@ func TestMetricsAndObserverCombine(t *testing.T) {
 				{name: outboxotel.MetricCommitToPublish, unit: "s", value: 0.001, count: 1},
 				{name: outboxotel.MetricUp, unit: "1", value: 1},
 				{name: outboxotel.MetricPartitionMismatch, unit: "1", value: 0},
+				{name: outboxotel.MetricOrderViolations, unit: "{message}", value: 1},
 			})
 		})
 	}

@@ -31,7 +31,7 @@ const (
 
 // Observer is a relay.Observer that traces the relay's publishes (it
 // implements relay.PublishObserver; see the package documentation for the
-// spans) and forwards every other call, PartitionMismatch and Readiness included, to the
+// spans) and forwards every other call, PartitionMismatch, Readiness and OrderViolation included, to the
 // Observer it wraps. Create it with NewObserver; it is safe for
 // concurrent use.
 type Observer struct {
@@ -76,6 +76,15 @@ func (o *Observer) PartitionMismatch(err error) {
 func (o *Observer) Readiness(err error) {
 	if ro, ok := o.Observer.(relay.ReadinessObserver); ok {
 		ro.Readiness(err)
+	}
+}
+
+// OrderViolation forwards to the wrapped Observer if it implements
+// relay.OrderObserver (package metrics' RelayMetrics and this package's
+// Metrics do).
+func (o *Observer) OrderViolation(m relay.Message) {
+	if oo, ok := o.Observer.(relay.OrderObserver); ok {
+		oo.OrderViolation(m)
 	}
 }
 

@@ -89,3 +89,21 @@ func (NopObserver) Up(bool) {}
 type PublishObserver interface {
 	StartPublish(ctx context.Context, msgs []Message) (_ context.Context, end func(err error))
 }
+
+// OrderObserver is an optional interface of an Observer (package metrics'
+// RelayMetrics and package otel's Metrics implement it). The relay calls
+// OrderViolation for a message m that the publisher acknowledged although
+// an earlier message of the same aggregate in the same batch failed: m's
+// first delivery may then precede the earlier message's, breaking
+// per-aggregate order. The relay also logs each one at ERROR ("publisher
+// acknowledged a message after an earlier one of its aggregate failed").
+//
+// No publisher of this module lets that happen: relay/kafka sends an
+// aggregate's records only after every earlier one was acknowledged or
+// inside the same record batch, and PublishInOrder holds an aggregate back
+// after its first failure (ErrHeldBack). The detector stays as an alarm
+// for a third-party Publisher and a regression: alert on any increase.
+// Like Observer's methods it must not block.
+type OrderObserver interface {
+	OrderViolation(m Message)
+}

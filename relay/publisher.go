@@ -44,8 +44,24 @@ type Message struct {
 // length as msgs, nil for acknowledged entries) when some failed; or any
 // other error when the whole batch failed (the relay then backs off as a
 // whole and re-sends later without counting an attempt). Publish must
-// honour ctx's deadline. For per-aggregate order, a Publisher must keep the
-// relative order of messages with the same AggregateType and AggregateID.
+// honour ctx's deadline.
+//
+// In a PublishErrors, an entry wrapping ErrPermanent is dead-lettered at
+// once; one wrapping ErrUnavailable or a *BatchError (not sent, or its
+// outcome unknown, because of the route or the batch as a whole: a
+// deadline, a lost connection) counts no attempt and stays pending, and
+// the relay backs off as a whole after recording the other outcomes; any
+// other error counts an attempt and schedules a retry. Only an
+// aggregate's first failed entry in the batch counts; its later entries
+// stay pending.
+//
+// Order: a Publisher must never let a message be written to the broker
+// unless every earlier message of its aggregate (same AggregateType and
+// AggregateID) in the batch was acknowledged or is written with it,
+// atomically and before it. So once one fails, the aggregate's later
+// messages must fail unsent (ErrHeldBack); the relay's holds keep the
+// order across batches. The relay reports an acknowledged message behind
+// a failed one of its aggregate as an order violation (OrderObserver).
 type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) error
 }

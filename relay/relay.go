@@ -686,9 +686,13 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	// attempt and schedules its retry; the claim then holds the aggregate's
 	// later rows back until it succeeds. Later failures of the same
 	// aggregate in this batch count nothing: they stay pending.
+	// An entry wrapping a *BatchError was not sent, or its outcome is
+	// unknown, for a reason of the batch as a whole (deadline, connection
+	// lost): it is not the message's fault, so it counts no attempt and
+	// stays pending, and the loop backs off as after a failed batch.
 	sent := make([]Message, 0, len(msgs))
 	var failed []int
-	var unavailable error
+	var unavailable, batchErr error
 	held := map[aggregateKey]bool{}
 	for i := range msgs {
 		k := aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}
@@ -696,12 +700,16 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		case pe[i] == nil:
 			r.cfg.Observer.Published(msgs[i], took)
 			if held[k] {
-				r.log.Warn("publisher acknowledged a message after an earlier one of its aggregate failed; first delivery order may be broken",
-					"message_id", msgs[i].MessageID, "aggregate_type", k.typ, "aggregate_id", k.id)
+				r.orderViolation(msgs[i])
 			}
 			sent = append(sent, msgs[i])
 		case !held[k]:
 			held[k] = true
+			if be := (*BatchError)(nil); errors.As(pe[i], &be) {
+				batchErr = pe[i]
+				r.cfg.Observer.Failed(msgs[i], ClassBatch, pe[i])
+				continue
+			}
 			if errors.Is(pe[i], ErrUnavailable) {
 				unavailable = pe[i] // not the message's fault: no attempt
 				r.cfg.Observer.Failed(msgs[i], ClassUnavailable, pe[i])
@@ -723,7 +731,21 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		r.unavailable(unavailable)
 		return len(msgs), fmt.Errorf("publishing: %w", unavailable)
 	}
+	if batchErr != nil {
+		return len(msgs), fmt.Errorf("publishing: %d of %d messages acknowledged, the rest not sent or unresolved: %w", len(sent), len(msgs), batchErr)
+	}
 	return len(msgs), nil
+}
+
+// orderViolation reports m, acknowledged by the publisher although an
+// earlier message of its aggregate in the same batch failed (see
+// OrderObserver).
+func (r *Relay) orderViolation(m Message) {
+	r.log.Error("publisher acknowledged a message after an earlier one of its aggregate failed; first delivery order may be broken",
+		"message_id", m.MessageID, "outbox_id", m.ID, "aggregate_type", m.AggregateType, "aggregate_id", m.AggregateID)
+	if oo, ok := r.cfg.Observer.(OrderObserver); ok {
+		oo.OrderViolation(m)
+	}
 }
 
 // unavailable alerts on a configuration-wide publish error.
