@@ -9,7 +9,8 @@ import (
 
 // ExampleNewPublisher builds the publisher for a relay
 // (relay.Config{Publisher: p}). The exchange must exist and have queues
-// bound (for example "order.#"); the publisher declares nothing.
+// bound (for example "order.*", every key of the aggregate type order);
+// the publisher declares nothing.
 func ExampleNewPublisher() {
 	p, err := rabbitmq.NewPublisher(rabbitmq.Config{URL: "amqp://guest:guest@127.0.0.1:5672/", Exchange: "outbox.event"})
 	if err != nil {

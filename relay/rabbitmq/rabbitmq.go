@@ -20,14 +20,27 @@
 // Messages go to Config.Exchange (DefaultExchange, a topic exchange the
 // operator declares: the publisher declares nothing) or, for a message
 // with a Topic, to the exchange of that name, with the routing key
-// DefaultRoutingKey: AggregateType + "." + RoutingToken(AggregateID)
-// ("order.o-17"), so a binding "order.#" takes all order events and one
-// aggregate's messages share one routing key. RoutingToken keeps the bytes
-// [A-Za-z0-9_-] and writes every other byte (the separator '.', the
-// wildcards '*' and '#', spaces, non-ASCII) as '%' and two hex digits; a
-// key that would exceed AMQP's 255 bytes uses "~" and the SHA-256 of the
-// ID instead (of type and ID if the type itself is that long). Distinct
-// aggregates get distinct keys.
+// DefaultRoutingKey: the aggregate type, ".", and one word for the
+// aggregate ID: RoutingToken(AggregateID) ("order.o-17"). RoutingToken
+// keeps the bytes [A-Za-z0-9_-] and writes every other byte (the
+// separator '.', the wildcards '*' and '#', spaces, non-ASCII) as '%' and
+// two hex digits. A key that would exceed AMQP's 255 bytes (a long ID,
+// up to 765 bytes encoded) takes as its word "~" and the SHA-256 of the ID:
+// 64 hex digits, or 43 unpadded base64url characters if the type is
+// longer than 189 bytes, so that the key of Emit's longest type
+// (emit.MaxAggregateTypeBytes, 200) still fits, at 245 bytes.
+//
+// So every key is its aggregate type followed by exactly one word (a type
+// may itself contain dots; the ID's word never does): the binding
+// "<type>.*" ("order.*") matches every key of that type and no other
+// type's, "<type>.#" also those of the types that extend it with a dot
+// ("order.v2.x" for "order.#"), "#" everything. One aggregate's messages
+// share one key (a function of type and ID alone), distinct aggregates
+// get distinct keys (a hashed word begins with "~", which no token
+// contains). The type stays whole in the key rather than being refused
+// at Emit: Emit's limits hold for every broker (200 bytes fit a Kafka
+// topic), so a row Emit accepted must be publishable to each of them, and
+// a key whose type prefix a binding can name keeps the event routable.
 //
 // A RabbitMQ queue is FIFO: messages published on one channel and routed
 // to one queue are enqueued in publish order. Publish never hands the
@@ -75,17 +88,40 @@
 //     the broker's max_message_size: a larger message makes the broker
 //     close the channel (406), which fails every message in flight on it as
 //     retriable and cannot be pinned on one.
-//   - A nack (the broker could not store the message), the publishing
-//     channel closed by the broker: that message fails (the relay retries
-//     it), the channel is replaced on the next Publish. A channel closed
-//     with 404 (an exchange deleted after it was checked) or 403 fails the
-//     messages in flight on it with relay.ErrUnavailable, and the next
-//     Publish checks every exchange again.
+//   - A nack: the broker did not enqueue the message. RabbitMQ nacks a
+//     message that a queue it was routed to refuses because the queue is
+//     full (x-max-length or x-max-length-bytes reached with x-overflow
+//     reject-publish or reject-publish-dlx, typically while its consumer
+//     is away), or because the queue failed to store it (an internal
+//     error of the queue); the nack does not say which. Neither is the
+//     message's fault (a message too large closes the channel, an
+//     unroutable one is returned), and the message would fare no better
+//     on its next attempt: the broker refuses for now, as a full JetStream
+//     stream does in relay/nats. So the message's error wraps
+//     relay.ErrUnavailable and ErrNacked: the relay counts no attempt,
+//     dead-letters nothing, holds the aggregate's later messages and backs
+//     off as a whole (every route waits, not only the full queue's) until
+//     the queue takes messages again; a batch nacked whole is one error
+//     wrapping relay.ErrUnavailable. A queue that keeps failing keeps the
+//     relay backing off (OnUnavailable, the relay's ERROR log) instead of
+//     dead-lettering the backlog: the broker must be fixed, as for a
+//     missing exchange. With x-overflow drop-head (RabbitMQ's default for
+//     a bounded queue) the broker confirms every message and drops the
+//     queue's oldest instead: those are lost to that queue's consumer
+//     although the relay marked them sent; bound queues with
+//     reject-publish.
+//   - The publishing channel closed by the broker: the messages in flight
+//     on it fail (the relay retries them), the channel is replaced on the
+//     next Publish. A channel closed with 404 (an exchange deleted after
+//     it was checked) or 403 fails the messages in flight on it with
+//     relay.ErrUnavailable, and the next Publish checks every exchange
+//     again.
 package rabbitmq
 
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -134,7 +170,9 @@ var (
 	// ErrReturned is wrapped (with relay.ErrUnavailable) by the error of a
 	// message the broker returned as unroutable.
 	ErrReturned = errors.New("outbox/rabbitmq: returned unroutable")
-	// ErrNacked is wrapped by the error of a message the broker nacked.
+	// ErrNacked is wrapped (with relay.ErrUnavailable) by the error of a
+	// message the broker nacked: a queue it was routed to is full with
+	// x-overflow reject-publish, or could not store it.
 	ErrNacked = errors.New("outbox/rabbitmq: nacked by the broker")
 )
 
@@ -164,8 +202,13 @@ func RoutingToken(s string) string {
 // DefaultRoutingKey is m's routing key unless Config.RoutingKey says
 // otherwise: AggregateType + "." + RoutingToken(AggregateID); if that is
 // longer than MaxRoutingKeyBytes, AggregateType + ".~" + the hex SHA-256
-// of AggregateID; if that is still too long, "~" + the hex SHA-256 of
-// AggregateType, a NUL byte and AggregateID.
+// of AggregateID; if that is still too long (a type of more than 189
+// bytes), AggregateType + ".~" + the unpadded base64url SHA-256 of
+// AggregateID (43 characters), which fits for every type Emit accepts
+// (emit.MaxAggregateTypeBytes). A longer type, which Emit refuses, gives
+// a key longer than MaxRoutingKeyBytes, for which Publish fails the
+// message with relay.ErrPermanent. The binding AggregateType + ".*"
+// matches every key of the type (see the package doc).
 func DefaultRoutingKey(m relay.Message) string {
 	if k := m.AggregateType + "." + RoutingToken(m.AggregateID); len(k) <= MaxRoutingKeyBytes {
 		return k
@@ -174,9 +217,16 @@ func DefaultRoutingKey(m relay.Message) string {
 	if k := m.AggregateType + ".~" + hex.EncodeToString(sum[:]); len(k) <= MaxRoutingKeyBytes {
 		return k
 	}
-	sum = sha256.Sum256([]byte(m.AggregateType + "\x00" + m.AggregateID))
-	return "~" + hex.EncodeToString(sum[:])
+	return m.AggregateType + ".~" + base64.RawURLEncoding.EncodeToString(sum[:])
 }
+
+// shortHashedWord is the length of ".~" and the unpadded base64url
+// SHA-256, DefaultRoutingKey's shortest word for an ID. The constant
+// below does not compile if Emit's longest aggregate type and that word
+// exceed a routing key.
+const shortHashedWord = 2 + 43
+
+const _ uint = MaxRoutingKeyBytes - emit.MaxAggregateTypeBytes - shortHashedWord
 
 // Config configures a Publisher.
 type Config struct {
@@ -643,7 +693,12 @@ func (p *Publisher) publishOne(ctx context.Context, s *session, m *relay.Message
 		if s.ch.IsClosed() {
 			return p.closedErr(ctx, s, nil)
 		}
-		return fmt.Errorf("%w: message %s", ErrNacked, m.MessageID)
+		// The broker refused to enqueue it: a queue full with x-overflow
+		// reject-publish, or an internal error of a queue. Never the
+		// message's fault (an oversized one closes the channel, an
+		// unroutable one is returned): unavailable, no attempt counted.
+		return fmt.Errorf("%w: %w: message %s to exchange %q with routing key %q (a queue it routes to is full with x-overflow reject-publish, or failed to store it)",
+			relay.ErrUnavailable, ErrNacked, m.MessageID, p.exchangeOf(m), key)
 	}
 	if r, ok := s.wasReturned(m.MessageID); ok {
 		return fmt.Errorf("%w: %w: message %s to exchange %q with routing key %q: %d %s",

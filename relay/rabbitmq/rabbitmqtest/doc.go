@@ -1,7 +1,8 @@
 // Package rabbitmqtest is the outbox's test kit for RabbitMQ, beside
 // outboxtest/kafkatest: a uniquely named topic exchange
 // ([DeclareExchange]) and a [Consumer] that owns a uniquely named queue
-// bound to an exchange with a routing pattern, consumes it, records every
+// bound to an exchange with a routing pattern ([NewConsumer]; or a queue
+// the test declared itself, [ConsumeQueue]), consumes it, records every
 // delivery with the time it was received, to wait on and to find by
 // outbox message ID, and deletes the queue on Close; and [Check], the
 // ledger that joins what the outbox table says was committed with what

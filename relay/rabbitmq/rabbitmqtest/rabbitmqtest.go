@@ -81,11 +81,12 @@ func ByMessageID(recs []Record) map[string][]Record {
 	return outboxtest.ByMessageID(recs, Record.MessageID)
 }
 
-// Consumer owns a uniquely named queue bound to an exchange and consumes
-// it (automatic acknowledgement) in a background goroutine, recording
-// every delivery in delivery order (for one queue that is the order the
-// broker routed the messages in). The zero value is not usable: call
-// [NewConsumer]. Safe for concurrent use.
+// Consumer owns a queue (a uniquely named one bound to an exchange, from
+// [NewConsumer], or the caller's, from [ConsumeQueue]) and consumes it
+// (automatic acknowledgement) in a background goroutine, recording every
+// delivery in delivery order (for one queue that is the order the broker
+// routed the messages in). The zero value is not usable: call
+// [NewConsumer] or [ConsumeQueue]. Safe for concurrent use.
 type Consumer struct {
 	ch    *amqp.Channel
 	queue string
@@ -122,9 +123,38 @@ func NewConsumer(conn *amqp.Connection, exchange, binding string) (*Consumer, er
 			return fail("binding queue", err)
 		}
 	}
-	deliveries, err := ch.Consume(c.queue, "", true, false, false, false, nil)
-	if err != nil {
+	if err := c.consume(); err != nil {
 		return fail("consuming queue", err)
+	}
+	return c, nil
+}
+
+// ConsumeQueue opens a channel on conn and consumes queue, a queue the
+// caller declared and bound (for one declared with arguments such as
+// x-max-length, or one that filled up before anything consumed it), as
+// [NewConsumer]'s consumer does its own: the records start with what the
+// queue holds. The error is the broker's (no such queue, the connection
+// is closed). Close it when done: that deletes the queue too.
+func ConsumeQueue(conn *amqp.Connection, queue string) (*Consumer, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmqtest: opening a channel: %w", err)
+	}
+	c := &Consumer{ch: ch, queue: queue, done: make(chan struct{}), recs: outboxtest.NewRecorder[Record]("rabbitmqtest")}
+	if err := c.consume(); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("rabbitmqtest: consuming queue %s: %w", queue, err)
+	}
+	return c, nil
+}
+
+// consume starts consuming c.queue (automatic acknowledgement) and
+// recording its deliveries in a goroutine that closes c.done when the
+// channel closes.
+func (c *Consumer) consume() error {
+	deliveries, err := c.ch.Consume(c.queue, "", true, false, false, false, nil)
+	if err != nil {
+		return err
 	}
 	go func() {
 		defer close(c.done)
@@ -142,7 +172,7 @@ func NewConsumer(conn *amqp.Connection, exchange, binding string) (*Consumer, er
 			c.recs.Add(r)
 		}
 	}()
-	return c, nil
+	return nil
 }
 
 // Queue returns the name of the consumer's queue.

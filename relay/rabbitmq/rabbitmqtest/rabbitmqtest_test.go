@@ -109,3 +109,66 @@ func TestConsumer(t *testing.T) {
 		t.Error("NewConsumer on a missing exchange = nil error")
 	}
 }
+
+// TestConsumeQueue: a queue the test declared (with arguments) and filled
+// before anything consumed it is consumed from its head, in order; Close
+// deletes it; a missing queue is the broker's error.
+func TestConsumeQueue(t *testing.T) {
+	t.Parallel()
+	conn := dial(t)
+	ch, ex := exchange(t, conn)
+	q := rabbitmqtest.UniqueName("outboxtest.q.")
+	if _, err := ch.QueueDeclare(q, false, false, false, false, amqp.Table{"x-max-length": int32(2), "x-overflow": "reject-publish"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = ch.QueueDelete(q, false, false, false) })
+	if err := ch.QueueBind(q, "#", ex, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	pub, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		dc, err := pub.PublishWithDeferredConfirmWithContext(ctx, ex, "k", false, false, amqp.Publishing{Body: []byte(id),
+			Headers: amqp.Table{emit.HeaderMessageID: id}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := dc.WaitContext(ctx); !ok || err != nil { // confirmed: in the queue
+			t.Fatalf("publishing %s: acked %v, %v", id, ok, err)
+		}
+	}
+	if st, err := ch.QueueDeclarePassive(q, false, false, false, false, nil); err != nil || st.Messages != 2 {
+		t.Fatalf("queue holds %d messages (%v), want 2", st.Messages, err)
+	}
+	c, err := rabbitmqtest.ConsumeQueue(conn, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := c.WaitForMessageIDs(ctx, "a", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || string(recs[0].Payload) != "a" || string(recs[1].Payload) != "b" || c.Queue() != q {
+		t.Fatalf("records %+v", recs)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	probe, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := probe.QueueDeclarePassive(q, false, false, false, false, nil); err == nil {
+		t.Errorf("queue %s still exists after Close", q)
+	}
+	if _, err := rabbitmqtest.ConsumeQueue(conn, "outboxtest.q.missing-"+rabbitmqtest.UniqueName("")); err == nil {
+		t.Error("ConsumeQueue of a missing queue = nil error")
+	}
+}
