@@ -753,7 +753,7 @@ func (r *Relay) unavailable(err error) {
 	if !errors.Is(err, ErrUnavailable) {
 		return
 	}
-	r.log.Error("publishing is misconfigured or not authorized; backing off without counting attempts", "error", err)
+	r.log.Error("the broker refuses the route (misconfigured, not authorized, or full); backing off without counting attempts", "error", err)
 	if r.cfg.OnUnavailable != nil {
 		r.cfg.OnUnavailable(err)
 	}

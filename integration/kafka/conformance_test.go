@@ -17,9 +17,9 @@ import (
 const conformancePartitions = 6
 
 // TestConformance runs the shared publisher suite against relay/kafka and
-// a private kfake broker per subtest. Kafka's quirks: a producer does not
-// stop an aggregate's later records when one fails (HoldsBack false: the
-// relay holds the aggregate back on its next batch); the producer refuses
+// a private kfake broker per subtest. Kafka's quirks: the publisher holds
+// an aggregate's later records back once one failed (HoldsBack, as every
+// publisher of this module does); the producer refuses
 // records above its Producer.MaxMessageBytes (10,000 here); a topic that
 // does not exist is the missing route (kfake does not auto-create); the
 // outage closes the broker for good (kfake keeps no data to restart with).
@@ -45,7 +45,7 @@ func TestConformance(t *testing.T) {
 				Outage:     func() func() { b.Close(); return nil },
 			}
 		},
-		Quirks: publishertest.Quirks{TooLargePayload: 20_000},
+		Quirks: publishertest.Quirks{TooLargePayload: 20_000, HoldsBack: true},
 		CheckRecord: func(t *testing.T, r publishertest.Record, m relay.Message) {
 			t.Helper()
 			kr := r.Raw.(kafkatest.Record)

@@ -131,9 +131,14 @@ type Record struct {
 	// record, before any processing.
 	Received time.Time
 	// ProducerID is the producer ID of the idempotent producer that wrote
-	// the record (-1 for a producer that is not idempotent): records of
-	// one relay process share it, so it tells which process delivered
-	// what when several took turns.
+	// the record (-1 for a producer that is not idempotent). It names a
+	// producer session, not a process: relay/kafka's publisher takes one
+	// at start and a fresh one for a partition after each record batch
+	// that failed or went unanswered (its sequence state at the broker is
+	// then unknown), so one relay process may write under several. Records
+	// of different producer IDs come from different sessions; the record
+	// headers outbox-partition and outbox-epoch say which lease owner
+	// published them.
 	ProducerID int64
 }
 

@@ -112,7 +112,7 @@ func (p *Publisher) checkHealth() error {
 	if client == nil {
 		c, err := sarama.NewClient(p.brokers, p.healthConfig())
 		if err != nil {
-			return fmt.Errorf("outbox/kafka: no broker of %v answered: %w", p.brokers, classify(err))
+			return fmt.Errorf("outbox/kafka: no broker of %v answered: %w", p.brokers, refusal(err))
 		}
 		p.hc.mu.Lock()
 		if p.hc.closed {
@@ -124,7 +124,7 @@ func (p *Publisher) checkHealth() error {
 		p.hc.mu.Unlock()
 	}
 	if err := client.RefreshMetadata(topics...); err != nil {
-		return fmt.Errorf("outbox/kafka: no broker of %v answered a metadata request: %w", p.brokers, classify(err))
+		return fmt.Errorf("outbox/kafka: no broker of %v answered a metadata request: %w", p.brokers, refusal(err))
 	}
 	return nil
 }

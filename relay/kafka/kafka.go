@@ -1,34 +1,136 @@
-// Package kafka publishes outbox messages to Apache Kafka with IBM/sarama,
-// configured so that per-aggregate order and at-least-once delivery hold.
+// Package kafka publishes outbox messages to Apache Kafka over IBM/sarama's
+// client, keeping per-aggregate order by construction: within a batch, no
+// record of an aggregate is written to the log unless every earlier record
+// of that aggregate in the batch was acknowledged or is written with it,
+// before it, in the same record batch. Once one fails, that aggregate's
+// later records fail unsent (relay.ErrHeldBack) and other aggregates'
+// outcomes stand; the relay's holds then keep the order across batches.
+// That holds through every broker-side fault: a produce error on one
+// partition mid-batch, a leader election longer than any deadline, lost
+// producer state, an authorization revoked mid-batch, a connection reset.
 //
-// Whatever *sarama.Config the caller passes (TLS, SASL, client ID,
-// version, compression, timeouts are all theirs), NewPublisher enforces
-// these settings on a copy, because sarama's defaults are unsafe for
-// ordering:
+// # The produce path
 //
-//   - Producer.Idempotent = true: retries cannot duplicate or reorder
-//     within a partition (Kafka KIP-98).
+// Publish groups the batch by Kafka partition (the aggregate ID is the
+// record key, placed by the Java client's murmur2 partitioner, so one
+// aggregate's records share a partition). Each partition's share is sent
+// as record batches, one after another: a partition's next record batch
+// goes out only once the previous one was answered, and normally the
+// whole share is one record batch (up to Producer.MaxMessageBytes). A
+// broker appends a record batch atomically: all of its records or none.
+// The record batches of different partitions that are ready at the same
+// time travel in one Produce request per broker, one request in flight
+// per broker. So a batch costs one round trip per broker, not per record.
+//
+// What each answer means for a record batch (classify.go):
+//
+//   - Written (or DUPLICATE_SEQUENCE_NUMBER: written before): its records
+//     are acknowledged and the partition's next record batch may go.
+//   - Retriable (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE,
+//     REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, a connection reset or timed
+//     out with no answer, ...): the same record batch, with the same
+//     producer ID and sequence, is sent again after Producer.Retry's
+//     backoff and a metadata refresh, until it is answered or Publish's
+//     deadline. The broker recognizes a batch it already wrote by its
+//     sequence (idempotence, Kafka KIP-98), so a resend never writes it
+//     twice and never lets a later batch of the partition pass it.
+//   - Producer state refused (OUT_OF_ORDER_SEQUENCE_NUMBER,
+//     UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH, ...): the batch was not
+//     written; it is sent again under a fresh producer ID (InitProducerId),
+//     its sequence starting at 0, up to three times in one Publish call,
+//     then its records fail and count an attempt.
+//   - Too large (MESSAGE_TOO_LARGE): the records are sent again one per
+//     record batch, so only the oversized one fails, with
+//     relay.ErrPermanent.
+//   - Unavailable (TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION,
+//     ...): relay.ErrUnavailable, no attempt counted; permanent
+//     (INVALID_RECORD, CORRUPT_MESSAGE): relay.ErrPermanent; anything else
+//     (UNKNOWN_SERVER_ERROR, ...): a per-message failure that counts an
+//     attempt.
+//
+// Whenever a record batch fails, its aggregates' later records in the
+// batch fail unsent with relay.ErrHeldBack, and the partition's next
+// record batch (other aggregates) takes a fresh producer ID first, since
+// its sequence state at the broker is no longer known.
+//
+// Deadlines. Publish returns at its context's deadline (the relay's
+// PublishTimeout, or less: the lease trust window). Records not yet sent,
+// and records of a request still unanswered, then fail wrapping a
+// *relay.BatchError: the relay counts no attempt and re-sends them, after
+// the acknowledged ones were marked sent. Nothing is closed or flushed
+// behind a request still in flight: the next Publish first waits until
+// every request of the previous one is answered (or its own deadline
+// passes), and a partition whose request went unanswered continues under a
+// fresh producer ID. A record whose request was unanswered may still have
+// been written: it is then delivered twice, the first copy in order, since
+// nothing of its aggregate was sent after it.
+//
+// A record is sent only after every earlier record of its aggregate was
+// acknowledged (or is before it in the same record batch); that is true
+// also for the rare aggregate whose events go to several topics (an
+// event's own Topic), which then wait for each other across partitions.
+//
+// # Why not sarama's AsyncProducer
+//
+// Up to this version the publisher handed the batch to sarama's
+// AsyncProducer. Its design cannot keep an aggregate's order when one
+// request of a partition fails, whatever the configuration:
+//
+//   - It flushes as soon as anything is buffered (produce_set.go,
+//     readyToFlush, when no Flush.* setting is made) and keeps filling the
+//     next request meanwhile, so a partition's records of one batch travel
+//     in several requests.
+//   - When a request fails for good (UNKNOWN_SERVER_ERROR,
+//     OUT_OF_ORDER_SEQUENCE_NUMBER, an authorization revoked), returnErrors
+//     bumps the idempotent producer's epoch (bumpIdempotentProducerEpoch)
+//     and the records queued behind it go out under the new epoch with
+//     fresh sequences: the broker accepts them, after the earlier record
+//     failed (reproduced in 9 of 12 runs with kfake's fault injection).
+//   - AsyncClose, the only way to stop a producer at a deadline, still
+//     flushes what is queued behind a batch sarama is retrying; the retried
+//     batch then fails with ErrShuttingDown and its re-send lands after the
+//     records that were behind it (4 of 6 runs with a 1.5 s
+//     NOT_LEADER_FOR_PARTITION against a 300 ms deadline).
+//
+// sarama's issues describe the same class: IBM/sarama#2619 (the
+// AsyncProducer reorders messages when retries happen) and #2860 (order
+// still broken with Net.MaxOpenRequests = 1 after the fix for #2619). The
+// Java client had to learn the same lesson (KAFKA-14034: wait for a
+// partition's in-flight batches before resetting its sequence). Its lower-level API (Client for
+// metadata and connections, Broker.Produce, RecordBatch) does what is
+// needed, so the publisher keeps sarama and the *sarama.Config users pass,
+// and drives the protocol itself.
+//
+// # Configuration
+//
+// Whatever *sarama.Config the caller passes is copied; from it the
+// publisher uses Net (TLS, SASL, timeouts), ClientID, Version, Metadata,
+// Producer.Compression and CompressionLevel, Producer.MaxMessageBytes (the
+// most bytes of one record batch, and so of one record), Producer.Timeout
+// (how long the broker may wait for the in-sync replicas) and
+// Producer.Retry.Backoff or BackoffFunc (the wait between resends; by
+// default 100 ms doubling to 1 s). It enforces, on the copy:
+//
+//   - Producer.Idempotent = true: every record batch carries a producer ID
+//     and sequence, so resends are deduplicated by the broker (KIP-98).
 //   - Producer.RequiredAcks = WaitForAll (acks=all): an acknowledged
-//     record survives the leader's loss.
-//   - Net.MaxOpenRequests = 1: sarama's default of 5 lets a retried request
-//     overtake a later one.
-//   - Producer.Partitioner = a Java-compatible murmur2 partitioner
-//     (partition.KafkaPartition): sarama's default hashes with FNV-1a, so
-//     another team's Java or librdkafka producer would put the same key on
-//     another partition.
-//   - Producer.Retry.Max >= MinRetries (1,000; backoff capped at 1 s unless
-//     the caller set a BackoffFunc): see MinRetries for why few retries
-//     reorder an aggregate during a broker outage.
-//   - Producer.Return.Successes and Return.Errors = true, Version >= 0.11
-//     (record headers and idempotence need it; older is refused).
+//     record survives the leader's loss (the seed article's setting).
+//   - Net.MaxOpenRequests = 1: one request in flight per broker
+//     connection (the seed's max.in.flight = 1).
+//   - Producer.Partitioner = Partitioner (the Java client's murmur2); the
+//     publisher places records itself with partition.KafkaPartition.
+//   - Producer.Retry.Max >= MinRetries; Version >= 0.11 (record headers and
+//     idempotence need it; older is refused).
 //
-// The record key is the aggregate ID, so one aggregate's events share a
-// partition. Headers carry the message ID, event type, aggregate type and
-// ID, content type, relay partition and lease epoch (emit.Header* names),
-// then the event's own headers.
+// Producer.Flush, Producer.Return and Producer.Interceptors are not used.
 //
-// Sarama, like the Java client, does not stop later records when one fails
-// for good; the relay holds an aggregate back itself (see package relay).
+// # Records
+//
+// The record key is the aggregate ID. Headers carry the message ID, event
+// type, aggregate type and ID, content type, relay partition and lease
+// epoch (emit.Header* names), then the event's own headers, sorted by
+// name. An empty payload is sent as an empty value, never a null one (a
+// tombstone).
 package kafka
 
 import (
@@ -43,7 +145,6 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/failpoint"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -58,22 +159,18 @@ const DefaultTopicPrefix = "outbox.event."
 // DefaultTopicPrefix + AggregateType.
 func DefaultTopic(m relay.Message) string { return DefaultTopicPrefix + m.AggregateType }
 
-// MinRetries is the least Producer.Retry.Max NewPublisher allows. With
-// sarama's default of 3, a broker outage makes a partition's early records
-// exhaust their retries and fail while later records of the same partition,
-// still queued, succeed once the broker is back: the same "a failed record
-// does not stop later ones" hazard as a permanent failure, reordering an
-// aggregate. With 1,000 retries backing off up to 1 s, an outage of up to
-// about 16 minutes is retried inside the producer, in order; the relay's
-// PublishTimeout meanwhile gives up on the batch and backs off without
-// counting attempts, and its next batch waits until this one is resolved.
+// MinRetries is the least Producer.Retry.Max NewPublisher sets on its copy
+// of the caller's configuration. The publisher resends a record batch
+// after a retriable error until Publish's deadline, whatever Retry.Max
+// says; the value only feeds Retry.BackoffFunc's second argument, and
+// sarama's validation of an idempotent configuration needs it above 0.
 const MinRetries = 1000
 
-// retryBackoff is the producer retry backoff unless the caller set one:
+// retryBackoff is the resend backoff unless the caller set a BackoffFunc:
 // 100 ms doubling to 1 s.
 func retryBackoff(retries, _ int) time.Duration {
 	d := 100 * time.Millisecond
-	for i := 0; i < retries && d < time.Second; i++ {
+	for i := 1; i < retries && d < time.Second; i++ {
 		d *= 2
 	}
 	return min(d, time.Second)
@@ -82,60 +179,57 @@ func retryBackoff(retries, _ int) time.Duration {
 // ErrConfig is returned by NewPublisher for an unusable configuration.
 var ErrConfig = errors.New("outbox/kafka: invalid configuration")
 
+// ErrClosed is returned by Publish after Close.
+var ErrClosed = errors.New("outbox/kafka: publisher closed")
+
 // Config configures a Publisher.
 type Config struct {
 	// Brokers are the bootstrap addresses ("host:port"). Required.
 	Brokers []string
-	// Sarama is the caller's producer configuration; nil means
-	// sarama.NewConfig(). It is copied, then the safety settings in the
-	// package doc are enforced on the copy.
+	// Sarama is the caller's client configuration; nil means
+	// sarama.NewConfig(). It is copied, then the settings in the package
+	// documentation (Configuration) are enforced on the copy.
 	Sarama *sarama.Config
 	// Topic routes messages whose event has no Topic. Default DefaultTopic.
 	Topic func(relay.Message) string
 }
 
-// Publisher implements relay.Publisher on a sarama AsyncProducer: a batch
-// is handed to the producer at once (sarama groups it into one produce
-// request per broker) and Publish waits for every acknowledgement.
-//
-// After a batch with any transient failure, or one Publish gave up on,
-// the producer is retired and the next Publish starts a fresh one, once
-// the retired producer has resolved every record it held. Sarama fails a
-// partition's records one by one while it cannot reach the leader (its
-// circuit breaker), and succeeds again as soon as it can: a producer
-// carried through an outage would let a batch's early records fail and its
-// later ones, of the same aggregate, succeed. A fresh producer sees the
-// broker either up or down for a whole batch. Publish calls are
-// serialized; at most one batch is ever inside a producer.
+// Publisher implements relay.Publisher over a sarama.Client, keeping
+// per-aggregate order through broker faults (see the package
+// documentation's produce path). Publish calls are serialized; Publish,
+// Healthy, MaxRecordBytes and Close are safe for concurrent use.
 type Publisher struct {
-	brokers  []string
-	sc       *sarama.Config
-	route    func(relay.Message) string
-	maxBytes int
+	brokers     []string
+	sc          *sarama.Config
+	route       func(relay.Message) string
+	maxBytes    int
+	client      sarama.Client
+	reqVersion  int16 // Produce request version for sc.Version
+	initVersion int16 // InitProducerId request version for sc.Version
 
 	publishMu sync.Mutex // serializes Publish
 
-	genMu    sync.RWMutex // guards gen, draining, closed; read-held while feeding Input
-	gen      *generation  // the live producer; nil until (re)started
-	draining *generation  // a retired producer still resolving its records
-	closed   bool
+	mu         sync.Mutex // guards everything below
+	closed     bool
+	closing    chan struct{} // closed by Close
+	parts      map[topicPartition]*partState
+	ident      producerIdent
+	idCall     *idCall
+	senders    map[*sarama.Broker]*sender
+	inflight   int           // Produce requests in flight
+	settled    chan struct{} // closed when inflight drops to 0
+	plugged    chan struct{} // non-nil while senders wait for a run's first batches
+	refreshing map[string]bool
 
 	hc healthCheck // Healthy's client (health.go)
 }
 
-// generation is one sarama producer and the goroutine reading its outcomes.
-type generation struct {
-	producer sarama.AsyncProducer
-	done     chan struct{} // closed when every outcome has been delivered
-}
-
-// ErrClosed is returned by Publish after Close.
-var ErrClosed = errors.New("outbox/kafka: publisher closed")
-
-// NewPublisher connects to cfg.Brokers and returns a Publisher. It returns
-// an error wrapping ErrConfig for missing brokers or a Version older than
-// 0.11, or sarama's error if the cluster cannot be reached or the
-// configuration is invalid.
+// NewPublisher connects to cfg.Brokers, obtains a producer ID and returns
+// a Publisher. It returns an error wrapping ErrConfig for missing brokers
+// or a Version older than 0.11; sarama's error (wrapped) if the cluster
+// cannot be reached or the configuration is invalid; an error wrapping
+// relay.ErrUnavailable if the cluster refuses a producer ID (the
+// principal lacks IDEMPOTENT_WRITE on brokers before Kafka 2.8).
 func NewPublisher(cfg Config) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, fmt.Errorf("%w: no brokers", ErrConfig)
@@ -160,177 +254,108 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	if sc.Producer.Retry.BackoffFunc == nil {
 		sc.Producer.Retry.BackoffFunc = retryBackoff
 	}
-	p := &Publisher{brokers: append([]string(nil), cfg.Brokers...), sc: sc, route: cfg.Topic}
+	p := &Publisher{
+		brokers:     append([]string(nil), cfg.Brokers...),
+		sc:          sc,
+		route:       cfg.Topic,
+		reqVersion:  produceVersion(sc.Version),
+		initVersion: initProducerIDVersion(sc.Version),
+		closing:     make(chan struct{}),
+		parts:       map[topicPartition]*partState{},
+		senders:     map[*sarama.Broker]*sender{},
+		refreshing:  map[string]bool{},
+	}
 	if p.route == nil {
 		p.route = DefaultTopic
 	}
 	p.maxBytes = min(emit.DefaultMaxRecordBytes, sc.Producer.MaxMessageBytes+emit.RecordBatchOverhead)
-	g, err := p.start()
-	if err != nil {
-		return nil, err
-	}
-	p.gen = g
-	return p, nil
-}
-
-// MaxRecordBytes is the largest emit.RecordSize this publisher's producer
-// accepts: sarama's Producer.MaxMessageBytes plus the batch header, capped
-// at the broker default message.max.bytes. Use it as driver.Config's
-// Limits.MaxRecordBytes (raise both if your brokers allow more).
-func (p *Publisher) MaxRecordBytes() int { return p.maxBytes }
-
-type batch struct {
-	p    *Publisher
-	mu   sync.Mutex
-	errs []error
-	left int
-	done chan struct{}
-}
-
-type meta struct {
-	b *batch
-	i int
-}
-
-func (b *batch) finish(i int, err error) {
-	b.mu.Lock()
-	b.errs[i] = err
-	b.left--
-	if b.left == 0 {
-		close(b.done)
-	}
-	b.mu.Unlock()
-}
-
-// start connects a new producer and its outcome reader.
-func (p *Publisher) start() (*generation, error) {
-	prod, err := sarama.NewAsyncProducer(p.brokers, p.sc)
+	client, err := sarama.NewClient(p.brokers, sc)
 	if err != nil {
 		return nil, fmt.Errorf("outbox/kafka: connecting to %v: %w", p.brokers, err)
 	}
-	g := &generation{producer: prod, done: make(chan struct{})}
-	go g.dispatch()
-	return g, nil
-}
-
-// dispatch delivers every outcome to its batch until sarama closes both
-// channels (after AsyncClose has flushed everything).
-func (g *generation) dispatch() {
-	defer close(g.done)
-	succ, errs := g.producer.Successes(), g.producer.Errors()
-	for succ != nil || errs != nil {
-		select {
-		case m, ok := <-succ:
-			if !ok {
-				succ = nil
-				continue
-			}
-			md := m.Metadata.(meta)
-			md.b.p.hc.saw(m.Topic)
-			md.b.finish(md.i, nil)
-		case e, ok := <-errs:
-			if !ok {
-				errs = nil
-				continue
-			}
-			md := e.Msg.Metadata.(meta)
-			md.b.finish(md.i, classify(e.Err))
-		}
-	}
-}
-
-// retire closes the live producer without waiting; the next Publish waits
-// for it to resolve its records, then starts a fresh one.
-func (p *Publisher) retire() {
-	p.genMu.Lock()
-	g := p.gen
-	p.gen = nil
-	if g != nil {
-		p.draining = g
-		g.producer.AsyncClose()
-	}
-	p.genMu.Unlock()
-}
-
-// ready waits for a retired producer and starts a fresh one if needed.
-func (p *Publisher) ready(ctx context.Context) error {
-	p.genMu.RLock()
-	closed, d, g := p.closed, p.draining, p.gen
-	p.genMu.RUnlock()
-	if closed {
-		return ErrClosed
-	}
-	if d != nil {
-		select {
-		case <-d.done:
-		case <-ctx.Done():
-			return fmt.Errorf("outbox/kafka: the previous producer still holds unresolved records: %w", ctx.Err())
-		}
-		p.genMu.Lock()
-		if p.draining == d {
-			p.draining = nil
-		}
-		p.genMu.Unlock()
-	}
-	if g != nil {
-		return nil
-	}
-	g, err := p.start()
+	p.client = client
+	id, err := p.initProducerID()
 	if err != nil {
-		return err
+		_ = client.Close()
+		return nil, err
 	}
-	p.genMu.Lock()
-	defer p.genMu.Unlock()
-	if p.closed {
-		g.producer.AsyncClose()
-		<-g.done
-		return ErrClosed
-	}
-	p.gen = g
-	return nil
+	p.ident = producerIdent{pid: id.pid, epoch: id.epoch, gen: 1}
+	return p, nil
 }
 
-// classify marks errors no retry of the message can fix as
-// relay.ErrPermanent (the relay dead-letters it at once), and errors of the
-// route or the producer as a whole as relay.ErrUnavailable (the relay backs
-// off and counts no attempt). Everything else is transient.
-func classify(err error) error {
-	var ce sarama.ConfigurationError
+// produceVersion is the Produce request version sarama's own producer
+// uses for v (produce_set.go, buildRequest): 3 (0.11, record batches) up
+// to 10 (3.7).
+func produceVersion(v sarama.KafkaVersion) int16 {
 	switch {
-	case errors.As(err, &ce), // e.g. larger than Producer.MaxMessageBytes
-		errors.Is(err, sarama.ErrMessageSizeTooLarge),
-		errors.Is(err, sarama.ErrInvalidMessage),
-		errors.Is(err, sarama.ErrInvalidMessageSize),
-		errors.Is(err, sarama.ErrInvalidRecord):
-		return fmt.Errorf("%w: %w", relay.ErrPermanent, err)
-	case errors.Is(err, sarama.ErrTopicAuthorizationFailed),
-		errors.Is(err, sarama.ErrClusterAuthorizationFailed),
-		errors.Is(err, sarama.ErrUnknownTopicOrPartition),
-		errors.Is(err, sarama.ErrInvalidTopic),
-		errors.Is(err, sarama.ErrSASLAuthenticationFailed):
-		return fmt.Errorf("%w: %w", relay.ErrUnavailable, err)
+	case v.IsAtLeast(sarama.V3_7_0_0):
+		return 10
+	case v.IsAtLeast(sarama.V2_8_0_0):
+		return 9
+	case v.IsAtLeast(sarama.V2_4_0_0):
+		return 8
+	case v.IsAtLeast(sarama.V2_1_0_0):
+		return 7
+	case v.IsAtLeast(sarama.V2_0_0_0):
+		return 6
+	case v.IsAtLeast(sarama.V1_0_0_0):
+		return 5
 	}
-	return err
+	return 3
 }
 
-// brokerTooLarge reports an error the broker returned for a whole record
-// batch (MESSAGE_TOO_LARGE): it cannot say which record was too large.
-func brokerTooLarge(err error) bool {
-	var ce sarama.ConfigurationError
-	return errors.Is(err, sarama.ErrMessageSizeTooLarge) && !errors.As(err, &ce)
+// initProducerIDVersion is the InitProducerId request version sarama's
+// client uses for v (client.go, InitProducerID).
+func initProducerIDVersion(v sarama.KafkaVersion) int16 {
+	switch {
+	case v.IsAtLeast(sarama.V2_7_0_0):
+		return 4
+	case v.IsAtLeast(sarama.V2_5_0_0):
+		return 3
+	case v.IsAtLeast(sarama.V2_4_0_0):
+		return 2
+	case v.IsAtLeast(sarama.V2_0_0_0):
+		return 1
+	}
+	return 0
 }
 
-// Publish sends msgs and waits for all acknowledgements or ctx's end. It
-// returns nil if all were acknowledged; relay.PublishErrors if some failed
-// (permanent ones wrap relay.ErrPermanent, configuration-wide ones
-// relay.ErrUnavailable); a single error if all failed with retriable
-// errors (the broker is unreachable: the relay backs off as a whole) or
-// ctx ended first.
+// MaxRecordBytes is the largest emit.RecordSize this publisher accepts:
+// sarama's Producer.MaxMessageBytes plus the batch header, capped at the
+// broker default message.max.bytes. Use it as driver.Config's
+// Limits.MaxRecordBytes (raise both if your brokers allow more).
+func (p *Publisher) MaxRecordBytes() int { return p.maxBytes }
+
+// isClosed reports whether Close was called.
+func (p *Publisher) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// Publish sends msgs and waits until each is acknowledged, has failed, or
+// ctx ends. It returns:
+//   - nil if every message was acknowledged;
+//   - an error wrapping ErrClosed after Close, before anything was sent;
+//   - an error wrapping ctx's error if ctx ended before anything was
+//     acknowledged and nothing failed on its own (the broker unreachable,
+//     a leader election longer than the deadline), or if a request of the
+//     previous call was still unanswered at ctx's end (nothing was sent);
+//   - an error wrapping relay.ErrUnavailable if every message failed on
+//     its route (authorization, an unknown topic) or was held back behind
+//     such a failure;
+//   - otherwise relay.PublishErrors, nil for acknowledged entries: an
+//     entry wraps relay.ErrPermanent (dead-letter it), relay.ErrUnavailable
+//     (the route; no attempt), relay.ErrHeldBack (an earlier message of its
+//     aggregate failed in this batch; it was not sent), a *relay.BatchError
+//     (not sent, or sent with its answer lost, before ctx's end; no
+//     attempt), or another error (a per-message failure: the broker's
+//     error code, wrapped, so errors.Is(err, sarama.ErrUnknownServerError)
+//     and the like work).
 //
-// When the broker refuses a record batch as too large, every record in it
-// fails alike; those records are then re-sent one at a time, so only the
-// oversized one fails (permanently) and the others are not penalized. A
-// record behind a permanently failed one of its aggregate is not re-sent.
+// The package documentation says how each broker answer is handled and
+// why an aggregate's later messages are never written after an earlier
+// one failed.
 func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -340,116 +365,38 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	}
 	p.publishMu.Lock()
 	defer p.publishMu.Unlock()
-	if err := p.ready(ctx); err != nil {
+	if p.isClosed() {
+		return ErrClosed
+	}
+	if err := p.settle(ctx); err != nil {
 		return err
 	}
-	errs, err := p.send(ctx, msgs, true)
+	r := p.newRun(msgs)
+	streams, err := r.route(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("outbox/kafka: %w", err)
 	}
-	if err := p.isolateTooLarge(ctx, msgs, errs); err != nil {
-		return err
+	r.firstLeft = len(streams)
+	p.plug()
+	defer p.unplug()
+	if len(streams) == 0 {
+		p.unplug()
 	}
-	failed, permanent := 0, 0
-	var first error
-	for _, e := range errs {
-		if e != nil {
-			if first == nil {
-				first = e
-			}
-			failed++
-			if errors.Is(e, relay.ErrPermanent) {
-				permanent++
-			}
-		}
+	var wg sync.WaitGroup
+	for si, s := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.stream(ctx, si, s)
+		}()
 	}
-	if failed > permanent {
-		p.retire() // a transient failure: start the next batch on a fresh producer
-	}
-	switch {
-	case failed == 0:
-		return nil
-	case failed == len(msgs) && permanent == 0:
-		return fmt.Errorf("outbox/kafka: all %d messages failed: %w", len(msgs), first)
-	}
-	return relay.PublishErrors(errs)
+	wg.Wait()
+	return r.result(ctx)
 }
 
-// send hands msgs to the live producer and waits for every outcome. If
-// ctx ends first it retires the producer (its records are still inside)
-// and returns ctx's error.
-func (p *Publisher) send(ctx context.Context, msgs []relay.Message, failpoints bool) ([]error, error) {
-	b := &batch{p: p, errs: make([]error, len(msgs)), left: len(msgs), done: make(chan struct{})}
-	p.genMu.RLock()
-	if p.closed || p.gen == nil {
-		p.genMu.RUnlock()
-		return nil, ErrClosed
-	}
-	input := p.gen.producer.Input()
-	for i := range msgs {
-		if failpoints && i == len(msgs)/2 {
-			failpoint.Inject(failpoint.MidBatch)
-		}
-		pm := p.record(&msgs[i])
-		pm.Metadata = meta{b, i}
-		select {
-		case input <- pm:
-		case <-ctx.Done():
-			for j := i; j < len(msgs); j++ {
-				b.finish(j, ctx.Err())
-			}
-			p.genMu.RUnlock()
-			p.retire()
-			return nil, fmt.Errorf("outbox/kafka: %w", ctx.Err())
-		}
-	}
-	p.genMu.RUnlock()
-	select {
-	case <-b.done:
-	case <-ctx.Done():
-		p.retire()
-		return nil, fmt.Errorf("outbox/kafka: waiting for acknowledgements: %w", ctx.Err())
-	}
-	return b.errs, nil
-}
-
-// isolateTooLarge re-sends, one at a time, the records of a batch the
-// broker refused as too large (see Publish), updating errs.
-func (p *Publisher) isolateTooLarge(ctx context.Context, msgs []relay.Message, errs []error) error {
-	var suspects []int
-	for i, e := range errs {
-		if e != nil && brokerTooLarge(e) {
-			suspects = append(suspects, i)
-		}
-	}
-	if len(suspects) < 2 {
-		return nil
-	}
-	type key struct{ t, id string }
-	dead := map[key]bool{}
-	for _, i := range suspects {
-		k := key{msgs[i].AggregateType, msgs[i].AggregateID}
-		if dead[k] {
-			errs[i] = fmt.Errorf("%w (an earlier record of aggregate %s/%s failed permanently in this batch)", relay.ErrHeldBack, k.t, k.id)
-			continue
-		}
-		one, err := p.send(ctx, msgs[i:i+1], false)
-		if err != nil {
-			return err
-		}
-		errs[i] = one[0]
-		if one[0] != nil && errors.Is(one[0], relay.ErrPermanent) {
-			dead[k] = true
-		}
-	}
-	return nil
-}
-
-func (p *Publisher) record(m *relay.Message) *sarama.ProducerMessage {
-	topic := m.Topic
-	if topic == "" {
-		topic = p.route(*m)
-	}
+// headers are the record headers of m: the relay's, then the event's
+// own, sorted by name.
+func (p *Publisher) headers(m *relay.Message) []sarama.RecordHeader {
 	hs := make([]sarama.RecordHeader, 0, 7+len(m.Headers))
 	hs = append(hs,
 		sarama.RecordHeader{Key: []byte(emit.HeaderMessageID), Value: []byte(m.MessageID)},
@@ -470,48 +417,37 @@ func (p *Publisher) record(m *relay.Message) *sarama.ProducerMessage {
 			hs = append(hs, sarama.RecordHeader{Key: []byte(k), Value: []byte(m.Headers[k])})
 		}
 	}
-	value := m.Payload
-	if value == nil {
-		value = []byte{} // an empty event, not a null value (a tombstone)
-	}
-	return &sarama.ProducerMessage{
-		Topic:   topic,
-		Key:     sarama.StringEncoder(m.AggregateID),
-		Value:   sarama.ByteEncoder(value),
-		Headers: hs,
-	}
+	return hs
 }
 
-// Close flushes the producer, delivering the outcomes of in-flight
-// batches to their Publish calls, and closes it. It always returns nil and
-// is safe to call twice; Publish returns ErrClosed after it.
+// Close stops the publisher: Publish returns ErrClosed from then on; a
+// Publish in progress sends nothing new but still gets the answers to the
+// requests already in flight, which Close waits for (bounded by sarama's
+// Net timeouts); then the client's connections are closed. It always
+// returns nil and is safe to call twice.
 func (p *Publisher) Close() error {
-	p.genMu.Lock()
+	p.mu.Lock()
 	if p.closed {
-		p.genMu.Unlock()
+		p.mu.Unlock()
 		return nil
 	}
 	p.closed = true
-	g, d := p.gen, p.draining
-	p.gen, p.draining = nil, nil
-	p.genMu.Unlock()
+	close(p.closing)
+	p.mu.Unlock()
 	p.hc.close()
-	// AsyncClose, not Close: sarama's Close drains Successes and Errors
-	// itself, racing dispatch for acknowledgements a Publish waits for.
-	if g != nil {
-		g.producer.AsyncClose()
-		<-g.done
-	}
-	if d != nil {
-		<-d.done
-	}
+	_ = p.settle(context.Background())
+	p.publishMu.Lock() // the Publish in progress, if any, has returned
+	_ = p.client.Close()
+	p.publishMu.Unlock()
 	return nil
 }
 
 // Partitioner is a sarama.Partitioner that places keyed records exactly as
 // the Kafka Java client's default partitioner does
 // (toPositive(murmur2(key)) % numPartitions), so other producers of the same
-// keys agree. Unkeyed records go to partition 0.
+// keys agree. Unkeyed records go to partition 0. The Publisher places its
+// records with the same function (partition.KafkaPartition); Partitioner is
+// for a caller's own sarama producer that must agree with it.
 //
 // It is not sarama.NewMurmur2Partitioner, which hashes keyed records the
 // same way (TestPartitionerAgreesWithSaramaMurmur2) but sends unkeyed ones
