@@ -156,9 +156,9 @@ type refusal struct {
 }
 
 // checkRefused runs `outbox relay` with each refusal against a fresh
-// SQLite outbox and checks that it exits 1 with a last line on stderr
-// that begins with prefix (the broker and its redacted URL) and contains
-// the refusal's want, and that none of secrets is on stderr.
+// SQLite outbox and checks that it exits 1 with one line on stderr that
+// begins with prefix (the broker and its redacted URL) and contains the
+// refusal's want, and that none of secrets is on stderr.
 func checkRefused(t *testing.T, prefix string, secrets []string, cases ...refusal) {
 	t.Helper()
 	tg := sqliteTarget(t)
@@ -168,9 +168,8 @@ func checkRefused(t *testing.T, prefix string, secrets []string, cases ...refusa
 		code := runEnv(t.Context(), append([]string{"--dsn", tg.dsn, "--timeout", "20s", "relay", "--http", ""}, c.args...), &out, &errb,
 			func(k string) string { return map[string]string{envBroker: c.url}[k] })
 		stderr := errb.String()
-		lines := strings.Split(strings.TrimSpace(stderr), "\n")
-		if last := lines[len(lines)-1]; code != exitRuntime || !strings.HasPrefix(last, prefix) || !strings.Contains(last, c.want) {
-			t.Errorf("%s: exit %d, want 1 with a last line beginning %q and naming %q; stderr:\n%s", c.name, code, prefix, c.want, stderr)
+		if code != exitRuntime || !strings.HasPrefix(stderr, prefix) || !strings.Contains(stderr, c.want) || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("%s: exit %d, want 1 with one line beginning %q and naming %q; stderr:\n%s", c.name, code, prefix, c.want, stderr)
 		}
 		for _, secret := range secrets {
 			if strings.Contains(stderr, secret) {

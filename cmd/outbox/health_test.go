@@ -174,7 +174,7 @@ func TestRelayHealthBrokerOutage(t *testing.T) {
 // durationKeys are the log attributes, of the relay and the command,
 // that hold a duration.
 var durationKeys = []string{"retry_in", "poll_interval", "lease_ttl", "interval", "oldest_pending_age",
-	"drain_timeout", "retention", "timeout", "unhealthy_after", "stall_timeout"}
+	"drain_timeout", "retention", "timeout", "unhealthy_after", "stall_timeout", "retry_initial", "retry_max"}
 
 // checkLogDurations fails t for a duration attribute of a JSON log that
 // is not a string in time.Duration.String's form, and for any value that

@@ -11,6 +11,7 @@
 //	    --tls-ca-file ca.pem --sasl-mechanism SCRAM-SHA-512 --sasl-user outbox
 //	OUTBOX_BROKER=amqps://relay:secret@rabbit:5671/prod outbox relay --exchange orders
 //	outbox relay --broker nats://nats:4222 --nats-creds-file /run/secrets/relay.creds
+//	outbox relay --brokers kafka:9092 --max-attempts 10 --retry-max 1m --dead-letter-policy skip
 //	outbox --version
 //
 // Exit codes: 0 success; 1 runtime or database error; 2 usage error (bad

@@ -46,9 +46,28 @@ type relayFlags struct {
 	unhealthyAfter time.Duration
 	stallTimeout   time.Duration
 	progress       time.Duration
-	broker         brokerFlags
-	tls            tlsFlags
-	kafka          kafkaFlags
+
+	maxAttempts      int
+	retryInitial     time.Duration
+	retryMax         time.Duration
+	deadLetterPolicy string
+
+	broker brokerFlags
+	tls    tlsFlags
+	kafka  kafkaFlags
+}
+
+// deadLetterPolicies are the values of --dead-letter-policy.
+var deadLetterPolicies = map[string]relay.DeadLetterPolicy{"hold": relay.HoldAggregate, "skip": relay.SkipDead}
+
+// parseDeadLetterPolicy returns the relay.DeadLetterPolicy named s (hold
+// or skip, in any case); another value is a usage error.
+func parseDeadLetterPolicy(s string) (relay.DeadLetterPolicy, error) {
+	p, ok := deadLetterPolicies[strings.ToLower(s)]
+	if !ok {
+		return 0, usageErrorf("invalid --dead-letter-policy %q: want hold or skip", s)
+	}
+	return p, nil
 }
 
 func (a *app) relayCmd() *cobra.Command {
@@ -62,6 +81,19 @@ them sent, and retry or dead-letter failures. Run one in every replica: instance
 share the table's relay partitions through leases. On PostgreSQL it also
 LISTENs for the commit notifications of the outbox driver, so other
 processes' commits wake it at once; elsewhere it polls adaptively.
+
+A failed publish is retried after --retry-initial, the delay doubling per
+attempt up to --retry-max (each delay jittered by 20%), until the message
+has been tried --max-attempts times; then, or at once on a permanent error
+(a message the broker can never take, such as one too large), it is
+dead-lettered (status failed; see 'outbox dead'). Errors of the route or
+the broker as a whole (unreachable, authorization, unknown topic) count no
+attempt: the relay backs off and tries again. --dead-letter-policy says
+what a dead letter does to its aggregate's later events: hold (the
+default) keeps them pending until the dead letter is retried or skipped
+('outbox dead retry', 'outbox dead skip'): strict order; skip lets them
+go on, so consumers see a gap, and a dead letter retried later arrives
+after them.
 
 It also deletes sent rows older than --retention (moving them to
 <table>_archive with --archive), in small batches.
@@ -140,7 +172,8 @@ password redacted).`,
 		Example: `  OUTBOX_DSN=postgres://relay:secret@db:5432/app outbox relay --brokers kafka-1:9092,kafka-2:9092
   outbox relay --broker nats://nats-1:4222,nats-2:4222 --nats-creds-file /run/secrets/relay.creds
   OUTBOX_BROKER=amqps://relay:secret@rabbit:5671/prod outbox relay --exchange orders --tls-ca-file ca.pem
-  OUTBOX_BROKER_PASSWORD_FILE=/run/secrets/redis outbox relay --broker rediss://relay@redis:6380/0`,
+  OUTBOX_BROKER_PASSWORD_FILE=/run/secrets/redis outbox relay --broker rediss://relay@redis:6380/0
+  outbox relay --brokers kafka:9092 --max-attempts 10 --retry-max 1m --dead-letter-policy skip`,
 		Args: cobra.NoArgs,
 		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
 			return a.runRelay(cmd.Context(), &f, cmd.Flags().Changed)
@@ -180,6 +213,14 @@ password redacted).`,
 	envFlag(fs, "stall-timeout", "OUTBOX_STALL_TIMEOUT")
 	fs.DurationVar(&f.progress, "progress", relay.DefaultProgressInterval, "interval of the progress log line while there is work; 0 disables it")
 	envFlag(fs, "progress", "OUTBOX_PROGRESS")
+	fs.IntVar(&f.maxAttempts, "max-attempts", relay.DefaultMaxAttempts, "tries of one message, the first included, before it is dead-lettered (a permanent error dead-letters it at once)")
+	envFlag(fs, "max-attempts", "OUTBOX_MAX_ATTEMPTS")
+	fs.DurationVar(&f.retryInitial, "retry-initial", relay.DefaultRetryInitial, "delay before a failed message's first retry; it doubles per attempt, up to --retry-max, each delay jittered by 20%")
+	envFlag(fs, "retry-initial", "OUTBOX_RETRY_INITIAL")
+	fs.DurationVar(&f.retryMax, "retry-max", relay.DefaultRetryMax, "longest retry delay (before jitter); at least --retry-initial")
+	envFlag(fs, "retry-max", "OUTBOX_RETRY_MAX")
+	fs.StringVar(&f.deadLetterPolicy, "dead-letter-policy", "hold", "what a dead letter does to its aggregate's later events: hold (keep them pending until it is retried or skipped: strict order) or skip (let them go on: consumers see a gap)")
+	envFlag(fs, "dead-letter-policy", "OUTBOX_DEAD_LETTER_POLICY")
 	f.tls.register(fs)
 	f.kafka.register(fs)
 	return cmd
@@ -216,6 +257,20 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 		return usageErrorf("--stall-timeout must exceed the publish timeout (%s), got %s", relay.DefaultPublishTimeout, f.stallTimeout)
 	case f.progress < 0:
 		return usageErrorf("--progress must be positive, or 0 to disable it")
+	case f.maxAttempts < 1:
+		return usageErrorf("--max-attempts must be at least 1, got %d", f.maxAttempts)
+	case f.retryInitial <= 0 || f.retryMax <= 0:
+		return usageErrorf("--retry-initial and --retry-max must be positive")
+	case f.retryMax < f.retryInitial:
+		shown := f.retryMax.String()
+		if !changed("retry-max") {
+			shown += ", the default"
+		}
+		return usageErrorf("--retry-max (%s) must be at least --retry-initial (%s)", shown, f.retryInitial)
+	}
+	policy, err := parseDeadLetterPolicy(f.deadLetterPolicy)
+	if err != nil {
+		return err
 	}
 	t, err := parseDSN(a.dsn)
 	if err != nil {
@@ -250,6 +305,10 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 		PartitionCheckInterval: f.checkEvery,
 		LeaseTTL:               f.leaseTTL,
 		InstanceID:             f.instanceID,
+		MaxAttempts:            f.maxAttempts,
+		RetryInitial:           f.retryInitial,
+		RetryMax:               f.retryMax,
+		DeadLetterPolicy:       policy,
 		Logger:                 baseLog, // logs dead letters, unavailable routes and the error ending Run at ERROR itself
 	}
 	if cfg.PollInterval > 0 && cfg.PollInterval < relay.DefaultMinPollInterval {
@@ -358,7 +417,9 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 	// Never a password: not the broker's, nor the DSN's.
 	attrs := append([]any{"dsn", redactDSN(a.dsn), "dialect", t.dialect, "table", a.table}, bc.attrs...)
 	attrs = append(attrs, "partitions", parts, "retention", f.retention.String(), "archive", f.archive,
-		"unhealthy_after", f.unhealthyAfter.String(), "stall_timeout", f.stallTimeout.String())
+		"unhealthy_after", f.unhealthyAfter.String(), "stall_timeout", f.stallTimeout.String(),
+		"max_attempts", f.maxAttempts, "retry_initial", f.retryInitial.String(), "retry_max", f.retryMax.String(),
+		"dead_letter_policy", strings.ToLower(f.deadLetterPolicy))
 	log.Info("starting relay", attrs...)
 
 	// Background work ends with bg; the relay itself is stopped with Stop.

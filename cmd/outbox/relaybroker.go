@@ -364,7 +364,6 @@ func connectRedis(ctx context.Context, p *brokerPlan, timeout time.Duration, log
 		}
 		o.TLSConfig = p.tls
 	}
-	redisLog.Store(log)
 	redisLogOnce.Do(func() { redis.SetLogger(redisLogger{}) })
 	client := redis.NewClient(&o)
 	prefix := p.prefix
@@ -381,6 +380,7 @@ func connectRedis(ctx context.Context, p *brokerPlan, timeout time.Duration, log
 		_ = client.Close()
 		return nil, fmt.Errorf("cannot connect to Redis at %s: %w", p.shown, err)
 	}
+	redisLog.Store(log) // from now on: go-redis's lines are this relay's
 	closeAll := func() error {
 		err := pub.Close()
 		return errors.Join(err, client.Close())
@@ -395,7 +395,12 @@ func connectRedis(ctx context.Context, p *brokerPlan, timeout time.Duration, log
 // go-redis logs through one process-wide logger (connection pool
 // failures, for one): redisLogger sends its lines to the logger of the
 // relay that connected last, as JSON like every other line, instead of
-// plain text on os.Stderr.
+// plain text on os.Stderr. Until a relay's start-up PING succeeded, they
+// are dropped: a failed start's own error says what went wrong ("cannot
+// connect to Redis at URL: ..."), so it stays the only line on stderr
+// instead of following go-redis's "failed to dial" line. (go-redis gives
+// its logger no way to tell which client a line is about: its queued
+// dials log with a context of their own, not the caller's.)
 var (
 	redisLogOnce sync.Once
 	redisLog     atomic.Pointer[slog.Logger]

@@ -17,7 +17,8 @@ type Action int
 
 const (
 	// CutBefore closes both sides without forwarding the chunk holding the
-	// pattern: the server never sees it.
+	// pattern (its end, if the pattern came split across reads): the
+	// server never sees all of it.
 	CutBefore Action = iota + 1
 	// CutAfter forwards the chunk, then closes both sides before any reply
 	// reaches the client: the server acts, the client never learns.
@@ -63,6 +64,7 @@ func Start(target string) (*Proxy, error) {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // Arm makes the next client chunk containing pattern trigger action, once.
+// A pattern split across reads counts: the chunk completing it triggers.
 func (p *Proxy) Arm(pattern []byte, action Action) {
 	p.mu.Lock()
 	p.pattern, p.action = append([]byte(nil), pattern...), action
@@ -169,15 +171,20 @@ func (p *Proxy) accept() {
 		}()
 		go func() { // client -> server, watching for the pattern
 			buf := make([]byte, 64<<10)
+			var tail []byte // the stream's last len(pattern)-1 bytes before chunk
 			for {
 				n, err := client.Read(buf)
 				if n > 0 {
 					chunk := buf[:n]
 					p.mu.Lock()
 					act := Action(0)
-					if p.pattern != nil && bytes.Contains(chunk, p.pattern) {
-						act = p.action
-						p.pattern = nil
+					if p.pattern != nil {
+						if containsAcross(tail, chunk, p.pattern) {
+							act = p.action
+							p.pattern = nil
+						} else {
+							tail = keepTail(tail, chunk, len(p.pattern)-1)
+						}
 					}
 					p.mu.Unlock()
 					switch act {
@@ -211,4 +218,31 @@ func (p *Proxy) accept() {
 			}
 		}()
 	}
+}
+
+// containsAcross reports whether pattern is in chunk or straddles tail
+// (the bytes read just before chunk, fewer than len(pattern)) and chunk:
+// TCP may deliver a pattern the client wrote at once in two reads.
+func containsAcross(tail, chunk, pattern []byte) bool {
+	if bytes.Contains(chunk, pattern) {
+		return true
+	}
+	if len(tail) == 0 {
+		return false
+	}
+	head := chunk[:min(len(chunk), len(pattern)-1)]
+	return bytes.Contains(append(append(make([]byte, 0, len(tail)+len(head)), tail...), head...), pattern)
+}
+
+// keepTail returns the last k bytes of tail followed by chunk, reusing
+// tail's array.
+func keepTail(tail, chunk []byte, k int) []byte {
+	if len(chunk) >= k {
+		return append(tail[:0], chunk[len(chunk)-k:]...)
+	}
+	tail = append(tail, chunk...)
+	if len(tail) > k {
+		tail = append(tail[:0], tail[len(tail)-k:]...)
+	}
+	return tail
 }
