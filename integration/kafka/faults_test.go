@@ -349,3 +349,62 @@ func TestOneRequestPerBrokerRound(t *testing.T) {
 		t.Errorf("%d Produce requests (%v partitions each), want the batch in one", len(perRequest), perRequest)
 	}
 }
+
+// TestAggregateAcrossTopics: an aggregate whose events go to two topics
+// (an event's own Topic) keeps the rule across partitions: its event on
+// the second topic is not written while an earlier one on the first is
+// unacknowledged, and not at all once that one failed.
+func TestAggregateAcrossTopics(t *testing.T) {
+	t.Parallel()
+	const other = "outbox.event.audit"
+	b := startBroker(t, 1, faultTopic, other)
+	p := newPublisher(t, kafka.Config{Brokers: b.Addrs()})
+	msg := func(id, agg, topic string) relay.Message {
+		return relay.Message{MessageID: id, AggregateType: "order", AggregateID: agg, EventType: "e",
+			ContentType: emit.DefaultContentType, Payload: []byte(`{}`), Topic: topic}
+	}
+	// The first request to faultTopic fails: A-0 fails, so A-1 (audit)
+	// and A-2 are held back; B, on audit only, is delivered.
+	b.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: faultTopic, Err: kerr.UnknownServerError})
+	msgs := []relay.Message{msg("A-0", "A", faultTopic), msg("B-0", "B", other), msg("A-1", "A", other),
+		msg("A-2", "A", faultTopic), msg("B-1", "B", other)}
+	err := p.Publish(testCtx(t, 30*time.Second), msgs)
+	pe, ok := asPublishErrors(err)
+	if !ok {
+		t.Fatalf("Publish = %v, want PublishErrors", err)
+	}
+	if !errors.Is(pe[0], kerr.UnknownServerError) && !errors.Is(pe[0], sarama.ErrUnknown) {
+		t.Errorf("A-0: %v, want UNKNOWN_SERVER_ERROR", pe[0])
+	}
+	for _, i := range []int{2, 3} {
+		if !errors.Is(pe[i], relay.ErrHeldBack) {
+			t.Errorf("%s: %v, want ErrHeldBack", msgs[i].MessageID, pe[i])
+		}
+	}
+	if pe[1] != nil || pe[4] != nil {
+		t.Errorf("B: %v, %v, want acknowledged", pe[1], pe[4])
+	}
+	recs, err := newConsumer(t, b, other).WaitForCount(testCtx(t, 30*time.Second), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if id := r.Headers[emit.HeaderMessageID]; !strings.HasPrefix(id, "B-") {
+			t.Errorf("%s written to %s although A-0 failed", id, other)
+		}
+	}
+	// Without a fault, all of them, each aggregate in order on each topic.
+	for i := range msgs {
+		msgs[i].MessageID += "-again"
+	}
+	if err := p.Publish(testCtx(t, 30*time.Second), msgs); err != nil {
+		t.Fatalf("Publish without a fault = %v", err)
+	}
+	all, err := newConsumer(t, b, faultTopic, other).WaitForCount(testCtx(t, 30*time.Second), 2+len(msgs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2+len(msgs) {
+		t.Errorf("%d records, want %d", len(all), 2+len(msgs))
+	}
+}

@@ -22,7 +22,8 @@ const (
 	AfterClaim = "relay/after-claim"
 	// AfterPublish: the broker acknowledged the batch, mark-sent not yet run.
 	AfterPublish = "relay/after-publish"
-	// MidBatch: half of a batch was handed to the Kafka producer.
+	// MidBatch: the broker answered the Produce requests carrying half of
+	// a batch's records, before the Kafka publisher took the answers in.
 	MidBatch = "kafka/mid-batch"
 )
 

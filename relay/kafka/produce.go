@@ -108,7 +108,8 @@ type run struct {
 	state     []uint8
 	errs      []error
 	failedAt  []int         // by aggregate: the first failed message, -1 if none; later ones are held back
-	progress  chan struct{} // closed (and replaced) whenever a record is resolved
+	progress  chan struct{} // closed (and replaced) by wakeLocked after records were resolved
+	moved     bool          // a record was resolved since progress was last closed
 	done      int           // records in answered requests, for failpoint.MidBatch
 	midBatch  bool
 	firstLeft int // streams that have not yet handed over their first batch
@@ -209,8 +210,17 @@ func (r *run) resolveLocked(i int, err error) {
 			r.failedAt[a] = i
 		}
 	}
-	close(r.progress)
-	r.progress = make(chan struct{})
+	r.moved = true
+}
+
+// wakeLocked wakes the streams waiting for progress, if any record was
+// resolved since the last call. r.mu must be held.
+func (r *run) wakeLocked() {
+	if r.moved {
+		r.moved = false
+		close(r.progress)
+		r.progress = make(chan struct{})
+	}
 }
 
 // heldLocked reports whether an earlier message of i's aggregate failed
@@ -273,6 +283,7 @@ func (r *run) route(ctx context.Context) ([]*stream, error) {
 func (r *run) failTopic(topic string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.wakeLocked()
 	for i := range r.recs {
 		if r.recs[i].tp.topic == topic {
 			r.resolveLocked(i, fmt.Errorf("%w: outbox/kafka: topic %s: %w", relay.ErrUnavailable, topic, err))
@@ -335,6 +346,7 @@ func (r *run) first(s *stream) {
 func (r *run) nextChunk(si int, s *stream) (c *chunk, wait <-chan struct{}, done bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.wakeLocked() // records held back here
 	for s.pos < len(s.idx) && r.state[s.idx[s.pos]] != statePending {
 		s.pos++
 	}
@@ -431,7 +443,6 @@ func (r *run) send(ctx context.Context, s *stream, c *chunk) bool {
 		if res.err != nil {
 			kerr = res.err
 			class = classifyRequestError(res.err)
-			_ = leader.Close() // reconnect on next use (sarama reopens a leader the client hands out)
 		}
 		where := func(e error) error {
 			return fmt.Errorf("outbox/kafka: topic %s partition %d: %w", s.tp.topic, s.tp.part, e)
@@ -480,6 +491,7 @@ func (r *run) send(ctx context.Context, s *stream, c *chunk) bool {
 func (r *run) resolveChunk(s *stream, c *chunk, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.wakeLocked()
 	for _, i := range c.idx {
 		r.resolveLocked(i, err)
 	}
@@ -508,6 +520,7 @@ func (r *run) abandon(s *stream, c *chunk, taken bool, cause error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.wakeLocked()
 	for _, i := range s.idx {
 		what := "not sent"
 		if inChunk[i] {
@@ -538,11 +551,11 @@ func (r *run) answered(n int) {
 func (r *run) result(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	nacked, perMessage := 0, false
+	nAcked, perMessage := 0, false
 	var firstUnavailable, firstBatch error
 	for i, e := range r.errs {
 		if r.state[i] == stateAcked {
-			nacked++
+			nAcked++
 			continue
 		}
 		var be *relay.BatchError
@@ -567,11 +580,11 @@ func (r *run) result(ctx context.Context) error {
 		}
 	}
 	switch {
-	case nacked == len(r.errs):
+	case nAcked == len(r.errs):
 		return nil
-	case nacked == 0 && !perMessage && firstUnavailable != nil:
+	case nAcked == 0 && !perMessage && firstUnavailable != nil:
 		return fmt.Errorf("outbox/kafka: every message of the batch failed on its route: %w", firstUnavailable)
-	case nacked == 0 && !perMessage && firstBatch != nil:
+	case nAcked == 0 && !perMessage && firstBatch != nil:
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("outbox/kafka: %d messages not acknowledged: %w", len(r.errs), err)
 		}
@@ -611,11 +624,12 @@ func (p *Publisher) prepare(ctx context.Context, tp topicPartition, c *chunk, r 
 	if c.batch != nil && c.pid == pid && c.epoch == epoch && c.seq == seq {
 		return nil // a resend: the same batch, byte for byte
 	}
+	// A record is in one record batch at a time: a batch is rebuilt (split,
+	// or a fresh producer ID) only once the broker answered the last one.
 	records := make([]*sarama.Record, len(c.idx))
 	for j, i := range c.idx {
-		rc := *r.recs[i].record // a copy: OffsetDelta is the record's place in this batch
-		rc.OffsetDelta = int64(j)
-		records[j] = &rc
+		records[j] = r.recs[i].record
+		records[j].OffsetDelta = int64(j)
 	}
 	c.pid, c.epoch, c.seq = pid, epoch, seq
 	c.batch = &sarama.RecordBatch{
@@ -921,6 +935,12 @@ func (p *Publisher) runSender(s *sender) {
 			req.AddBatch(pd.tp.topic, pd.tp.part, pd.batch)
 		}
 		resp, err := s.b.Produce(req)
+		if err != nil && classifyRequestError(err) == resend {
+			// No answer: drop the connection, so that the next request opens
+			// a fresh one (the client reopens a broker it hands out) instead
+			// of queueing behind a dead or stalled one.
+			_ = s.b.Close()
+		}
 
 		p.mu.Lock()
 		if p.inflight--; p.inflight == 0 && p.settled != nil {
