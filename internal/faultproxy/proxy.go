@@ -2,7 +2,8 @@
 // client and a database or broker on loopback and can cut every
 // connection, cut one when the client sends a given byte pattern (either
 // before or after forwarding it) or hold that connection there until
-// released, and stall every connection.
+// released, stall every connection (dropping what passes) and pause every
+// connection (holding what passes until it resumes: Pause).
 package faultproxy
 
 import (
@@ -42,6 +43,7 @@ type Proxy struct {
 	conns   map[net.Conn]struct{}
 	refuse  bool
 	stalled atomic.Bool
+	gate    gate          // Pause
 	held    chan struct{} // closed by Release
 	// Tripped counts connections cut or held by a pattern.
 	Tripped atomic.Int64
@@ -56,6 +58,7 @@ func Start(target string) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, held: make(chan struct{})}
+	p.ln = gatedListener{Listener: ln, gate: &p.gate}
 	go p.accept()
 	return p, nil
 }

@@ -1,7 +1,8 @@
 // Package privateserver starts and administers broker servers of a test's
 // own, for the tests that need what the shared servers cannot give: a
 // NATS server with users, permissions or TLS (a config file of the test's
-// own, on a free port), a redis-server with the test's arguments or with
+// own, on a free port, that StartNATS lets the test change and reload
+// while the server runs), a redis-server with the test's arguments or with
 // TLS, a RabbitMQ user created for one test. The shared servers (NATS on
 // 4222, Redis on 6379, RabbitMQ on 5672) are never stopped, restarted or
 // reconfigured.
@@ -23,7 +24,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -63,40 +63,26 @@ func Unavailable(t testing.TB, why string) {
 // ends. Without the binary (EnvNATSServer, default DefaultNATSServer)
 // the test is skipped, or failed under OUTBOX_TEST_REQUIRE; a server that
 // exits or is not ready within 60 s fails the test with its output.
+// StartNATS does the same and lets the test change the configuration.
 func NATSServer(t testing.TB, conf func(dir string) string) string {
 	t.Helper()
-	bin := os.Getenv(EnvNATSServer)
-	if bin == "" {
-		bin = DefaultNATSServer
-	}
-	if _, err := os.Stat(bin); err != nil {
-		Unavailable(t, fmt.Sprintf("no nats-server binary at %s (set %s): %v", bin, EnvNATSServer, err))
-	}
-	dir := t.TempDir()
-	addr := freeAddr(t)
-	file := filepath.Join(dir, "nats.conf")
-	body := fmt.Sprintf("listen: %q\n%s\n", addr, conf(dir))
-	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	start(t, "nats-server", bin, []string{"-c", file}, addr, func(r *bufio.Reader, _ net.Conn) error {
-		line, err := r.ReadString('\n')
-		if err == nil && !strings.HasPrefix(line, "INFO ") {
-			err = fmt.Errorf("greeting %q", line)
-		}
-		return err
-	})
-	return addr
+	return StartNATS(t, conf).Addr
+}
+
+// process is a server that start started.
+type process struct {
+	cmd *exec.Cmd
+	out *syncBuffer // its stdout and stderr
 }
 
 // start runs bin with argv, kills it when t ends, and returns once
 // ready(conn) succeeds on a connection to addr; a server that exits first
 // or is not ready within 60 s fails t with its output.
-func start(t testing.TB, name, bin string, argv []string, addr string, ready func(*bufio.Reader, net.Conn) error) {
+func start(t testing.TB, name, bin string, argv []string, addr string, ready func(*bufio.Reader, net.Conn) error) *process {
 	t.Helper()
-	var out syncBuffer
+	out := &syncBuffer{}
 	cmd := exec.Command(bin, argv...)
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", bin, err)
 	}
@@ -119,6 +105,7 @@ func start(t testing.TB, name, bin string, argv []string, addr string, ready fun
 		exited <- err // for the cleanup
 		t.Fatalf("%s exited: %v\n%s", name, err, out.String())
 	}
+	return &process{cmd: cmd, out: out}
 }
 
 // waitReady dials addr until ready succeeds on a connection or ctx ends.
