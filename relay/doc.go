@@ -158,9 +158,10 @@
 // acknowledgement" to PublishInOrder, as relay/nats, relay/rabbitmq and
 // relay/redis do: it sends each aggregate's messages one after another in
 // batch order (aggregates concurrently, up to a limit), holds back an
-// aggregate's later messages once one failed (ErrHeldBack), fails the
-// batch as a whole for a send error wrapping a *BatchError (connection
-// lost, acknowledgement timed out, ctx done), turns a batch in which
+// aggregate's later messages once one failed (ErrHeldBack), stops the
+// batch for a send error wrapping a *BatchError (connection lost,
+// acknowledgement timed out, ctx done), failing what was not
+// acknowledged with it (no attempt counted), turns a batch in which
 // every message's route is unavailable into one error wrapping
 // ErrUnavailable, and returns PublishErrors otherwise. EachAggregate is
 // the fan-out alone, for a publisher that needs its own loop.

@@ -53,12 +53,17 @@ func (e *BatchError) Unwrap() error { return e.Err }
 // If send returns an error wrapping a *BatchError, the batch fails as a
 // whole: the ctx given to every send is cancelled, no further message is
 // sent, and PublishInOrder returns that first error (as send returned it,
-// so errors.As finds the *BatchError) once every running send returned.
+// so errors.As finds the *BatchError) once every running send returned,
+// for every message not acknowledged (see below).
 //
 // PublishInOrder returns, in this order of precedence:
-//   - a *BatchError wrapping ctx.Err() if ctx ended before it returned
-//     (some messages may not have been sent);
-//   - the first error wrapping a *BatchError that send returned;
+//   - if ctx ended before it returned (some messages may not have been
+//     sent), or send returned an error wrapping a *BatchError: when no
+//     message was acknowledged, a *BatchError wrapping ctx.Err(), or that
+//     first error as send returned it; otherwise PublishErrors with nil
+//     for the acknowledged messages, each failed message's own error, and
+//     that error for the messages not sent or unresolved (the relay marks
+//     the acknowledged ones sent, so a fault re-sends only what it hit);
 //   - nil if every message was acknowledged (also for an empty msgs);
 //   - an error wrapping the first message's error that wraps
 //     ErrUnavailable, if every message failed with ErrUnavailable or
@@ -84,6 +89,7 @@ func PublishInOrder(ctx context.Context, msgs []Message, maxInFlight int, send f
 		batchErr error
 	)
 	errs := make([]error, len(msgs))
+	acked := make([]bool, len(msgs)) // each entry written by one goroutine only
 	// EachAggregate's own error is a context that ended, checked below.
 	_ = EachAggregate(sendCtx, msgs, maxInFlight, func(idx []int) {
 		for n, i := range idx {
@@ -92,6 +98,7 @@ func PublishInOrder(ctx context.Context, msgs []Message, maxInFlight int, send f
 			}
 			err := send(sendCtx, i)
 			if err == nil {
+				acked[i] = true
 				continue
 			}
 			if be := (*BatchError)(nil); errors.As(err, &be) {
@@ -109,10 +116,10 @@ func PublishInOrder(ctx context.Context, msgs []Message, maxInFlight int, send f
 		}
 	})
 	if err := ctx.Err(); err != nil {
-		return &BatchError{Err: err}
+		return partial(acked, errs, &BatchError{Err: err})
 	}
 	if batchErr != nil {
-		return batchErr
+		return partial(acked, errs, batchErr)
 	}
 	failed, unavailable := 0, 0
 	var firstUnavailable error
@@ -137,4 +144,31 @@ func PublishInOrder(ctx context.Context, msgs []Message, maxInFlight int, send f
 		return fmt.Errorf("every message of the batch failed on its route: %w", firstUnavailable)
 	}
 	return PublishErrors(errs)
+}
+
+// partial is PublishInOrder's result when the batch failed as a whole
+// with err (which wraps a *BatchError): err itself if no message was
+// acknowledged; otherwise PublishErrors with nil for the acknowledged
+// messages, each failed message's own error, and err for the rest, so
+// the relay marks the acknowledged ones sent instead of sending them
+// again, and counts no attempt for the rest.
+func partial(acked []bool, errs []error, err error) error {
+	some := false
+	for _, a := range acked {
+		some = some || a
+	}
+	if !some {
+		return err
+	}
+	pe := make(PublishErrors, len(errs))
+	for i := range errs {
+		switch {
+		case acked[i]:
+		case errs[i] != nil:
+			pe[i] = errs[i]
+		default:
+			pe[i] = err
+		}
+	}
+	return pe
 }

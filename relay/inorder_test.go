@@ -50,7 +50,8 @@ func TestPublishInOrder(t *testing.T) {
 		maxInFlight int
 		want        want
 		// For wantPerMessage: the error each entry must match ("" nil,
-		// "held" ErrHeldBack, else the fail entry of that message).
+		// "held" ErrHeldBack, "batch" a *BatchError wrapping errConn, else
+		// the fail entry of that message).
 		entries []string
 		// The messages send must never see.
 		notSent []string
@@ -62,9 +63,11 @@ func TestPublishInOrder(t *testing.T) {
 		{name: "PermanentIsPerMessage", ids: []string{"a1", "a2", "b1"},
 			fail: map[string]error{"a1": permanent}, want: wantPerMessage,
 			entries: []string{"a1", "held", ""}, notSent: []string{"a2"}},
-		{name: "BatchErrorFailsTheBatch", ids: []string{"a1", "b1", "a2", "c1"}, maxInFlight: 1,
-			fail: map[string]error{"b1": &relay.BatchError{Err: errConn}}, want: wantBatch,
-			notSent: []string{"c1"}},
+		// a (a1, a2) is sent first and acknowledged: only b1 and the unsent
+		// c1 carry the batch error, so the relay does not send a1, a2 again.
+		{name: "BatchErrorFailsTheRest", ids: []string{"a1", "b1", "a2", "c1"}, maxInFlight: 1,
+			fail: map[string]error{"b1": &relay.BatchError{Err: errConn}}, want: wantPerMessage,
+			entries: []string{"", "batch", "", "batch"}, notSent: []string{"c1"}},
 		{name: "WrappedBatchError", ids: []string{"a1", "b1"}, maxInFlight: 1,
 			fail: map[string]error{"a1": fmt.Errorf("publishing: %w", &relay.BatchError{Err: errConn})}, want: wantBatch,
 			notSent: []string{"b1"}},
@@ -123,6 +126,10 @@ func TestPublishInOrder(t *testing.T) {
 					case "":
 						if e != nil {
 							t.Errorf("entry %d (%s) = %v, want nil", i, msgs[i].MessageID, e)
+						}
+					case "batch":
+						if !errors.As(e, &be) || !errors.Is(e, errConn) {
+							t.Errorf("entry %d (%s) = %v, want a *BatchError wrapping %v", i, msgs[i].MessageID, e, errConn)
 						}
 					case "held":
 						if !errors.Is(e, relay.ErrHeldBack) || errors.Is(e, relay.ErrUnavailable) || errors.Is(e, relay.ErrPermanent) {
@@ -232,9 +239,8 @@ func TestPublishInOrderContext(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var n atomic.Int64
-		// The first send cancels ctx and, like a publisher whose wait for
-		// an acknowledgement saw ctx end, reports it as a batch error;
-		// the others return nil: ctx still decides.
+		// The first send is acknowledged and cancels ctx: nothing else is
+		// sent, and ctx's end decides the rest.
 		err := relay.PublishInOrder(ctx, msgs, 1, func(ctx context.Context, i int) error {
 			if n.Add(1) == 1 {
 				cancel()
@@ -242,9 +248,19 @@ func TestPublishInOrderContext(t *testing.T) {
 			}
 			return nil
 		})
-		var be *relay.BatchError
-		if !errors.As(err, &be) || !errors.Is(err, context.Canceled) {
-			t.Fatalf("err = %v, want a *BatchError wrapping context.Canceled", err)
+		// The acknowledged message counts; the others are not sent.
+		var pe relay.PublishErrors
+		if !errors.As(err, &pe) || len(pe) != len(msgs) {
+			t.Fatalf("err = %v, want PublishErrors of %d", err, len(msgs))
+		}
+		for i, e := range pe {
+			var be *relay.BatchError
+			switch {
+			case i == 0 && e != nil:
+				t.Errorf("a1, acknowledged: %v", e)
+			case i > 0 && (!errors.As(e, &be) || !errors.Is(e, context.Canceled)):
+				t.Errorf("%s: %v, want a *BatchError wrapping context.Canceled", msgs[i].MessageID, e)
+			}
 		}
 		if n.Load() != 1 {
 			t.Fatalf("%d sends, want 1: nothing is sent after ctx ended", n.Load())

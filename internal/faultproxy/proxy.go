@@ -199,11 +199,13 @@ func (p *Proxy) accept() {
 						once.Do(cut)
 						return
 					case CutAfter:
+						// Close the client side before the server gets the
+						// chunk, so that no reply can reach the client (a
+						// fast server answered in between before); let the
+						// server finish the command.
+						client.Close()
 						_, _ = server.Write(chunk)
 						p.Tripped.Add(1)
-						// Close the client side at once so no reply reaches
-						// it; let the server finish the command.
-						client.Close()
 						once.Do(cut)
 						return
 					}

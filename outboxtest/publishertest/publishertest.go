@@ -333,6 +333,31 @@ func (s *suite) receive(ctx context.Context, t *testing.T, tg Target, n int) []R
 	return recs
 }
 
+// receiveEach waits until every message of msgs was received at least
+// once: a batch re-sent after an outage may deliver some twice, and
+// those duplicates must not end the wait before the last first copy.
+func (s *suite) receiveEach(ctx context.Context, t *testing.T, tg Target, msgs []relay.Message) []Record {
+	t.Helper()
+	want := map[string]bool{}
+	for _, m := range msgs {
+		want[m.MessageID] = true
+	}
+	n := len(msgs)
+	for {
+		recs := s.receive(ctx, t, tg, n)
+		got := map[string]bool{}
+		for _, r := range recs {
+			if id := r.Headers[emit.HeaderMessageID]; want[id] {
+				got[id] = true
+			}
+		}
+		if len(got) == len(want) {
+			return recs
+		}
+		n = len(recs) + len(want) - len(got)
+	}
+}
+
 func asPublishErrors(err error) (relay.PublishErrors, bool) {
 	var pe relay.PublishErrors
 	ok := errors.As(err, &pe)
@@ -682,7 +707,7 @@ func (s *suite) outage(t *testing.T) {
 		}
 	}
 	all := append(slices.Clone(before), during...)
-	recs := s.receive(ctx, t, tg, len(all))
+	recs := s.receiveEach(ctx, t, tg, all)
 	checkOrder(t, recs, all)
 	ids := map[string]bool{}
 	for _, m := range all {
