@@ -202,9 +202,9 @@ func matrix() []faultCase {
 	// A retriable error (leadership moved away) on one partition, shorter
 	// and longer than the relay's publish deadline of 1 s, and 10 s with
 	// the default deadline (10 s), once.
-	// The 1.5 s window broke order in fewer of its injections than the
-	// errors above did on the AsyncProducer publisher (about one in four):
-	// six injections, over 800 events.
+	// The 1.5 s window broke order in about half of its injections on the
+	// AsyncProducer publisher, fewer than the errors above: six
+	// injections, over 800 events.
 	for _, w := range []struct {
 		window, timeout   time.Duration
 		injections, total int
@@ -280,12 +280,15 @@ type harness struct {
 	gate        *ledger.Gate
 	committed   atomic.Int64
 	total, step int64
-	// struck is the partition the last injection struck (-1: none), so
-	// that the next strikes another one; only the relay's loop uses it.
-	struck int32
-	cfg    relay.Config
-	logs   testdb.SyncBuffer
-	start  time.Time
+	// struck is the partition the last injection struck (-1: none), and
+	// struckID the highest outbox id of its batch, so that the next one
+	// strikes another partition in a batch of later rows, not the same
+	// rows re-sent; only the relay's loop uses them.
+	struck   int32
+	struckID int64
+	cfg      relay.Config
+	logs     testdb.SyncBuffer
+	start    time.Time
 
 	mu    sync.Mutex
 	notes []string
@@ -328,8 +331,9 @@ func (s *striker) set(arm func(msgs []relay.Message) bool) {
 // strike runs install (which must be quick: it runs in the relay's loop)
 // with the Kafka partition p of an aggregate, just before the relay hands
 // the publisher the next batch that holds two or more events of that
-// aggregate, and returns p. So each fault hits a batch mid-flight where
-// order is at stake: the aggregate's earlier event goes out in the first
+// aggregate (and only rows later than those of the last struck batch),
+// and returns p. So each fault hits a fresh batch mid-flight where order
+// is at stake: the aggregate's earlier event goes out in the first
 // produce request for p and a later one waits behind it. To make such a
 // batch, strike lets the writers' next burst through (the relay falls
 // behind them), and more whenever they wait at the gate before the
@@ -339,15 +343,18 @@ func (h *harness) strike(t *testing.T, ctx context.Context, i int, install func(
 	h.note("injection %d: armed; %d events committed, %d records consumed", i, h.committed.Load(), len(h.cons.Records()))
 	fired := make(chan int32, 1)
 	h.striker.set(func(msgs []relay.Message) bool {
-		agg, first, second, ok := pairedAggregate(msgs, h.struck)
+		if msgs[0].ID <= h.struckID {
+			return false // the relay has not moved past the last struck batch yet
+		}
+		agg, first, last, ok := pairedAggregate(msgs, h.struck)
 		if !ok {
 			return false
 		}
 		p := partition.KafkaPartition([]byte(agg), partitions)
-		h.struck = p
+		h.struck, h.struckID = p, msgs[len(msgs)-1].ID
 		install(p)
 		h.note("injection %d: struck a batch of %d on partition %d, aggregate %s at positions %d and %d (outbox ids %d and %d)",
-			i, len(msgs), p, agg, first, second, msgs[first].ID, msgs[second].ID)
+			i, len(msgs), p, agg, first, last, msgs[first].ID, msgs[last].ID)
 		fired <- p
 		return true
 	})
@@ -371,25 +378,31 @@ func (h *harness) strike(t *testing.T, ctx context.Context, i int, install func(
 }
 
 // pairedAggregate returns, of the aggregates with two or more messages
-// in msgs whose Kafka partition is not avoid, the one whose first message
-// comes first, with the positions of its first two messages.
-func pairedAggregate(msgs []relay.Message, avoid int32) (agg string, first, second int, ok bool) {
-	firstAt := map[string]int{}
-	paired := map[string]bool{}
+// in msgs whose Kafka partition is not avoid, the one whose messages are
+// spread the furthest apart in the batch (the earliest first on a tie),
+// with the positions of its first and last messages: the further apart,
+// the likelier the later one goes to the broker in a later request.
+func pairedAggregate(msgs []relay.Message, avoid int32) (agg string, first, last int, ok bool) {
+	firstAt, lastAt := map[string]int{}, map[string]int{}
 	for i, m := range msgs {
-		f, seen := firstAt[m.AggregateID]
-		switch {
-		case partition.KafkaPartition([]byte(m.AggregateID), partitions) == avoid:
-		case !seen:
+		if partition.KafkaPartition([]byte(m.AggregateID), partitions) == avoid {
+			continue
+		}
+		if _, seen := firstAt[m.AggregateID]; !seen {
 			firstAt[m.AggregateID] = i
-		case !paired[m.AggregateID]:
-			paired[m.AggregateID] = true
-			if !ok || f < first {
-				agg, first, second, ok = m.AggregateID, f, i, true
-			}
+		}
+		lastAt[m.AggregateID] = i
+	}
+	for a, f := range firstAt {
+		l := lastAt[a]
+		if l == f {
+			continue
+		}
+		if !ok || l-f > last-first || l-f == last-first && f < first {
+			agg, first, last, ok = a, f, l, true
 		}
 	}
-	return agg, first, second, ok
+	return agg, first, last, ok
 }
 
 func newHarness(t *testing.T, tg testdb.Target, fc faultCase) *harness {
