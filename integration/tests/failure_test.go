@@ -18,6 +18,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/faultproxy"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
@@ -146,19 +147,19 @@ func TestPoisonIsolation(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		rows := readLedger(t, e)
-		var healthy []ledgerRow
+		rows := ledger.Read(t, e)
+		var healthy []ledger.Row
 		for _, r := range rows {
-			if strings.HasPrefix(r.aggregateID, "healthy-") {
+			if strings.HasPrefix(r.AggregateID, "healthy-") {
 				healthy = append(healthy, r)
 			}
 		}
 		if len(healthy) != 1000 {
 			t.Fatalf("%d healthy rows, want 1000", len(healthy))
 		}
-		recs, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return checkLedger(healthy, r).lost == 0 })
+		recs, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return ledger.Check(healthy, r).Lost == 0 })
 		if err != nil {
-			t.Fatalf("%v; ledger %+v", err, checkLedger(healthy, recs))
+			t.Fatalf("%v; ledger %+v", err, ledger.Check(healthy, recs))
 		}
 		eventually(t, ctx, "10 dead letters", func() bool { return rowCount(t, e, "status = 2") == 10 })
 		if n := rowCount(t, e, "status = 2 AND attempts = 3 AND message_id LIKE 'poison-%-1'"); n != 10 {
@@ -172,8 +173,8 @@ func TestPoisonIsolation(t *testing.T) {
 				t.Fatalf("poison aggregate %s delivered %s", r.Key, r.Value)
 			}
 		}
-		rep := checkLedger(healthy, kb.cons.Records())
-		if rep.orderViolations != 0 || rep.duplicates != 0 {
+		rep := ledger.Check(healthy, kb.cons.Records())
+		if rep.OrderViolations != 0 || rep.Duplicates != 0 {
 			t.Fatalf("healthy ledger %+v", rep)
 		}
 		eventually(t, ctx, "OnDeadLetter for all 10", func() bool { deadMu.Lock(); defer deadMu.Unlock(); return len(dead) == 10 })
@@ -343,7 +344,7 @@ func TestBrokerOutage(t *testing.T) {
 		e := testdb.New(t, tg, driver.Config{})
 		startRelay(t, e, pub, func(c *relay.Config) { c.MaxAttempts = 2; c.PublishTimeout = 2 * time.Second })
 		ctx := testCtx(t, 3*time.Minute)
-		writeSerialized(t, ctx, e, 4, 20, 300)
+		ledger.WriteSerialized(t, ctx, e, 4, 20, 300)
 		eventually(t, ctx, "first 300 sent", func() bool { return rowCount(t, e, "status = 1") == 300 })
 		broker.Close()
 		outageEnds := time.Now().Add(outage)
@@ -372,39 +373,13 @@ func TestBrokerOutage(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer cons.Close()
-		rows := readLedger(t, e)
-		recs, err := cons.Wait(ctx, func(r []kafkatest.Record) bool { return checkLedger(rows, r).lost == 0 })
+		rows := ledger.Read(t, e)
+		recs, err := cons.Wait(ctx, func(r []kafkatest.Record) bool { return ledger.Check(rows, r).Lost == 0 })
 		if err != nil {
-			t.Fatalf("%v; ledger %+v", err, checkLedger(rows, recs))
+			t.Fatalf("%v; ledger %+v", err, ledger.Check(rows, recs))
 		}
-		if rep := checkLedger(rows, recs); rep.ghosts != 0 || rep.orderViolations != 0 {
-			byID := map[string]ledgerRow{}
-			for _, r := range rows {
-				byID[r.messageID] = r
-			}
-			seen := map[string][]string{}
-			bad := map[string]bool{}
-			last := map[string]int64{}
-			first := map[string]bool{}
-			for _, r := range recs {
-				id := r.Headers["outbox-message-id"]
-				row := byID[id]
-				mark := ""
-				if !first[id] {
-					first[id] = true
-					if row.id < last[row.aggregateID] {
-						bad[row.aggregateID] = true
-						mark = "!"
-					}
-					last[row.aggregateID] = row.id
-				} else {
-					mark = "dup"
-				}
-				seen[row.aggregateID] = append(seen[row.aggregateID], fmt.Sprintf("%s%d@p%d/o%d", mark, row.id, r.Partition, r.Offset))
-			}
-			for agg := range bad {
-				t.Logf("%s: %v", agg, seen[agg])
-			}
+		if rep := ledger.Check(rows, recs); rep.Ghosts != 0 || rep.OrderViolations != 0 {
+			ledger.Explain(t, e, rep, recs)
 			t.Fatalf("ledger %+v", rep)
 		}
 	})
@@ -465,7 +440,7 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 	t.Cleanup(func() { db.Close() })
 	db.SetMaxOpenConns(2)
 	r, err := relay.New(e.Outbox, db, relay.Config{Publisher: kb.pub,
-		PollInterval: 20 * time.Millisecond, BatchSize: 50, Logger: quietLogger()})
+		PollInterval: 20 * time.Millisecond, BatchSize: 50, Logger: quietLogger(), Observer: ledger.WatchOrder(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +450,7 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
-		writeSerialized(t, ctx, e, 4, 20, 2000)
+		ledger.WriteSerialized(t, ctx, e, 4, 20, 2000)
 	}()
 	cuts := 0
 	for _, at := range []int{100, 400, 800, 1200, 1600} {
@@ -486,7 +461,7 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 		cuts++
 	}
 	<-writerDone
-	rows := waitLedger(t, ctx, e, kb.cons)
+	rows := ledger.Wait(t, ctx, e, kb.cons)
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := r.Stop(sctx); err != nil {
@@ -495,8 +470,8 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	rep := checkLedger(rows, kb.cons.Records())
-	if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > cuts*2*relay.DefaultMaxBatchFactor*50 { // two batches of up to MaxBatchSize per cut
+	rep := ledger.Check(rows, kb.cons.Records())
+	if rep.Ghosts != 0 || rep.OrderViolations != 0 || rep.Duplicates > cuts*2*relay.DefaultMaxBatchFactor*50 { // two batches of up to MaxBatchSize per cut
 		t.Fatalf("ledger %+v after %d cuts", rep, cuts)
 	}
 	t.Logf("%d cuts; ledger %+v", cuts, rep)
@@ -538,7 +513,7 @@ func outageRun(t *testing.T, e *testdb.Env, pub *faultPublisher, p *faultproxy.P
 	db.SetMaxOpenConns(2)
 	var warns atomic.Int64
 	r, err := relay.New(e.Outbox, db, relay.Config{Publisher: pub,
-		PollInterval: 20 * time.Millisecond, Logger: slog.New(countingHandler{&warns})})
+		PollInterval: 20 * time.Millisecond, Logger: slog.New(countingHandler{&warns}), Observer: ledger.WatchOrder(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -57,9 +58,16 @@ func startRelay(t *testing.T, e *testdb.Env, pub relay.Publisher, mod func(*rela
 }
 
 // startRelayOn starts a relay with cfg on e's table through db; it is
-// stopped at cleanup.
+// stopped at cleanup. Its Observer is wrapped in a ledger.OrderWatch, so
+// the test fails if the relay reports an order violation (a message
+// acknowledged after an earlier one of its aggregate failed in the same
+// batch), unless it is one already (a test that provokes a violation
+// brings its own, on a testing.TB of its own).
 func startRelayOn(t *testing.T, e *testdb.Env, db *sql.DB, cfg relay.Config) *runningRelay {
 	t.Helper()
+	if _, ok := cfg.Observer.(*ledger.OrderWatch); !ok {
+		cfg.Observer = ledger.WatchOrder(t, cfg.Observer) // checked at cleanup, after the stop below
+	}
 	r, err := relay.New(e.Outbox, db, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -96,18 +104,10 @@ func createOrders(t *testing.T, e *testdb.Env) {
 	}
 }
 
-// inTx runs fn in a transaction begun with a fresh emit scope and commits.
+// inTx runs fn in a transaction begun with a fresh emit scope and commits
+// (ledger.InTx).
 func inTx(ctx context.Context, db *sql.DB, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	ctx = outbox.NewContext(ctx)
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := fn(ctx, tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	return ledger.InTx(ctx, db, fn)
 }
 
 func ev(agg string, n int) outbox.Event {

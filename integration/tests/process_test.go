@@ -22,6 +22,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/failpoint"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
@@ -112,6 +113,12 @@ func startChild(t *testing.T, e *testdb.Env, brokers []string, batch int, failpo
 	return startChildAs(t, e, brokers, batch, failpoints, "")
 }
 
+// orderBrokenLog is in the ERROR line a relay logs when its publisher
+// acknowledged a message after an earlier one of its aggregate failed in
+// the same batch (relay.OrderObserver): a child that logged it fails its
+// test.
+const orderBrokenLog = "first delivery order may be broken"
+
 // childLeaseTTL keeps lease takeovers after a kill quick in tests.
 const childLeaseTTL = 2 * time.Second
 
@@ -143,8 +150,11 @@ func startChildAs(t *testing.T, e *testdb.Env, brokers []string, batch int, fail
 	t.Cleanup(func() {
 		_ = c.cmd.Process.Kill()
 		<-c.done
-		if t.Failed() {
-			t.Logf("relay child output:\n%s", c.out.String())
+		switch out := c.out.String(); {
+		case strings.Contains(out, orderBrokenLog):
+			t.Errorf("relay child logged an order violation (%q); output:\n%s", orderBrokenLog, out)
+		case t.Failed():
+			t.Logf("relay child output:\n%s", out)
 		}
 	})
 	return c
@@ -204,7 +214,7 @@ func TestRelayKilledAtFailpoints(t *testing.T) {
 				kb := startKafka(t, 8, orderTopic)
 				e := testdb.New(t, tg, driver.Config{})
 				ctx := testCtx(t, 3*time.Minute)
-				writeSerialized(t, ctx, e, 4, 30, total)
+				ledger.WriteSerialized(t, ctx, e, 4, 30, total)
 				first := startChild(t, e, kb.broker.Addrs(), batch, fp+"=kill@3")
 				ws := first.wait(t, ctx)
 				if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
@@ -212,16 +222,16 @@ func TestRelayKilledAtFailpoints(t *testing.T) {
 				}
 				before := len(kb.cons.Records())
 				second := startChild(t, e, kb.broker.Addrs(), batch, "")
-				rows := waitLedger(t, ctx, e, kb.cons)
+				rows := ledger.Wait(t, ctx, e, kb.cons)
 				second.terminate(t, ctx)
 				recs := kb.cons.Records()
-				rep := checkLedger(rows, recs)
-				if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > 2*relay.DefaultMaxBatchFactor*batch {
-					explainLedger(t, e, rep, recs)
+				rep := ledger.Check(rows, recs)
+				if rep.Ghosts != 0 || rep.OrderViolations != 0 || rep.Duplicates > 2*relay.DefaultMaxBatchFactor*batch {
+					ledger.Explain(t, e, rep, recs)
 					t.Fatalf("ledger %+v", rep)
 				}
-				if fp == failpoint.AfterClaim && rep.duplicates > relay.DefaultMaxBatchFactor*batch {
-					t.Fatalf("killed before publishing its batch, yet %d duplicates", rep.duplicates)
+				if fp == failpoint.AfterClaim && rep.Duplicates > relay.DefaultMaxBatchFactor*batch {
+					t.Fatalf("killed before publishing its batch, yet %d duplicates", rep.Duplicates)
 				}
 				t.Logf("killed at %s after %d records; ledger %+v", fp, before, rep)
 			})
@@ -242,7 +252,7 @@ func TestRelayKilledAtRandomMoments(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			writeSerialized(t, ctx, e, 8, 50, total)
+			ledger.WriteSerialized(t, ctx, e, 8, 50, total)
 		}()
 		kills := 0
 		for _, at := range []int{200, 900, 1700} {
@@ -258,12 +268,12 @@ func TestRelayKilledAtRandomMoments(t *testing.T) {
 		}
 		last := startChild(t, e, kb.broker.Addrs(), batch, "")
 		wg.Wait()
-		rows := waitLedger(t, ctx, e, kb.cons)
+		rows := ledger.Wait(t, ctx, e, kb.cons)
 		last.terminate(t, ctx)
 		recs := kb.cons.Records()
-		rep := checkLedger(rows, recs)
-		if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > kills*2*relay.DefaultMaxBatchFactor*batch {
-			explainLedger(t, e, rep, recs)
+		rep := ledger.Check(rows, recs)
+		if rep.Ghosts != 0 || rep.OrderViolations != 0 || rep.Duplicates > kills*2*relay.DefaultMaxBatchFactor*batch {
+			ledger.Explain(t, e, rep, recs)
 			t.Fatalf("ledger %+v after %d kills", rep, kills)
 		}
 		t.Logf("%d kills; ledger %+v", kills, rep)
@@ -280,7 +290,7 @@ func TestRelaySIGTERMWithPublishesInFlight(t *testing.T) {
 		kb := startKafka(t, 8, orderTopic)
 		e := testdb.New(t, tg, driver.Config{})
 		ctx := testCtx(t, 3*time.Minute)
-		writeSerialized(t, ctx, e, 8, 50, total)
+		ledger.WriteSerialized(t, ctx, e, 8, 50, total)
 		// Leases of 20 s, not childLeaseTTL's 2 s: nothing here waits for
 		// a takeover (a graceful stop releases its leases), and at load 44
 		// a 2 s lease lapsed between heartbeats, which fences the mark-sent
@@ -293,10 +303,10 @@ func TestRelaySIGTERMWithPublishesInFlight(t *testing.T) {
 		first.terminate(t, ctx)
 		stoppedAt := len(kb.cons.Records())
 		second := startChildAs(t, e, kb.broker.Addrs(), batch, "", "", ttl)
-		rows := waitLedger(t, ctx, e, kb.cons)
+		rows := ledger.Wait(t, ctx, e, kb.cons)
 		second.terminate(t, ctx)
-		rep := checkLedger(rows, kb.cons.Records())
-		if rep.ghosts != 0 || rep.orderViolations != 0 {
+		rep := ledger.Check(rows, kb.cons.Records())
+		if rep.Ghosts != 0 || rep.OrderViolations != 0 {
 			t.Fatalf("ledger %+v", rep)
 		}
 		// A graceful stop records every batch the broker acknowledged
@@ -306,13 +316,13 @@ func TestRelaySIGTERMWithPublishesInFlight(t *testing.T) {
 		// (its fence rejects the mark-sent) leaves acknowledged rows
 		// pending, and then the relay said so and the re-sent rows are at
 		// most that one cycle's.
-		if rep.duplicates != 0 {
+		if rep.Duplicates != 0 {
 			out := first.out.String()
 			failed := strings.Contains(out, "relay cycle failed") || strings.Contains(out, "partition lease lost")
-			if !failed || rep.duplicates > relay.DefaultMaxBatchFactor*batch {
+			if !failed || rep.Duplicates > relay.DefaultMaxBatchFactor*batch {
 				t.Fatalf("ledger %+v after a graceful stop (first relay's output:\n%s)", rep, first.out.String())
 			}
-			t.Logf("%d duplicates after a cycle that failed or a lease that lapsed at the stop:\n%s", rep.duplicates, out)
+			t.Logf("%d duplicates after a cycle that failed or a lease that lapsed at the stop:\n%s", rep.Duplicates, out)
 		}
 		t.Logf("SIGTERM after %d records; ledger %+v", stoppedAt, rep)
 	})

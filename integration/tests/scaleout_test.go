@@ -11,6 +11,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/emit"
+	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/dialect"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
@@ -21,10 +22,10 @@ import (
 // partition (header outbox-partition), first deliveries never come from an
 // older lease epoch (header outbox-epoch) after a newer one. It returns
 // the number of such regressions and the epochs seen per partition.
-func epochAudit(rows []ledgerRow, recs []kafkatest.Record) (int, map[string][]int64) {
+func epochAudit(rows []ledger.Row, recs []kafkatest.Record) (int, map[string][]int64) {
 	known := make(map[string]bool, len(rows))
 	for _, r := range rows {
-		known[r.messageID] = true
+		known[r.MessageID] = true
 	}
 	seen := map[string]bool{}
 	maxEpoch := map[string]int64{}
@@ -102,7 +103,7 @@ func TestScaleOut(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			writeSerialized(t, ctx, e, 16, aggregates, total)
+			ledger.WriteSerialized(t, ctx, e, 16, aggregates, total)
 		}()
 		waitRecords := func(n int) {
 			t.Helper()
@@ -137,16 +138,16 @@ func TestScaleOut(t *testing.T) {
 		if t.Failed() {
 			return
 		}
-		rows := waitLedger(t, ctx, e, kb.cons)
+		rows := ledger.Wait(t, ctx, e, kb.cons)
 		owners := ownersOf(t, e)
 		for _, id := range []string{"relay-2", "relay-3", "relay-4"} {
 			relays[id].terminate(t, ctx)
 		}
 		recs := kb.cons.Records()
-		rep := checkLedger(rows, recs)
+		rep := ledger.Check(rows, recs)
 		regressions, epochs := epochAudit(rows, recs)
 		t.Logf("ledger %+v; owners before stop %v; epoch regressions %d; epochs of partition 0: %v", rep, owners, regressions, epochs["0"])
-		if rep.ghosts != 0 || rep.orderViolations != 0 || rep.duplicates > 4*relay.DefaultMaxBatchFactor*batch {
+		if rep.Ghosts != 0 || rep.OrderViolations != 0 || rep.Duplicates > 4*relay.DefaultMaxBatchFactor*batch {
 			t.Fatalf("ledger %+v (duplicates may be at most 4 batches of up to MaxBatchSize: two each from the killed and the stopped relay)", rep)
 		}
 		// The SIGSTOPped relay may have been frozen inside its Kafka

@@ -1,0 +1,101 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// OrderWatch is a relay.Observer that records every order violation the
+// relay reports (relay.OrderObserver: a message acknowledged after an
+// earlier one of its aggregate failed in the same batch) and forwards
+// every call, those of the optional interfaces relay.PartitionObserver,
+// relay.ReadinessObserver, relay.PublishObserver and relay.OrderObserver
+// included, to the Observer it wraps when that one implements them. Make
+// it with WatchOrder; it is safe for concurrent use.
+type OrderWatch struct {
+	relay.Observer
+
+	mu         sync.Mutex
+	violations []relay.Message
+}
+
+// WatchOrder wraps next (nil: observe nothing else) in an OrderWatch and
+// fails t at cleanup if the relay reported any order violation, naming
+// the first few. Register it before the relay's own stop cleanup (call it
+// before starting the relay), so that the check runs after the relay
+// stopped.
+func WatchOrder(t testing.TB, next relay.Observer) *OrderWatch {
+	t.Helper()
+	if next == nil {
+		next = relay.NopObserver{}
+	}
+	w := &OrderWatch{Observer: next}
+	t.Cleanup(func() {
+		if v := w.Violations(); len(v) > 0 {
+			t.Errorf("the relay reported %d order violations (a message acknowledged after an earlier one of its aggregate failed in the same batch): %s", len(v), Describe(v))
+		}
+	})
+	return w
+}
+
+// Violations returns a copy of the messages reported so far.
+func (w *OrderWatch) Violations() []relay.Message {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]relay.Message(nil), w.violations...)
+}
+
+// OrderViolation implements relay.OrderObserver: it records m and
+// forwards to the wrapped Observer if it implements relay.OrderObserver.
+func (w *OrderWatch) OrderViolation(m relay.Message) {
+	w.mu.Lock()
+	w.violations = append(w.violations, m)
+	w.mu.Unlock()
+	if oo, ok := w.Observer.(relay.OrderObserver); ok {
+		oo.OrderViolation(m)
+	}
+}
+
+// PartitionMismatch forwards to the wrapped Observer if it implements
+// relay.PartitionObserver.
+func (w *OrderWatch) PartitionMismatch(err error) {
+	if po, ok := w.Observer.(relay.PartitionObserver); ok {
+		po.PartitionMismatch(err)
+	}
+}
+
+// Readiness forwards to the wrapped Observer if it implements
+// relay.ReadinessObserver.
+func (w *OrderWatch) Readiness(err error) {
+	if ro, ok := w.Observer.(relay.ReadinessObserver); ok {
+		ro.Readiness(err)
+	}
+}
+
+// StartPublish forwards to the wrapped Observer if it implements
+// relay.PublishObserver; otherwise it returns ctx and no end function.
+func (w *OrderWatch) StartPublish(ctx context.Context, msgs []relay.Message) (context.Context, func(error)) {
+	if po, ok := w.Observer.(relay.PublishObserver); ok {
+		return po.StartPublish(ctx, msgs)
+	}
+	return ctx, nil
+}
+
+// Describe names up to five of msgs (message ID, outbox id, aggregate),
+// and how many more there are.
+func Describe(msgs []relay.Message) string {
+	var s []string
+	for i, m := range msgs {
+		if i == 5 {
+			s = append(s, fmt.Sprintf("and %d more", len(msgs)-5))
+			break
+		}
+		s = append(s, fmt.Sprintf("%s (outbox id %d, aggregate %s/%s)", m.MessageID, m.ID, m.AggregateType, m.AggregateID))
+	}
+	return strings.Join(s, ", ")
+}
