@@ -18,9 +18,9 @@ func request(key int16, body string) []byte {
 	return append(b, body...)
 }
 
-// echoServer answers every request with its own bytes and reports the
+// kafkaEchoServer answers every request with its own bytes and reports the
 // API keys it received on got.
-func echoServer(t *testing.T) (addr string, got <-chan int16) {
+func kafkaEchoServer(t *testing.T) (addr string, got <-chan int16) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -79,7 +79,7 @@ func TestKafkaResetOn(t *testing.T) {
 		name    string
 	}{{CutBefore, false, "CutBefore"}, {CutAfter, true, "CutAfter"}} {
 		t.Run(tc.name, func(t *testing.T) {
-			target, keys := echoServer(t)
+			target, keys := kafkaEchoServer(t)
 			k, err := StartKafka(target)
 			if err != nil {
 				t.Fatal(err)
