@@ -424,7 +424,7 @@ func TestIntegrationSQLite(t *testing.T) {
 	})
 	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: pub,
 		PollInterval: 20 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Observer: obs})
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Observer: outboxtest.WatchOrder(t, obs)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,8 @@ type bundle struct {
 	ctx context.Context
 }
 
-// setup starts a relay on a private table of target tg.
+// setup starts a relay on a private table of target tg; the test fails
+// if the relay reports an order violation (outboxtest.WatchOrder).
 func setup(t *testing.T, tg testdb.Target, mod func(*relay.Config), beforeRun ...func(*relay.Relay)) *bundle {
 	t.Helper()
 	e := testdb.New(t, tg, driver.Config{})
@@ -40,6 +41,12 @@ func setup(t *testing.T, tg testdb.Target, mod func(*relay.Config), beforeRun ..
 		PollInterval: 20 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond, Logger: quiet()}
 	if mod != nil {
 		mod(&cfg)
+	}
+	// Every relay here runs under an order watch (checked at cleanup,
+	// after the stop below), except for a test that observes order
+	// violations itself (its Observer is a relay.OrderObserver).
+	if _, own := cfg.Observer.(relay.OrderObserver); !own {
+		cfg.Observer = outboxtest.WatchOrder(t, cfg.Observer)
 	}
 	r, err := relay.New(e.Outbox, e.RelayDB, cfg)
 	if err != nil {

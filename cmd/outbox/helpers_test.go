@@ -250,7 +250,7 @@ func relayUntil(t *testing.T, tg dbTarget, table string, wantSent, wantDead int)
 		t.Fatal(err)
 	}
 	r, err := relay.New(ob, tg.plainDB(t), relay.Config{
-		Publisher: pub, PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+		Publisher: pub, PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler), Observer: outboxtest.WatchOrder(t, nil),
 		OnDeadLetter: func(relay.Message, error) { deadCh <- struct{}{} },
 	})
 	if err != nil {

@@ -191,6 +191,10 @@ func startRelay(t *testing.T, getenv func(string) string, args ...string) *runni
 			t.Error("relay did not stop")
 		}
 		cancel()
+		// The relay logs an order violation at ERROR (relay.OrderObserver).
+		if out := r.stderr.String(); strings.Contains(out, "first delivery order may be broken") {
+			t.Errorf("the relay reported an order violation:\n%s", out)
+		}
 	})
 	return r
 }

@@ -30,7 +30,7 @@ func TestStatsHidesIdlePartitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(ob, tg.plainDB(t), relay.Config{Publisher: outboxtest.NewPublisher(), Logger: slog.New(slog.DiscardHandler)})
+	r, err := relay.New(ob, tg.plainDB(t), relay.Config{Publisher: outboxtest.NewPublisher(), Logger: slog.New(slog.DiscardHandler), Observer: outboxtest.WatchOrder(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

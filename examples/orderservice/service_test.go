@@ -16,6 +16,7 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/inbox"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
@@ -50,7 +51,7 @@ func TestHappyPath(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pub.Close()
-			r, err := relay.New(e.ob, e.relayDB, relay.Config{Publisher: pub,
+			r, err := relay.New(e.ob, e.relayDB, relay.Config{Publisher: pub, Observer: outboxtest.WatchOrder(t, nil),
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {
 				t.Fatal(err)

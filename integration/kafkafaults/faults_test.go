@@ -29,6 +29,7 @@ import (
 	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/faultproxy"
 	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
@@ -273,7 +274,7 @@ type harness struct {
 	kproxy  *faultproxy.Kafka
 	tproxy  *faultproxy.Proxy
 	cons    *kafkatest.Consumer
-	watch   *ledger.OrderWatch
+	watch   *outboxtest.OrderWatch
 	striker *striker
 	// gate lets the writers' events through in bursts; committed counts
 	// their commits, of total; step is the size of a burst.
@@ -442,7 +443,7 @@ func newHarness(t *testing.T, tg testdb.Target, fc faultCase) *harness {
 	h.e = testdb.New(t, tg, driver.Config{})
 	// The watch is checked by run, not at cleanup, so that its count is
 	// reported with the ledger.
-	h.watch = &ledger.OrderWatch{Observer: h.striker}
+	h.watch = &outboxtest.OrderWatch{Observer: h.striker}
 	h.cfg = relay.Config{
 		Publisher: pub, PollInterval: 50 * time.Millisecond,
 		BatchSize: batchSize, MaxBatchSize: maxBatchSize,
@@ -551,7 +552,7 @@ func run(t *testing.T, tg testdb.Target, fc faultCase) {
 		t.Logf("order violation: %s", v)
 	}
 	if len(violations) > 0 {
-		t.Logf("the relay reported: %s", ledger.Describe(violations))
+		t.Logf("the relay reported: %s", outboxtest.DescribeMessages(violations))
 	}
 	h.mu.Lock()
 	t.Logf("what was injected:\n%s", strings.Join(h.notes, "\n"))

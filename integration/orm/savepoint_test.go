@@ -245,7 +245,7 @@ func column(t *testing.T, e *testdb.Env, q string, args ...any) []string {
 func startRelay(t *testing.T, e *testdb.Env, pub relay.Publisher) {
 	t.Helper()
 	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{
-		Publisher: pub, PollInterval: 50 * time.Millisecond,
+		Publisher: pub, PollInterval: 50 * time.Millisecond, Observer: outboxtest.WatchOrder(t, nil),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

@@ -143,7 +143,7 @@ func TestMetricsEndToEnd(t *testing.T) {
 			})
 			r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{
 				Publisher: pub, PollInterval: 20 * time.Millisecond, Wakeup: e.Outbox.Wakeup(),
-				Observer: outboxotel.NewObserver(om, outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(tp)),
+				Observer: outboxtest.WatchOrder(t, outboxotel.NewObserver(om, outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(tp))),
 				Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 			})
 			if err != nil {

@@ -32,6 +32,7 @@ import (
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	outboxotel "github.com/sqloutbox/outbox/otel"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
@@ -78,7 +79,7 @@ func setup(t *testing.T, tg testdb.Target, configs map[string]string, closed boo
 	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{
 		Publisher: pub, PollInterval: 20 * time.Millisecond, PublishTimeout: time.Second,
 		RetryInitial: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond, Wakeup: e.Outbox.Wakeup(),
-		Observer: outboxotel.NewObserver(nil, append([]outboxotel.Option{outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(tp)}, obsOpts...)...),
+		Observer: outboxtest.WatchOrder(t, outboxotel.NewObserver(nil, append([]outboxotel.Option{outboxotel.WithPropagator(w3c), outboxotel.WithTracerProvider(tp)}, obsOpts...)...)),
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

@@ -440,7 +440,7 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 	t.Cleanup(func() { db.Close() })
 	db.SetMaxOpenConns(2)
 	r, err := relay.New(e.Outbox, db, relay.Config{Publisher: kb.pub,
-		PollInterval: 20 * time.Millisecond, BatchSize: 50, Logger: quietLogger(), Observer: ledger.WatchOrder(t, nil)})
+		PollInterval: 20 * time.Millisecond, BatchSize: 50, Logger: quietLogger(), Observer: outboxtest.WatchOrder(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +513,7 @@ func outageRun(t *testing.T, e *testdb.Env, pub *faultPublisher, p *faultproxy.P
 	db.SetMaxOpenConns(2)
 	var warns atomic.Int64
 	r, err := relay.New(e.Outbox, db, relay.Config{Publisher: pub,
-		PollInterval: 20 * time.Millisecond, Logger: slog.New(countingHandler{&warns}), Observer: ledger.WatchOrder(t, nil)})
+		PollInterval: 20 * time.Millisecond, Logger: slog.New(countingHandler{&warns}), Observer: outboxtest.WatchOrder(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
 
@@ -58,15 +59,15 @@ func startRelay(t *testing.T, e *testdb.Env, pub relay.Publisher, mod func(*rela
 }
 
 // startRelayOn starts a relay with cfg on e's table through db; it is
-// stopped at cleanup. Its Observer is wrapped in a ledger.OrderWatch, so
+// stopped at cleanup. Its Observer is wrapped in a outboxtest.OrderWatch, so
 // the test fails if the relay reports an order violation (a message
 // acknowledged after an earlier one of its aggregate failed in the same
 // batch), unless it is one already (a test that provokes a violation
 // brings its own, on a testing.TB of its own).
 func startRelayOn(t *testing.T, e *testdb.Env, db *sql.DB, cfg relay.Config) *runningRelay {
 	t.Helper()
-	if _, ok := cfg.Observer.(*ledger.OrderWatch); !ok {
-		cfg.Observer = ledger.WatchOrder(t, cfg.Observer) // checked at cleanup, after the stop below
+	if _, ok := cfg.Observer.(*outboxtest.OrderWatch); !ok {
+		cfg.Observer = outboxtest.WatchOrder(t, cfg.Observer) // checked at cleanup, after the stop below
 	}
 	r, err := relay.New(e.Outbox, db, cfg)
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
@@ -45,7 +44,7 @@ func TestNotifierWakesOtherProcessRelay(t *testing.T) {
 			pub := &stampingPublisher{Publisher: outboxtest.NewPublisher(), at: map[string]time.Time{}}
 			r, err := relay.New(rob, e.RelayDB, relay.Config{
 				Publisher: pub, Wakeup: make(chan struct{}), Logger: quietLogger(),
-				PollInterval: time.Hour, MinPollInterval: time.Hour, Observer: ledger.WatchOrder(t, nil),
+				PollInterval: time.Hour, MinPollInterval: time.Hour, Observer: outboxtest.WatchOrder(t, nil),
 			})
 			if err != nil {
 				t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
@@ -67,7 +66,7 @@ func (r *recordingTB) Errorf(format string, a ...any) {
 // TestOrderWatchCatchesAViolation: the helpers that fail a test on an
 // order violation do catch one. A publisher that fails an aggregate's
 // first message and acknowledges its second in the same batch makes the
-// relay report it: ledger.WatchOrder (wrapped around every relay that
+// relay report it: outboxtest.WatchOrder (wrapped around every relay that
 // startRelay starts) records it and fails its test at cleanup, and the
 // relay's ERROR line contains orderBrokenLog, which fails a relay child's
 // test.
@@ -77,7 +76,7 @@ func TestOrderWatchCatchesAViolation(t *testing.T) {
 	ctx := testCtx(t, time.Minute)
 	pub := &orderBreaker{Publisher: outboxtest.NewPublisher(), first: "a-1"}
 	rec := &recordingTB{TB: t}
-	watch := ledger.WatchOrder(rec, nil)
+	watch := outboxtest.WatchOrder(rec, nil)
 	var logs testdb.SyncBuffer
 	err := inTx(ctx, e.DB, func(ctx context.Context, _ *sql.Tx) error {
 		for _, id := range []string{"a-1", "a-2", "b-1"} {
@@ -100,7 +99,7 @@ func TestOrderWatchCatchesAViolation(t *testing.T) {
 	}
 	testdb.Eventually(t, ctx, "the violation reported", func() bool { return len(watch.Violations()) > 0 })
 	if v := watch.Violations(); len(v) != 1 || v[0].MessageID != "a-2" {
-		t.Fatalf("violations %s, want a-2 alone", ledger.Describe(v))
+		t.Fatalf("violations %s, want a-2 alone", outboxtest.DescribeMessages(v))
 	}
 	for _, f := range rec.cleanups {
 		f()

@@ -133,7 +133,8 @@ func Run[R any](ctx context.Context, t *testing.T, cfg Config[R]) Result[R] {
 	e := testdb.New(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, driver.Config{})
 	watched, failed := watch(cfg.Publisher)
 	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: watched, PublishTimeout: 2 * time.Second,
-		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond})
+		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond,
+		Observer: outboxtest.WatchOrder(t, nil)}) // checked at cleanup, after the stop below
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package ledger
+package outboxtest
 
 import (
 	"context"
@@ -17,6 +17,11 @@ import (
 // relay.ReadinessObserver, relay.PublishObserver and relay.OrderObserver
 // included, to the Observer it wraps when that one implements them. Make
 // it with WatchOrder; it is safe for concurrent use.
+//
+// Every relay test of this repository runs its relay under one, so that
+// a publisher that lets a message through after an earlier one of its
+// aggregate failed fails the test even when the ledger happens to come
+// out in order; do the same in tests of a Publisher of your own.
 type OrderWatch struct {
 	relay.Observer
 
@@ -37,7 +42,7 @@ func WatchOrder(t testing.TB, next relay.Observer) *OrderWatch {
 	w := &OrderWatch{Observer: next}
 	t.Cleanup(func() {
 		if v := w.Violations(); len(v) > 0 {
-			t.Errorf("the relay reported %d order violations (a message acknowledged after an earlier one of its aggregate failed in the same batch): %s", len(v), Describe(v))
+			t.Errorf("the relay reported %d order violations (a message acknowledged after an earlier one of its aggregate failed in the same batch): %s", len(v), DescribeMessages(v))
 		}
 	})
 	return w
@@ -86,9 +91,9 @@ func (w *OrderWatch) StartPublish(ctx context.Context, msgs []relay.Message) (co
 	return ctx, nil
 }
 
-// Describe names up to five of msgs (message ID, outbox id, aggregate),
+// DescribeMessages names up to five of msgs (message ID, outbox id, aggregate),
 // and how many more there are.
-func Describe(msgs []relay.Message) string {
+func DescribeMessages(msgs []relay.Message) string {
 	var s []string
 	for i, m := range msgs {
 		if i == 5 {
