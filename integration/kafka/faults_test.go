@@ -93,6 +93,21 @@ func firstDeliveries(t *testing.T, recs []kafkatest.Record, msgs []relay.Message
 	return seen
 }
 
+// allDelivered waits until faultTopic holds at least len(msgs) records,
+// checks that every message was delivered with each aggregate's first
+// deliveries in order, and returns the records.
+func allDelivered(t *testing.T, b *kafkatest.Broker, msgs []relay.Message) []kafkatest.Record {
+	t.Helper()
+	recs, err := newConsumer(t, b, faultTopic).WaitForCount(testCtx(t, 30*time.Second), len(msgs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen := firstDeliveries(t, recs, msgs); len(seen) != len(msgs) {
+		t.Errorf("%d of %d delivered", len(seen), len(msgs))
+	}
+	return recs
+}
+
 // smallBatches is a config whose record batches hold two of
 // interleaved's records (about 1.2 KB each), so one partition's share of
 // a batch spans several record batches (and requests).
@@ -201,13 +216,7 @@ func TestProducerStateErrorIsResentUnderFreshID(t *testing.T) {
 			if err := p.Publish(testCtx(t, 30*time.Second), msgs); err != nil {
 				t.Fatalf("Publish = %v, want nil", err)
 			}
-			recs, err := newConsumer(t, b, faultTopic).WaitForCount(testCtx(t, 30*time.Second), len(msgs))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if seen := firstDeliveries(t, recs, msgs); len(seen) != len(msgs) {
-				t.Errorf("%d of %d delivered", len(seen), len(msgs))
-			}
+			recs := allDelivered(t, b, msgs)
 			if len(recs) != len(msgs) {
 				t.Errorf("%d records for %d messages: a refused batch was written", len(recs), len(msgs))
 			}
@@ -263,13 +272,7 @@ func TestRetriableErrorOutlastsDeadline(t *testing.T) {
 	if err := p.Publish(testCtx(t, 30*time.Second), left); err != nil {
 		t.Fatalf("Publish after the fault = %v", err)
 	}
-	recs, err := newConsumer(t, b, faultTopic).WaitForCount(testCtx(t, 30*time.Second), len(msgs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if seen := firstDeliveries(t, recs, msgs); len(seen) != len(msgs) {
-		t.Errorf("%d of %d delivered", len(seen), len(msgs))
-	}
+	allDelivered(t, b, msgs)
 }
 
 // TestRetriableErrorShorterThanDeadline: NOT_LEADER_FOR_PARTITION for a
@@ -294,13 +297,7 @@ func TestRetriableErrorShorterThanDeadline(t *testing.T) {
 			if h.Hits() != 3 {
 				t.Fatalf("fault answered %d requests, want 3", h.Hits())
 			}
-			recs, err := newConsumer(t, b, faultTopic).WaitForCount(testCtx(t, 30*time.Second), len(msgs))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if seen := firstDeliveries(t, recs, msgs); len(seen) != len(msgs) {
-				t.Errorf("%d of %d delivered", len(seen), len(msgs))
-			}
+			recs := allDelivered(t, b, msgs)
 			if len(recs) != len(msgs) {
 				t.Errorf("%d records for %d messages: a resend was written twice", len(recs), len(msgs))
 			}

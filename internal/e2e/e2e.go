@@ -138,15 +138,7 @@ func Run[R any](ctx context.Context, t *testing.T, cfg Config[R]) Result[R] {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	RunRelay(t, ctx, r)
 
 	res := Result[R]{Payloads: map[string][]byte{}}
 	commit := func(tx int) {
@@ -248,4 +240,20 @@ func (w *failureWatch) Publish(ctx context.Context, msgs []relay.Message) error 
 		w.once.Do(func() { close(w.failed) })
 	}
 	return err
+}
+
+// RunRelay runs r in the background until t ends: its cleanup cancels
+// Run's context (derived from ctx) and fails t if Run returned anything
+// but that cancellation.
+func RunRelay(t testing.TB, ctx context.Context, r *relay.Relay) {
+	t.Helper()
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("Run: %v", err)
+		}
+	})
 }

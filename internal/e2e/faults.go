@@ -245,15 +245,7 @@ func RunFault[R any](ctx context.Context, t *testing.T, target testdb.Target, cf
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	RunRelay(t, ctx, r)
 
 	// The writers commit until told how far to go (stopAt, -1 until the
 	// fault is over), then stop by themselves: a writer cancelled in the
