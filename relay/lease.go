@@ -217,17 +217,17 @@ func (l *leases) heartbeat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Take the deficit from the free partitions in partition order; a
+	// round that loses some to another instance (it took them first)
+	// goes on with the next free ones.
 	acquired := 0
-	for _, p := range free {
-		if acquired == deficit {
-			break
-		}
-		res, err := db.ExecContext(qctx, d.Lease("lease_acquire"), l.id, l.ttlMicros(), p)
+	for len(free) > 0 && acquired < deficit {
+		take := free[:min(deficit-acquired, len(free))]
+		free = free[len(take):]
+		n, err := l.acquire(qctx, take)
+		acquired += n
 		if err != nil {
-			return fmt.Errorf("acquiring partition %d: %w", p, err)
-		}
-		if n, _ := res.RowsAffected(); n == 1 {
-			acquired++
+			return err
 		}
 	}
 	if acquired > 0 {
@@ -255,6 +255,44 @@ func sortedKeys(m map[int]int64) []int {
 	}
 	sort.Ints(ps)
 	return ps
+}
+
+// acquire takes the free partitions ps for this instance and returns how
+// many it took (the others were taken by another instance first). Where
+// the dialect allows (Dialect.LeaseAcquire), one statement takes them
+// all: a relay starting beside busy writers used to wait for one commit
+// per partition before its first claim, and under a saturated burst the
+// 32 commits took 100-140 ms (issue 26, BENCHMARKS.md). MySQL/MariaDB
+// take one partition per statement.
+func (l *leases) acquire(ctx context.Context, ps []int) (int, error) {
+	db, d := l.r.db, l.r.d
+	if q := d.LeaseAcquire(len(ps)); q != "" {
+		args := make([]any, 0, 2+len(ps))
+		args = append(args, l.id, l.ttlMicros())
+		for _, p := range ps {
+			args = append(args, p)
+		}
+		res, err := db.ExecContext(ctx, q, args...)
+		if err != nil {
+			return 0, fmt.Errorf("acquiring partitions %v: %w", ps, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return 0, fmt.Errorf("acquiring partitions %v: %w", ps, err)
+		}
+		return int(n), nil
+	}
+	taken := 0
+	for _, p := range ps {
+		res, err := db.ExecContext(ctx, d.Lease("lease_acquire"), l.id, l.ttlMicros(), p)
+		if err != nil {
+			return taken, fmt.Errorf("acquiring partition %d: %w", p, err)
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			taken++
+		}
+	}
+	return taken, nil
 }
 
 func (l *leases) mine(ctx context.Context) (map[int]int64, error) {

@@ -80,7 +80,7 @@ func checkResult(t *testing.T, name string, raw []byte) {
 		t.Fatalf("output is not one JSON object: %v\n%s", err, raw)
 	}
 	for _, k := range []string{"database", "broker", "cpus", "runs", "commit", "latency", "latency_standalone", "latency_seed",
-		"latency_runs", "latency_standalone_runs", "latency_seed_runs", "drain", "drain_analyzed", "drain_runs", "history", "baseline", "targets", "total_seconds"} {
+		"latency_runs", "latency_standalone_runs", "latency_seed_runs", "drain", "drain_analyzed", "drain_runs", "history", "baseline", "burst", "burst_runs", "targets", "total_seconds"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("JSON lacks %q", k)
 		}
@@ -114,6 +114,13 @@ func checkResult(t *testing.T, name string, raw []byte) {
 	}
 	if (r.PGDriver == "pq") != (name == "postgres") {
 		t.Errorf("pgdriver = %q on %s, want pq on postgres only", r.PGDriver, name)
+	}
+	checkBurst(t, "burst", r.Burst, 0, r.Runs)
+	if len(r.BurstRuns) != r.Runs {
+		t.Errorf("%d burst runs, want %d", len(r.BurstRuns), r.Runs)
+	}
+	for i, b := range r.BurstRuns {
+		checkBurst(t, "burst_runs", b, i+1, 0)
 	}
 	checkDrain(t, name, "drain", r.Drain, variantNeverAnalyzed, 0, r.Runs)
 	checkDrain(t, name, "drain_analyzed", r.DrainAnalyzed, variantAnalyzed, 0, r.Runs)
@@ -297,6 +304,24 @@ func checkTableState(t *testing.T, db, what string, s *TableState, variant strin
 	default:
 		if s.LastAnalyze != nil || s.ServerAutovacuum != "" || len(s.Relations) != 0 {
 			t.Errorf("%s: %+v", what, s)
+		}
+	}
+}
+
+// checkBurst checks one burst result of a smoke run: a closed-loop point
+// (offered 0) for each of the smoke's writer counts (4 and 8), every event
+// measured, sane quantiles, and the relay's claims and Publishes timed.
+func checkBurst(t *testing.T, field string, l *LatencyResult, run, runs int) {
+	t.Helper()
+	if l == nil || len(l.Points) != 2 || l.Relay == "" || l.Run != run || l.Runs != runs {
+		t.Errorf("%s: %+v", field, l)
+		return
+	}
+	for i, p := range l.Points {
+		if p.Workers != []int{4, 8}[i] || p.OfferedPerSec != 0 || p.Events != 300 || p.AchievedPerSec <= 0 || p.CommitP50Ms <= 0 ||
+			p.AckP50Ms <= 0 || p.AckP99Ms < p.AckP50Ms || p.RecvP50Ms <= 0 || p.RecvP99Ms < p.RecvP50Ms || p.RecvMaxMs < p.RecvP99Ms ||
+			p.Claims == 0 || p.ClaimP50Ms <= 0 || p.PublishP50Ms <= 0 || p.PublishBatchAvg <= 0 {
+			t.Errorf("%s point %d: %+v", field, i, p)
 		}
 	}
 }

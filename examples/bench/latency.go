@@ -14,7 +14,10 @@ import (
 
 // LatencyPoint is one offered load.
 type LatencyPoint struct {
+	// OfferedPerSec is the open-loop load; 0 for a closed loop (part
+	// "burst"), whose writers are counted by Workers.
 	OfferedPerSec  int     `json:"offered_per_sec"`
+	Workers        int     `json:"workers,omitempty"`
 	AchievedPerSec float64 `json:"achieved_per_sec"`
 	Events         int     `json:"events"`
 	// Ack: Commit returned -> the broker acknowledged (relay.Observer.Published;
@@ -221,10 +224,13 @@ func (a *ackLog) wait(ctx context.Context, ids []string) error {
 
 // load is an open-loop load: event k of a rate is due at start + k/rate,
 // taken by one of writers goroutines, each committing one transaction
-// with one event per event (write).
+// with one event per event (write). At rate 0 it is a closed loop of
+// events events: every writer takes the next one as soon as it has
+// committed the last.
 type load struct {
 	writers int
 	dur     time.Duration
+	events  int    // the closed loop's events (rate 0)
 	prefix  string // message IDs are prefix-rate-k
 	// write runs and commits one business transaction with event id.
 	write func(ctx context.Context, id string, k int) error
@@ -237,9 +243,12 @@ type load struct {
 	phases *phaseLog
 }
 
-// offer runs one rate and measures it.
+// offer runs one rate (0: the closed loop) and measures it.
 func (l *load) offer(ctx context.Context, rate int) (LatencyPoint, error) {
 	n := max(int(float64(rate)*l.dur.Seconds()), 1)
+	if rate <= 0 {
+		n = max(l.events, 1)
+	}
 	commits := make([]time.Time, n)
 	commitTook := make([]time.Duration, n)
 	ids := make([]string, n)
@@ -274,6 +283,14 @@ func (l *load) offer(ctx context.Context, rate int) (LatencyPoint, error) {
 	<-pace.C
 offering:
 	for k := 0; k < n; k++ {
+		if rate <= 0 {
+			select {
+			case jobs <- k: // buffered for all n: the writers never wait for it
+			case <-ctx.Done():
+				break offering
+			}
+			continue
+		}
 		due := start.Add(time.Duration(float64(k) / float64(rate) * float64(time.Second)))
 		if d := time.Until(due); d > 0 {
 			// Pacing the open-loop load, not waiting for a condition.

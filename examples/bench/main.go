@@ -14,8 +14,10 @@
 // the in-process relay and with the seed's relay as its baseline),
 // standalone (2: the same with the relay in a child process), drain (3:
 // drain throughput and peak RSS), history (4: claim cost with sent
-// history), baseline (5: the seed's relay draining the same preload).
-// -runs repeats the latency parts and the drain (never analyzed, then
+// history), baseline (5: the seed's relay draining the same preload),
+// burst (6: commit -> consumer under saturated closed loops of 16 and 64
+// writers, -burst-events events each, the relay started with them).
+// -runs repeats the latency parts, the burst and the drain (never analyzed, then
 // analyzed) on fresh tables and reports every run and the medians. Part
 // brokers runs only when named (-only brokers; it needs the servers of
 // -nats, -amqp and -redis): for Kafka (the same broker as the other
@@ -49,6 +51,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -57,28 +60,31 @@ import (
 )
 
 type options struct {
-	db         string
-	brokers    string
-	json       bool
-	rows       int
-	history    int
-	smoke      bool
-	only       string
-	cpuprofile string
-	iters      int
-	batch      int
-	loadSecs   float64
-	writers    int
-	baseCap    time.Duration
-	drainAggs  int
-	runs       int
-	pgDriver   string
-	soak       time.Duration
-	soakEvery  time.Duration
-	noNotify   bool
-	natsURL    string
-	amqpURL    string
-	redisAddr  string
+	db           string
+	brokers      string
+	json         bool
+	rows         int
+	history      int
+	smoke        bool
+	only         string
+	cpuprofile   string
+	iters        int
+	batch        int
+	loadSecs     float64
+	writers      int
+	burstEvents  int
+	burstList    string
+	burstWriters []int
+	baseCap      time.Duration
+	drainAggs    int
+	runs         int
+	pgDriver     string
+	soak         time.Duration
+	soakEvery    time.Duration
+	noNotify     bool
+	natsURL      string
+	amqpURL      string
+	redisAddr    string
 }
 
 // Result is the -json output: one object.
@@ -107,6 +113,10 @@ type Result struct {
 	LatencyRuns           []*LatencyResult `json:"latency_runs,omitempty"`
 	LatencyStandaloneRuns []*LatencyResult `json:"latency_standalone_runs,omitempty"`
 	LatencySeedRuns       []*LatencyResult `json:"latency_seed_runs,omitempty"`
+	// Burst is part "burst" (closed loops, one point per writer count),
+	// the medians of BurstRuns.
+	Burst     *LatencyResult   `json:"burst,omitempty"`
+	BurstRuns []*LatencyResult `json:"burst_runs,omitempty"`
 	// Drain is part 3 on a never-analyzed table, DrainAnalyzed after
 	// ANALYZE; DrainRuns every run of both, in the order they ran.
 	Drain         *DrainResult    `json:"drain,omitempty"`
@@ -138,7 +148,7 @@ func target(name, want string, got float64, met bool) Target {
 	return Target{Name: name, Want: want, Got: got, Met: &met}
 }
 
-var allParts = []string{"commit", "latency", "standalone", "drain", "history", "baseline"}
+var allParts = []string{"commit", "latency", "standalone", "drain", "history", "baseline", "burst"}
 
 // extraParts are parts -only accepts that do not run by default: brokers
 // needs NATS, RabbitMQ and Redis servers besides the database.
@@ -178,6 +188,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.batch, "batch", 0, "relay BatchSize for the drain (0 = relay default)")
 	fs.Float64Var(&o.loadSecs, "load-seconds", 5, "seconds per offered load in part 2 (in-process, standalone and seed relay)")
 	fs.IntVar(&o.writers, "writers", 32, "writer goroutines in part 2 and the soak (one event per transaction)")
+	fs.IntVar(&o.burstEvents, "burst-events", 3000, "events per closed loop in part burst (as many as examples/quickstart's 1,000 orders)")
+	fs.StringVar(&o.burstList, "burst-writers", "", "comma list of the closed loops' writer counts in part burst (default 16,64; 4,8 with -smoke)")
 	fs.DurationVar(&o.baseCap, "baseline-cap", 10*time.Second, "how long the seed's relay drains in part 5")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -185,13 +197,27 @@ func parseFlags(args []string) (*options, error) {
 	runsSet := false
 	fs.Visit(func(f *flag.Flag) { runsSet = runsSet || f.Name == "runs" })
 	if o.smoke {
-		o.rows, o.history, o.iters, o.loadSecs, o.baseCap = 2_000, 20_000, 30, 0.5, time.Second
+		o.rows, o.history, o.iters, o.loadSecs, o.baseCap, o.burstEvents = 2_000, 20_000, 30, 0.5, time.Second, 300
 		if !runsSet {
 			o.runs = 1
 		}
 	}
-	if o.runs < 1 || o.drainAggs < 1 || o.writers < 1 || o.rows < 1 {
-		return nil, fmt.Errorf("-runs, -drain-aggregates, -writers and -rows must be at least 1")
+	o.burstWriters = burstWorkers
+	if o.smoke {
+		o.burstWriters = []int{4, 8}
+	}
+	if o.burstList != "" {
+		o.burstWriters = nil
+		for _, f := range strings.Split(o.burstList, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("-burst-writers: %q is not a positive writer count", f)
+			}
+			o.burstWriters = append(o.burstWriters, n)
+		}
+	}
+	if o.runs < 1 || o.drainAggs < 1 || o.writers < 1 || o.rows < 1 || o.burstEvents < 1 {
+		return nil, fmt.Errorf("-runs, -drain-aggregates, -writers, -rows and -burst-events must be at least 1")
 	}
 	if o.soak < 0 || o.soakEvery <= 0 {
 		return nil, fmt.Errorf("-soak must not be negative and -soak-interval must be positive")
@@ -358,6 +384,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			}
 			res.LatencySeedRuns = append(res.LatencySeedRuns, s)
 		}
+		if want["burst"] {
+			logf("part 6: burst, closed loops of %v writers, %d events each, the relay started with them, run %d of %d", o.burstWriters, o.burstEvents, run, o.runs)
+			b, err := runBurst(ctx, db, kafkaEP, o.burstWriters, o.burstEvents, run)
+			if err != nil {
+				return fmt.Errorf("burst (run %d): %w", run, err)
+			}
+			res.BurstRuns = append(res.BurstRuns, b)
+		}
 		if want["standalone"] {
 			logf("part 2: latency, standalone relay (child process), at %v events/s, %.1f s each, run %d of %d", latencyRates, o.loadSecs, run, o.runs)
 			l, err := runStandalone(ctx, db, brokers, latencyRates, dur, o.writers, run)
@@ -390,6 +424,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	res.Latency = medianLatency(res.LatencyRuns)
 	res.LatencySeed = medianLatency(res.LatencySeedRuns)
 	res.LatencyStandalone = medianLatency(res.LatencyStandaloneRuns)
+	res.Burst = medianLatency(res.BurstRuns)
 	res.Targets = targets(res)
 	res.TotalSecs = round2(time.Since(began).Seconds())
 	if o.json {
@@ -538,6 +573,25 @@ func printTables(out io.Writer, r *Result) {
 			}
 		}
 		fmt.Fprintln(out)
+	}
+	if r.Burst != nil {
+		fmt.Fprintf(w, "6. burst (ms after Commit returned)	achieved/s	recv p50	p99	p99.9	max	ack p50	p99	commit p50	claim p50	publish p50	per Publish	\n")
+		rows := r.BurstRuns
+		if len(rows) > 1 {
+			rows = append(append([]*LatencyResult{}, rows...), r.Burst)
+		}
+		for _, l := range rows {
+			label := fmt.Sprintf("median of %d", l.Runs)
+			if l.Run > 0 {
+				label = fmt.Sprintf("run %d", l.Run)
+			}
+			for _, p := range l.Points {
+				fmt.Fprintf(w, "%s, %d writers\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t\n", label, p.Workers, p.AchievedPerSec,
+					p.RecvP50Ms, p.RecvP99Ms, p.RecvP999Ms, p.RecvMaxMs, p.AckP50Ms, p.AckP99Ms, p.CommitP50Ms, p.ClaimP50Ms, p.PublishP50Ms, p.PublishBatchAvg)
+			}
+		}
+		w.Flush()
+		fmt.Fprintf(out, "  burst: %s\n\n", r.Burst.Relay)
 	}
 	if len(r.DrainRuns) > 0 {
 		fmt.Fprintf(w, "3. drain\trows\taggregates\tseconds\tevents/s\tpeak RSS MiB\tvs seed\tbatches\tclaim p50 µs\tp99\tmax\tms/batch\t\n")

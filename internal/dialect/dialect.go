@@ -680,6 +680,20 @@ func (d *Dialect) LeaseInit(n int) string {
 	return d.Bind(q)
 }
 
+// LeaseAcquire returns the statement that takes n free partitions in one
+// round trip (arguments: instance ID, TTL in microseconds, then the n
+// partition numbers; RowsAffected is how many it took), or "" where each
+// partition must be taken by a statement of its own (lease_acquire):
+// MySQL/MariaDB, for the lock-order reason RenewsLeasesOneByOne gives.
+// n < 1 returns "".
+func (d *Dialect) LeaseAcquire(n int) string {
+	if n < 1 || d.RenewsLeasesOneByOne() {
+		return ""
+	}
+	q := strings.Replace(d.Query("lease_acquire_many"), "{{PARTITIONS}}", strings.TrimSuffix(strings.Repeat("?, ", n), ", "), 1)
+	return d.Bind(q)
+}
+
 // RenewsLeasesOneByOne reports whether the lease heartbeat must renew
 // each partition in a statement of its own (lease_renew_one: TTL,
 // partition, instance) rather than all of an instance's at once

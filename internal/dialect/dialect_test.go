@@ -150,6 +150,33 @@ func TestFencedWrites(t *testing.T) {
 	}
 }
 
+// TestLeaseAcquire: the statement taking several partitions at once has
+// the instance, the TTL and one placeholder per partition, and none on
+// MySQL/MariaDB (one statement per partition there) or for no partition.
+func TestLeaseAcquire(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name Name
+		n    int
+		want string // a fragment of the statement; "" for none
+	}{
+		{Postgres, 3, "partition_key IN ($3, $4, $5)"},
+		{Postgres, 1, "partition_key IN ($3)"},
+		{Postgres, 0, ""},
+		{SQLite, 2, "partition_key IN (?, ?)"},
+		{MySQL, 3, ""},
+	} {
+		d, _ := New(tc.name, "t")
+		q := d.LeaseAcquire(tc.n)
+		switch {
+		case tc.want == "" && q != "":
+			t.Errorf("%s LeaseAcquire(%d) = %s, want none", tc.name, tc.n, q)
+		case tc.want != "" && (!strings.Contains(q, tc.want) || strings.Contains(q, "{{")):
+			t.Errorf("%s LeaseAcquire(%d) = %s, want it to contain %q", tc.name, tc.n, q, tc.want)
+		}
+	}
+}
+
 // TestClaimReadsTheClockOnce is the regression test for a claim that read
 // the database clock twice (PostgreSQL: two InitPlans evaluated at
 // different moments; SQLite: 'now' re-read at each step): a retry coming

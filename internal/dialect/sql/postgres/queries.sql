@@ -141,6 +141,15 @@ ORDER BY partition_key
 UPDATE {{.Lease}} SET owner = ?, epoch = epoch + 1, expires_at = clock_timestamp() + (?::bigint * interval '1 microsecond')
 WHERE partition_key = ? AND (owner IS NULL OR expires_at IS NULL OR expires_at <= clock_timestamp())
 
+-- name: lease_acquire_many
+-- lease_acquire for several partitions in one statement (one round trip
+-- and one commit, where a relay taking its share of 32 partitions used to
+-- wait for 32): ? = instance ID, TTL in microseconds, then the partitions
+-- ({{"{{PARTITIONS}}"}} is one "?" per partition). Each row taken gets its
+-- own epoch raise; rows another instance took first are left alone.
+UPDATE {{.Lease}} SET owner = ?, epoch = epoch + 1, expires_at = clock_timestamp() + (?::bigint * interval '1 microsecond')
+WHERE partition_key IN ({{"{{PARTITIONS}}"}}) AND (owner IS NULL OR expires_at IS NULL OR expires_at <= clock_timestamp())
+
 -- name: lease_release
 -- ? = partition, instance ID.
 UPDATE {{.Lease}} SET owner = NULL, expires_at = NULL

@@ -1,0 +1,129 @@
+package relay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/outboxtest"
+	"github.com/sqloutbox/outbox/partition"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// TestLeasesAcquiredTogether: a starting relay takes every free partition
+// (it is the only live instance), leaves alone the ones another owner
+// still holds, and raises each taken partition's epoch once. On
+// PostgreSQL and SQLite one statement takes them all: on PostgreSQL every
+// taken lease row then carries the same xmin (one transaction). The relay
+// used to take one statement, and one commit, per partition, which under
+// a saturated burst kept its first claim waiting for 100-140 ms (issue
+// 26). MySQL/MariaDB take them one by one on purpose
+// (Dialect.LeaseAcquire).
+func TestLeasesAcquiredTogether(t *testing.T) {
+	t.Parallel()
+	const held = 10 // partitions 0..held-1 belong to owner-b, which is not a live member
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		e := testdb.New(t, tg, driver.Config{})
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		d, err := dialect.New(dialect.Name(tg.Dialect), e.Table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := partition.DefaultCount
+		args := make([]any, n)
+		for p := range args {
+			args[p] = p
+		}
+		if _, err := e.RelayDB.ExecContext(ctx, d.LeaseInit(n), args...); err != nil {
+			t.Fatal(err)
+		}
+		for p := 0; p < held; p++ {
+			if _, err := e.RelayDB.ExecContext(ctx, d.Lease("lease_acquire"), "owner-b", int64(time.Hour/time.Microsecond), p); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: outboxtest.NewPublisher(), InstanceID: "owner-a",
+			// No renewal during the test: one renews every owned row in one
+			// statement, which would give them one xmin whatever took them.
+			LeaseTTL:     time.Hour,
+			PollInterval: 20 * time.Millisecond, Logger: quiet(), Observer: outboxtest.WatchOrder(t, nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := make(chan error, 1)
+		go func() { run <- r.Run(ctx) }()
+		defer func() {
+			sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
+			defer c()
+			if err := r.Stop(sctx); err != nil {
+				t.Errorf("stop: %v", err)
+			}
+			if err := <-run; err != nil {
+				t.Errorf("run: %v", err)
+			}
+		}()
+		eventually(t, ctx, "owner-a holds the free partitions", func() bool {
+			owned := 0
+			for _, l := range leaseRows(t, ctx, e) {
+				if l.owner == "owner-a" {
+					owned++
+				}
+			}
+			return owned == n-held
+		})
+
+		for p, l := range leaseRows(t, ctx, e) {
+			want := "owner-a"
+			if p < held {
+				want = "owner-b"
+			}
+			if l.owner != want || l.epoch != 1 {
+				t.Errorf("partition %d: owner %q, epoch %d; want %q, epoch 1", p, l.owner, l.epoch, want)
+			}
+		}
+		if tg.Dialect == driver.Postgres {
+			var txs int
+			if err := e.RelayDB.QueryRowContext(ctx, "SELECT COUNT(DISTINCT xmin::text) FROM "+e.Table+"_lease WHERE owner = 'owner-a'").Scan(&txs); err != nil {
+				t.Fatal(err)
+			}
+			if txs != 1 {
+				t.Errorf("the %d partitions were taken by %d transactions, want 1", n-held, txs)
+			}
+		}
+	})
+}
+
+// lease is one lease row.
+type lease struct {
+	owner string
+	epoch int64
+}
+
+// leaseRows reads e's lease table: owner ("" for none) and epoch per
+// partition.
+func leaseRows(t *testing.T, ctx context.Context, e *testdb.Env) map[int]lease {
+	t.Helper()
+	rows, err := e.RelayDB.QueryContext(ctx, "SELECT partition_key, COALESCE(owner, ''), epoch FROM "+e.Table+"_lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[int]lease{}
+	for rows.Next() {
+		var p int
+		var l lease
+		if err := rows.Scan(&p, &l.owner, &l.epoch); err != nil {
+			t.Fatal(err)
+		}
+		out[p] = l
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
