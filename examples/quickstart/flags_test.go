@@ -72,6 +72,21 @@ func TestRunRejectsNegativeConfig(t *testing.T) {
 	}
 }
 
+// TestProgressZeroDisables is the regression test for "-progress 0",
+// which the usage documents as "disables it" but which failed as a usage
+// error ("-progress must be positive, or 0 to disable it, got -1ns"):
+// the run succeeds and writes no progress line.
+func TestProgressZeroDisables(t *testing.T) {
+	t.Parallel()
+	var out, errb bytes.Buffer
+	if code := mainArgs([]string{"-progress", "0", "-orders", "5", "-workers", "2"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, errb.String())
+	}
+	if strings.Contains(errb.String(), "events consumed") {
+		t.Errorf("progress line with -progress 0:\n%s", errb.String())
+	}
+}
+
 // TestProgressLines: a run with Progress set writes progress lines.
 func TestProgressLines(t *testing.T) {
 	t.Parallel()

@@ -190,7 +190,9 @@ func mainArgs(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	cfg.Progress = stderr
+	if cfg.ProgressEvery > 0 { // -progress 0: no progress writer, so no line
+		cfg.Progress = stderr
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	rep, err := run(ctx, cfg, stdout)
 	stop()
@@ -224,12 +226,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (config, error) {
 			cfg.Brokers = append(cfg.Brokers, b)
 		}
 	}
-	noProgress := cfg.ProgressEvery == 0
 	if err := validateFlags(config{Orders: cfg.Orders, Workers: cfg.Workers, Poll: cfg.Poll, Timeout: cfg.Timeout, ProgressEvery: cfg.ProgressEvery}); err != nil {
 		return cfg, err
-	}
-	if noProgress {
-		cfg.ProgressEvery = -1
 	}
 	return cfg, nil
 }
