@@ -226,12 +226,13 @@
 // default) an instance upserts its row in <table>_relay (expiring after
 // LeaseTTL by the database clock), renews its leases, counts the live
 // instances L and aims for ceil(N/L) partitions: it takes free or expired
-// partitions up to that share (on PostgreSQL and SQLite in one statement,
-// so a relay starting beside busy writers waits for one commit, not one
-// per partition, before its first claim; MySQL/MariaDB take and renew one
-// partition per statement, since a statement holding one lease row while
-// waiting for another could deadlock with the mark-sent fence's shared
-// locks), and hands the excess back. A partition is
+// partitions up to that share, in one statement and one commit (a relay
+// starting beside busy writers used to commit once per partition before
+// its first claim; on MySQL/MariaDB a SELECT ... FOR UPDATE SKIP LOCKED
+// first locks the free rows nobody else holds, so the transaction never
+// waits while it holds a lease row, the wait that would close a deadlock
+// with the mark-sent fence's shared locks; renewals there go one partition
+// per statement for the same reason), and hands the excess back. A partition is
 // handed back only after the instance's in-flight work on it is recorded
 // (the loop releases it between batches), so the next owner starts exactly
 // where it stopped.

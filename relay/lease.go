@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -258,21 +259,24 @@ func sortedKeys(m map[int]int64) []int {
 }
 
 // acquire takes the free partitions ps for this instance and returns how
-// many it took (the others were taken by another instance first). Where
-// the dialect allows (Dialect.LeaseAcquire), one statement takes them
-// all: a relay starting beside busy writers used to wait for one commit
-// per partition before its first claim, and under a saturated burst the
-// 32 commits took 100-140 ms (issue 26, BENCHMARKS.md). MySQL/MariaDB
-// take one partition per statement.
+// many it took (the others were taken by another instance first, or, on
+// MySQL/MariaDB, were locked by another transaction at that moment and
+// wait for the next heartbeat). One statement takes them all, one commit:
+// a relay starting beside busy writers used to commit once per partition
+// before its first claim, and under a saturated burst the 32 commits took
+// 100-140 ms on PostgreSQL and about a second on MariaDB (issue 26,
+// BENCHMARKS.md). On MySQL/MariaDB a SELECT ... FOR UPDATE SKIP LOCKED
+// locks the rows first, in the same transaction, so the transaction never
+// waits while it holds a lease row (Dialect.LeaseLockFree).
 func (l *leases) acquire(ctx context.Context, ps []int) (int, error) {
 	db, d := l.r.db, l.r.d
-	if q := d.LeaseAcquire(len(ps)); q != "" {
-		args := make([]any, 0, 2+len(ps))
-		args = append(args, l.id, l.ttlMicros())
-		for _, p := range ps {
-			args = append(args, p)
-		}
-		res, err := db.ExecContext(ctx, q, args...)
+	parts := make([]any, len(ps))
+	for i, p := range ps {
+		parts[i] = p
+	}
+	lock := d.LeaseLockFree(len(ps))
+	if lock == "" {
+		res, err := db.ExecContext(ctx, d.LeaseAcquire(len(ps)), append([]any{l.id, l.ttlMicros()}, parts...)...)
 		if err != nil {
 			return 0, fmt.Errorf("acquiring partitions %v: %w", ps, err)
 		}
@@ -282,17 +286,51 @@ func (l *leases) acquire(ctx context.Context, ps []int) (int, error) {
 		}
 		return int(n), nil
 	}
-	taken := 0
-	for _, p := range ps {
-		res, err := db.ExecContext(ctx, d.Lease("lease_acquire"), l.id, l.ttlMicros(), p)
-		if err != nil {
-			return taken, fmt.Errorf("acquiring partition %d: %w", p, err)
-		}
-		if n, _ := res.RowsAffected(); n == 1 {
-			taken++
-		}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("acquiring partitions %v: %w", ps, err)
 	}
-	return taken, nil
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	locked, err := scanInts(tx.QueryContext(ctx, lock, parts...))
+	if err != nil {
+		return 0, fmt.Errorf("acquiring partitions %v: locking the free ones: %w", ps, err)
+	}
+	if len(locked) == 0 {
+		return 0, nil
+	}
+	args := []any{l.id, l.ttlMicros()}
+	for _, p := range locked {
+		args = append(args, p)
+	}
+	res, err := tx.ExecContext(ctx, d.LeaseAcquire(len(locked)), args...)
+	if err != nil {
+		return 0, fmt.Errorf("acquiring partitions %v: %w", locked, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("acquiring partitions %v: %w", locked, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("acquiring partitions %v: %w", locked, err)
+	}
+	return int(n), nil
+}
+
+// scanInts reads a one-column integer result.
+func scanInts(rows *sql.Rows, err error) ([]int, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
 }
 
 func (l *leases) mine(ctx context.Context) (map[int]int64, error) {
@@ -314,20 +352,11 @@ func (l *leases) mine(ctx context.Context) (map[int]int64, error) {
 }
 
 func (l *leases) free(ctx context.Context) ([]int, error) {
-	rows, err := l.r.db.QueryContext(ctx, l.r.d.Lease("lease_free"))
+	ps, err := scanInts(l.r.db.QueryContext(ctx, l.r.d.Lease("lease_free")))
 	if err != nil {
 		return nil, fmt.Errorf("reading free leases: %w", err)
 	}
-	defer rows.Close()
-	var ps []int
-	for rows.Next() {
-		var p int
-		if err := rows.Scan(&p); err != nil {
-			return nil, err
-		}
-		ps = append(ps, p)
-	}
-	return ps, rows.Err()
+	return ps, nil
 }
 
 // run heartbeats every l.beat until ctx ends.

@@ -682,17 +682,31 @@ func (d *Dialect) LeaseInit(n int) string {
 
 // LeaseAcquire returns the statement that takes n free partitions in one
 // round trip (arguments: instance ID, TTL in microseconds, then the n
-// partition numbers; RowsAffected is how many it took), or "" where each
-// partition must be taken by a statement of its own (lease_acquire):
-// MySQL/MariaDB, for the lock-order reason RenewsLeasesOneByOne gives.
-// n < 1 returns "".
+// partition numbers; RowsAffected is how many it took), or "" for n < 1.
+// On MySQL/MariaDB it must run in a transaction, after LeaseLockFree
+// locked the partitions it lists.
 func (d *Dialect) LeaseAcquire(n int) string {
-	if n < 1 || d.RenewsLeasesOneByOne() {
+	if n < 1 {
 		return ""
 	}
-	q := strings.Replace(d.Query("lease_acquire_many"), "{{PARTITIONS}}", strings.TrimSuffix(strings.Repeat("?, ", n), ", "), 1)
-	return d.Bind(q)
+	return d.Bind(strings.Replace(d.Query("lease_acquire_many"), "{{PARTITIONS}}", placeholders(n), 1))
 }
+
+// LeaseLockFree returns, on MySQL/MariaDB, the SELECT ... FOR UPDATE SKIP
+// LOCKED that locks which of n listed partitions (the arguments) are free
+// and not locked by another transaction, to run first in the transaction
+// of LeaseAcquire: that transaction then never waits while holding a
+// lease row (see RenewsLeasesOneByOne for the deadlock that would close).
+// It returns "" elsewhere, and for n < 1.
+func (d *Dialect) LeaseLockFree(n int) string {
+	if n < 1 || d.name != MySQL {
+		return ""
+	}
+	return d.Bind(strings.Replace(d.Query("lease_lock_free"), "{{PARTITIONS}}", placeholders(n), 1))
+}
+
+// placeholders is n comma-separated "?".
+func placeholders(n int) string { return strings.TrimSuffix(strings.Repeat("?, ", n), ", ") }
 
 // RenewsLeasesOneByOne reports whether the lease heartbeat must renew
 // each partition in a statement of its own (lease_renew_one: TTL,

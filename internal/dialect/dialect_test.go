@@ -151,8 +151,8 @@ func TestFencedWrites(t *testing.T) {
 }
 
 // TestLeaseAcquire: the statement taking several partitions at once has
-// the instance, the TTL and one placeholder per partition, and none on
-// MySQL/MariaDB (one statement per partition there) or for no partition.
+// the instance, the TTL and one placeholder per partition (none for no
+// partition); MySQL/MariaDB alone lock them first, without waiting.
 func TestLeaseAcquire(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -164,10 +164,15 @@ func TestLeaseAcquire(t *testing.T) {
 		{Postgres, 1, "partition_key IN ($3)"},
 		{Postgres, 0, ""},
 		{SQLite, 2, "partition_key IN (?, ?)"},
-		{MySQL, 3, ""},
+		{MySQL, 3, "partition_key IN (?, ?, ?)"},
 	} {
 		d, _ := New(tc.name, "t")
 		q := d.LeaseAcquire(tc.n)
+		lock := d.LeaseLockFree(tc.n)
+		if (lock != "") != (tc.name == MySQL && tc.n > 0) || strings.Count(lock, "?") != map[bool]int{true: tc.n}[tc.name == MySQL] ||
+			(lock != "" && !strings.HasSuffix(lock, "FOR UPDATE SKIP LOCKED")) {
+			t.Errorf("%s LeaseLockFree(%d) = %q", tc.name, tc.n, lock)
+		}
 		switch {
 		case tc.want == "" && q != "":
 			t.Errorf("%s LeaseAcquire(%d) = %s, want none", tc.name, tc.n, q)

@@ -179,6 +179,30 @@ ORDER BY partition_key
 UPDATE {{.Lease}} SET owner = ?, epoch = epoch + 1, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
 WHERE partition_key = ? AND (owner IS NULL OR expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6))
 
+-- name: lease_lock_free
+-- The first statement of a transaction taking several partitions at once:
+-- locks those of the listed partitions ({{"{{PARTITIONS}}"}}: one "?" each)
+-- that are free, skipping any row another transaction holds a lock on (a
+-- mark-sent fence's shared lock, another instance's acquisition). It never
+-- waits, so the transaction never holds one lease row while waiting for
+-- another, the wait that closed deadlock cycles with the fence
+-- (Dialect.RenewsLeasesOneByOne); lease_acquire_many then updates exactly
+-- the rows it locked.
+SELECT partition_key FROM {{.Lease}} FORCE INDEX (PRIMARY)
+WHERE partition_key IN ({{"{{PARTITIONS}}"}}) AND (owner IS NULL OR expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6))
+ORDER BY partition_key
+FOR UPDATE SKIP LOCKED
+
+-- name: lease_acquire_many
+-- lease_acquire for several partitions in one statement, after
+-- lease_lock_free locked them in the same transaction: ? = instance ID,
+-- TTL in microseconds, then the partitions ({{"{{PARTITIONS}}"}}).
+-- FORCE INDEX (PRIMARY), as in mark_sent: left to itself MariaDB scans the
+-- whole 32-row table for such a list and, under REPEATABLE READ, waits on
+-- the row it just skipped (seen in TestLeaseAcquireSkipsLockedRows).
+UPDATE {{.Lease}} FORCE INDEX (PRIMARY) SET owner = ?, epoch = epoch + 1, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE partition_key IN ({{"{{PARTITIONS}}"}}) AND (owner IS NULL OR expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6))
+
 -- name: lease_release
 -- ? = partition, instance ID.
 UPDATE {{.Lease}} SET owner = NULL, expires_at = NULL
