@@ -15,7 +15,7 @@
 // standalone (2: the same with the relay in a child process), drain (3:
 // drain throughput and peak RSS), history (4: claim cost with sent
 // history), baseline (5: the seed's relay draining the same preload),
-// burst (6: commit -> consumer under saturated closed loops of 16 and 64
+// burst (7: commit -> consumer under saturated closed loops of 16 and 64
 // writers, -burst-events events each, the relay started with them).
 // -runs repeats the latency parts, the burst and the drain (never analyzed, then
 // analyzed) on fresh tables and reports every run and the medians. Part
@@ -385,7 +385,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			res.LatencySeedRuns = append(res.LatencySeedRuns, s)
 		}
 		if want["burst"] {
-			logf("part 6: burst, closed loops of %v writers, %d events each, the relay started with them, run %d of %d", o.burstWriters, o.burstEvents, run, o.runs)
+			logf("part 7: burst, closed loops of %v writers, %d events each, the relay started with them, run %d of %d", o.burstWriters, o.burstEvents, run, o.runs)
 			b, err := runBurst(ctx, db, kafkaEP, o.burstWriters, o.burstEvents, run)
 			if err != nil {
 				return fmt.Errorf("burst (run %d): %w", run, err)
@@ -575,7 +575,7 @@ func printTables(out io.Writer, r *Result) {
 		fmt.Fprintln(out)
 	}
 	if r.Burst != nil {
-		fmt.Fprintf(w, "6. burst (ms after Commit returned)	achieved/s	recv p50	p99	p99.9	max	ack p50	p99	commit p50	claim p50	publish p50	per Publish	\n")
+		fmt.Fprintf(w, "7. burst (ms after Commit returned)	achieved/s	recv p50	p99	p99.9	max	ack p50	p99	commit p50	claim p50	publish p50	per Publish	\n")
 		rows := r.BurstRuns
 		if len(rows) > 1 {
 			rows = append(append([]*LatencyResult{}, rows...), r.Burst)
