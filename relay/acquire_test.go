@@ -30,44 +30,16 @@ func TestLeasesAcquiredTogether(t *testing.T) {
 		e := testdb.New(t, tg, driver.Config{})
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		d, err := dialect.New(dialect.Name(tg.Dialect), e.Table)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := leaseDialect(t, ctx, e)
 		n := partition.DefaultCount
-		args := make([]any, n)
-		for p := range args {
-			args[p] = p
-		}
-		if _, err := e.RelayDB.ExecContext(ctx, d.LeaseInit(n), args...); err != nil {
-			t.Fatal(err)
-		}
 		for p := 0; p < held; p++ {
 			if _, err := e.RelayDB.ExecContext(ctx, d.Lease("lease_acquire"), "owner-b", int64(time.Hour/time.Microsecond), p); err != nil {
 				t.Fatal(err)
 			}
 		}
-
-		r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: outboxtest.NewPublisher(), InstanceID: "owner-a",
-			// No renewal during the test: one renews every owned row in one
-			// statement, which would give them one xmin whatever took them.
-			LeaseTTL:     time.Hour,
-			PollInterval: 20 * time.Millisecond, Logger: quiet(), Observer: outboxtest.WatchOrder(t, nil)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		run := make(chan error, 1)
-		go func() { run <- r.Run(ctx) }()
-		defer func() {
-			sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
-			defer c()
-			if err := r.Stop(sctx); err != nil {
-				t.Errorf("stop: %v", err)
-			}
-			if err := <-run; err != nil {
-				t.Errorf("run: %v", err)
-			}
-		}()
+		// No renewal during the test: one renews every owned row in one
+		// statement, which would give them one xmin whatever took them.
+		startRelay(t, ctx, e, time.Hour)
 		eventually(t, ctx, "owner-a holds the free partitions", func() bool {
 			owned := 0
 			for _, l := range leaseRows(t, ctx, e) {
@@ -95,6 +67,48 @@ func TestLeasesAcquiredTogether(t *testing.T) {
 			if txs != 1 {
 				t.Errorf("the %d partitions were taken by %d transactions, want 1", n-held, txs)
 			}
+		}
+	})
+}
+
+// leaseDialect returns e's dialect, after creating e's lease rows (one
+// per partition, none owned), as a starting relay would.
+func leaseDialect(t *testing.T, ctx context.Context, e *testdb.Env) *dialect.Dialect {
+	t.Helper()
+	d, err := dialect.New(dialect.Name(e.Target.Dialect), e.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := partition.DefaultCount
+	args := make([]any, n)
+	for p := range args {
+		args[p] = p
+	}
+	if _, err := e.RelayDB.ExecContext(ctx, d.LeaseInit(n), args...); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// startRelay runs a relay of instance "owner-a" with leaseTTL on e until
+// the test ends.
+func startRelay(t *testing.T, ctx context.Context, e *testdb.Env, leaseTTL time.Duration) {
+	t.Helper()
+	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: outboxtest.NewPublisher(), InstanceID: "owner-a",
+		LeaseTTL: leaseTTL, PollInterval: 20 * time.Millisecond, Logger: quiet(), Observer: outboxtest.WatchOrder(t, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := make(chan error, 1)
+	go func() { run <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
+		defer c()
+		if err := r.Stop(sctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+		if err := <-run; err != nil {
+			t.Errorf("run: %v", err)
 		}
 	})
 }
@@ -145,18 +159,8 @@ func TestLeaseAcquireSkipsLockedRows(t *testing.T) {
 	e := testdb.New(t, testdb.Target{Name: "mysql", Dialect: driver.MySQL}, driver.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	d, err := dialect.New(dialect.MySQL, e.Table)
-	if err != nil {
-		t.Fatal(err)
-	}
+	leaseDialect(t, ctx, e)
 	n := partition.DefaultCount
-	args := make([]any, n)
-	for p := range args {
-		args[p] = p
-	}
-	if _, err := e.RelayDB.ExecContext(ctx, d.LeaseInit(n), args...); err != nil {
-		t.Fatal(err)
-	}
 	other, err := sql.Open("mysql", e.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -172,23 +176,7 @@ func TestLeaseAcquireSkipsLockedRows(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: outboxtest.NewPublisher(), InstanceID: "owner-a",
-		LeaseTTL: 2 * time.Second, PollInterval: 20 * time.Millisecond, Logger: quiet(), Observer: outboxtest.WatchOrder(t, nil)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := make(chan error, 1)
-	go func() { run <- r.Run(ctx) }()
-	defer func() {
-		sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
-		defer c()
-		if err := r.Stop(sctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-		if err := <-run; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
+	startRelay(t, ctx, e, 2*time.Second)
 	owned := func() (mine int, lockedFree bool) {
 		for q, l := range leaseRows(t, ctx, e) {
 			if l.owner == "owner-a" {
