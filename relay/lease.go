@@ -264,7 +264,8 @@ func sortedKeys(m map[int]int64) []int {
 // wait for the next heartbeat). One statement takes them all, one commit:
 // a relay starting beside busy writers used to commit once per partition
 // before its first claim, and under a saturated burst the 32 commits took
-// 100-140 ms on PostgreSQL and about a second on MariaDB (issue 26,
+// 100-140 ms on PostgreSQL; on MariaDB, where one commit took 9-48 ms
+// under 16 to 64 writers, they add up to a second or more (issue 26,
 // BENCHMARKS.md). On MySQL/MariaDB a SELECT ... FOR UPDATE SKIP LOCKED
 // locks the rows first, in the same transaction, so the transaction never
 // waits while it holds a lease row (Dialect.LeaseLockFree).
