@@ -318,7 +318,7 @@ func checkBurst(t *testing.T, field string, l *LatencyResult, run, runs int) {
 		return
 	}
 	for i, p := range l.Points {
-		if p.Workers != []int{4, 8}[i] || p.OfferedPerSec != 0 || p.Events != 300 || p.AchievedPerSec <= 0 || p.CommitP50Ms <= 0 ||
+		if p.Writers != []int{4, 8}[i] || p.OfferedPerSec != 0 || p.Events != 300 || p.AchievedPerSec <= 0 || p.CommitP50Ms <= 0 ||
 			p.AckP50Ms <= 0 || p.AckP99Ms < p.AckP50Ms || p.RecvP50Ms <= 0 || p.RecvP99Ms < p.RecvP50Ms || p.RecvMaxMs < p.RecvP99Ms ||
 			p.Claims == 0 || p.ClaimP50Ms <= 0 || p.PublishP50Ms <= 0 || p.PublishBatchAvg <= 0 {
 			t.Errorf("%s point %d: %+v", field, i, p)

@@ -58,6 +58,6 @@ func burstPoint(ctx context.Context, db *database, ep endpoint, events, workers,
 		return LatencyPoint{}, err
 	}
 	phases.fill(&p)
-	p.Workers = workers
+	p.Writers = workers
 	return p, nil
 }

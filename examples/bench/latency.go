@@ -15,9 +15,9 @@ import (
 // LatencyPoint is one offered load.
 type LatencyPoint struct {
 	// OfferedPerSec is the open-loop load; 0 for a closed loop (part
-	// "burst"), whose writers are counted by Workers.
+	// "burst"), whose writers are counted by Writers.
 	OfferedPerSec  int     `json:"offered_per_sec"`
-	Workers        int     `json:"workers,omitempty"`
+	Writers        int     `json:"writers,omitempty"`
 	AchievedPerSec float64 `json:"achieved_per_sec"`
 	Events         int     `json:"events"`
 	// Ack: Commit returned -> the broker acknowledged (relay.Observer.Published;

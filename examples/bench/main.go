@@ -586,7 +586,7 @@ func printTables(out io.Writer, r *Result) {
 				label = fmt.Sprintf("run %d", l.Run)
 			}
 			for _, p := range l.Points {
-				fmt.Fprintf(w, "%s, %d writers\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t\n", label, p.Workers, p.AchievedPerSec,
+				fmt.Fprintf(w, "%s, %d writers\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t\n", label, p.Writers, p.AchievedPerSec,
 					p.RecvP50Ms, p.RecvP99Ms, p.RecvP999Ms, p.RecvMaxMs, p.AckP50Ms, p.AckP99Ms, p.CommitP50Ms, p.ClaimP50Ms, p.PublishP50Ms, p.PublishBatchAvg)
 			}
 		}
