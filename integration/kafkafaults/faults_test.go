@@ -13,6 +13,7 @@ package kafkafaults
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -57,6 +58,11 @@ const (
 	// (1/3)^5 < 0.5 %.
 	defaultInjections = 5
 	defaultTotal      = 600
+	// extraTotal bounds the events a run may commit, as a multiple of its
+	// total: a relay that keeps up with the writers claims small batches,
+	// in which two events of one aggregate are rarer, and strike lets
+	// more bursts through until one comes.
+	extraTotal = 4
 )
 
 // wiring is how the publisher reaches the broker.
@@ -75,7 +81,9 @@ type faultCase struct {
 	// injections of the fault in one run, each while writers commit; 0:
 	// defaultInjections.
 	injections int
-	// total events committed; 0: defaultTotal.
+	// total events committed at least; 0: defaultTotal. A run commits
+	// more (up to extraTotal times as many) only when its injections
+	// needed more bursts to find their batches (see harness.strike).
 	total int
 	// publishTimeout is the relay's PublishTimeout; 0: its default
 	// (relay.DefaultPublishTimeout).
@@ -277,10 +285,11 @@ type harness struct {
 	watch   *outboxtest.OrderWatch
 	striker *striker
 	// gate lets the writers' events through in bursts; committed counts
-	// their commits, of total; step is the size of a burst.
-	gate        *ledger.Gate
-	committed   atomic.Int64
-	total, step int64
+	// their commits; the writers stop at most at ceiling, or where run
+	// closes the gate; step is the size of a burst.
+	gate          *ledger.Gate
+	committed     atomic.Int64
+	ceiling, step int64
 	// struck is the partition the last injection struck (-1: none), and
 	// struckID the highest outbox id of its batch, so that the next one
 	// strikes another partition in a batch of later rows, not the same
@@ -301,6 +310,38 @@ func (h *harness) note(format string, args ...any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.notes = append(h.notes, fmt.Sprintf("%8.3fs ", time.Since(h.start).Seconds())+fmt.Sprintf(format, args...))
+}
+
+// dump logs what a run did so far, the relay's last log lines and the
+// rows the relay has not sent, for a failure that ends the run early.
+func (h *harness) dump(t *testing.T) {
+	t.Helper()
+	h.mu.Lock()
+	t.Logf("what was injected:\n%s", strings.Join(h.notes, "\n"))
+	h.mu.Unlock()
+	t.Logf("%d events committed, %d records consumed", h.committed.Load(), len(h.cons.Records()))
+	t.Logf("relay log (last lines):\n%s", lastLines(h.logs.String(), 40))
+	rows, err := h.e.RelayDB.Query("SELECT id, aggregate_id, status, attempts, last_error FROM " + h.e.Table + " WHERE status = 0 ORDER BY id") // 0: pending
+	if err != nil {
+		t.Logf("reading the pending rows: %v", err)
+		return
+	}
+	defer rows.Close()
+	var b strings.Builder
+	n := 0
+	for rows.Next() {
+		var id, status, attempts int64
+		var agg string
+		var lastErr sql.NullString
+		if err := rows.Scan(&id, &agg, &status, &attempts, &lastErr); err != nil {
+			t.Logf("scanning a pending row: %v", err)
+			return
+		}
+		if n++; n <= 20 {
+			fmt.Fprintf(&b, "  %d %s status %d attempts %d %q\n", id, agg, status, attempts, lastErr.String)
+		}
+	}
+	t.Logf("%d rows pending (id aggregate status attempts last_error):\n%s", n, b.String())
 }
 
 // striker is the Observer the relay hands each batch to just before
@@ -368,10 +409,11 @@ func (h *harness) strike(t *testing.T, ctx context.Context, i int, install func(
 			return p
 		case <-ctx.Done():
 			h.striker.set(nil)
-			t.Fatalf("injection %d: no batch held two events of one aggregate: %v", i, ctx.Err())
+			h.dump(t)
+			t.Fatalf("injection %d: no batch held two events of one aggregate, with %d events committed of at most %d: %v", i, h.committed.Load(), h.ceiling, ctx.Err())
 			return 0
 		case <-tick.C:
-			if limit := h.gate.Limit(); h.committed.Load() >= limit && limit < h.total {
+			if limit := h.gate.Limit(); h.committed.Load() >= limit && limit < h.ceiling {
 				h.gate.Open(limit + h.step/2) // the burst is committed, and none struck yet
 			}
 		}
@@ -511,17 +553,17 @@ func run(t *testing.T, tg testdb.Target, fc faultCase) {
 	// The writers commit in bursts: a first share of the events, then a
 	// share with each injection (see strike), then the rest, so that every
 	// fault hits while records are flowing and more are still to come.
-	h.total, h.step = int64(total), int64(total/(injections+2))
+	h.ceiling, h.step = int64(total*extraTotal), int64(total/(injections+2))
 	h.gate = ledger.NewGate(h.step)
 	written := make(chan error, 1)
 	go func() {
-		written <- ledger.Writers{Writers: writers, Aggregates: aggregates, Total: total, Gate: h.gate, Committed: &h.committed}.Write(ctx, h.e)
+		written <- ledger.Writers{Writers: writers, Aggregates: aggregates, Total: int(h.ceiling), Gate: h.gate, Committed: &h.committed}.Write(ctx, h.e)
 	}()
 	testdb.Eventually(t, ctx, "the first events committed", func() bool { return h.committed.Load() >= h.step })
 	for i := 0; i < injections; i++ {
 		fc.inject(t, ctx, h, i)
 	}
-	h.gate.Open(h.total)
+	total = int(h.gate.Close(int64(total)))
 	if err := <-written; err != nil {
 		t.Fatalf("writers: %v", err)
 	}

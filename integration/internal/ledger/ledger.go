@@ -226,8 +226,9 @@ type Writers struct {
 	Writers, Aggregates, Total int
 	// Gate, if non-nil, holds the writers back: the n-th event (counting
 	// from 1) is committed only once the gate's limit is at least n, so a
-	// test can let bursts of commits through when it chooses. Nil: the
-	// writers commit as fast as the database allows.
+	// test can let bursts of commits through when it chooses, and end the
+	// run below Total (Gate.Close). Nil: the writers commit as fast as the
+	// database allows.
 	Gate *Gate
 	// Committed, if non-nil, is incremented after each commit.
 	Committed *atomic.Int64
@@ -238,21 +239,41 @@ type Writers struct {
 type Gate struct {
 	mu     sync.Mutex
 	limit  int64
-	raised chan struct{} // closed and replaced when the limit rises
+	closed bool          // see Close
+	raised chan struct{} // closed and replaced when the limit rises or the gate closes
 }
 
 // NewGate returns a Gate that lets the first limit events through.
 func NewGate(limit int64) *Gate { return &Gate{limit: limit, raised: make(chan struct{})} }
 
-// Open raises the limit to limit (a lower limit changes nothing).
+// Open raises the limit to limit (a lower limit, or a closed gate,
+// changes nothing).
 func (g *Gate) Open(limit int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if limit > g.limit {
+	if limit > g.limit && !g.closed {
 		g.limit = limit
-		close(g.raised)
-		g.raised = make(chan struct{})
+		g.signal()
 	}
+}
+
+// Close makes the limit final: it raises it to at least min, and the
+// writers stop once they committed that many events (fewer than their
+// Total, if the limit is lower). It returns the final limit.
+func (g *Gate) Close(min int64) int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed {
+		g.limit = max(g.limit, min)
+		g.closed = true
+		g.signal()
+	}
+	return g.limit
+}
+
+func (g *Gate) signal() {
+	close(g.raised)
+	g.raised = make(chan struct{})
 }
 
 // Limit is how many events the gate lets through.
@@ -262,19 +283,20 @@ func (g *Gate) Limit() int64 {
 	return g.limit
 }
 
-// wait returns once the limit is at least n, or ctx's error.
-func (g *Gate) wait(ctx context.Context, n int64) error {
+// wait returns true once the limit is at least n, false if the gate
+// closed below n, or ctx's error.
+func (g *Gate) wait(ctx context.Context, n int64) (bool, error) {
 	for {
 		g.mu.Lock()
-		ok, raised := n <= g.limit, g.raised
+		ok, closed, raised := n <= g.limit, g.closed, g.raised
 		g.mu.Unlock()
-		if ok {
-			return nil
+		if ok || closed {
+			return ok, nil
 		}
 		select {
 		case <-raised:
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 	}
 }
@@ -309,9 +331,13 @@ func (w Writers) Write(ctx context.Context, e *testdb.Env) error {
 					return
 				}
 				if w.Gate != nil {
-					if err := w.Gate.wait(ctx, slot); err != nil {
+					ok, err := w.Gate.wait(ctx, slot)
+					if err != nil {
 						errs <- err
 						return
+					}
+					if !ok {
+						return // the gate closed below this slot
 					}
 				}
 				agg := fmt.Sprintf("agg-%03d", rng.IntN(w.Aggregates))
