@@ -282,10 +282,15 @@ type Relay struct {
 	mu   sync.Mutex
 	hard context.CancelFunc // cancels in-flight work on a hard stop
 
-	marking *markJob   // owned by the Run goroutine
-	floor   claimFloor // owned by the Run goroutine (PostgreSQL)
-	batch   int        // the next claim's size; owned by the Run goroutine
-	leases  *leases    // set by Run
+	marking *markJob // owned by the Run goroutine
+	// rec is cfg.Publisher if it is a Reconciler (reconcile.go), and
+	// recon which partitions it reconciled; recon is owned by the Run
+	// goroutine.
+	rec    Reconciler
+	recon  reconcileState
+	floor  claimFloor // owned by the Run goroutine (PostgreSQL)
+	batch  int        // the next claim's size; owned by the Run goroutine
+	leases *leases    // set by Run
 
 	running atomic.Bool // between start-up and the end of Run
 	watch   partitionWatch
@@ -338,8 +343,12 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	table := ob.Config().Table
+	rec, _ := cfg.Publisher.(Reconciler)
+	if rec != nil && !rec.Reconciles() {
+		rec = nil
+	}
 	return &Relay{
-		ob: ob, db: db, cfg: cfg, d: d, batch: cfg.BatchSize, table: table,
+		ob: ob, db: db, cfg: cfg, d: d, batch: cfg.BatchSize, table: table, rec: rec,
 		log:       cfg.Logger.With("component", "outbox.relay", "table", table),
 		notify:    make(chan struct{}, 1),
 		recovered: make(chan struct{}, 1),
@@ -621,6 +630,15 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	if len(set.epochs) == 0 || !time.Now().Before(set.trustedUntil) {
 		return 0, nil // nothing owned, or ownership not renewed in time
 	}
+	if r.rec != nil {
+		var err error
+		if set, err = r.reconcile(ctx, set); err != nil {
+			return 0, err
+		}
+		if len(set.epochs) == 0 {
+			return 0, nil
+		}
+	}
 	claimStart := time.Now()
 	msgs, err := r.claim(ctx, set)
 	if err != nil || len(msgs) == 0 {
@@ -661,6 +679,16 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 			r.cfg.Observer.Published(msgs[i], took)
 		}
 		r.health.published.Add(int64(len(msgs)))
+		if r.rec != nil {
+			// A Reconciler's broker keeps only the last publish's record per
+			// partition: this batch is marked before the next one is
+			// claimed, and a failed mark-sent is reconciled.
+			if err := r.markSent(ctx, msgs); err != nil {
+				r.unreconcile(msgs)
+				return len(msgs), err
+			}
+			return len(msgs), nil
+		}
 		// Pipelining: mark this batch sent while the next one is claimed
 		// and published. Its rows are still pending in the table until
 		// then, so claim skips them (r.marking).
@@ -673,6 +701,9 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		// misconfiguration): no attempt is counted; the loop backs off and
 		// re-sends.
 		r.unavailable(perr)
+		if errors.Is(perr, ErrOutcomeUnknown) {
+			r.unreconcile(msgs)
+		}
 		class := ClassBatch
 		if errors.Is(perr, ErrUnavailable) {
 			class = ClassUnavailable
@@ -705,6 +736,16 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 			sent = append(sent, msgs[i])
 		case !held[k]:
 			held[k] = true
+			if errors.Is(pe[i], ErrOutcomeUnknown) {
+				r.unreconcile(msgs[i : i+1])
+				batchErr = pe[i]
+				r.cfg.Observer.Failed(msgs[i], ClassBatch, pe[i])
+				continue
+			}
+			if errors.Is(pe[i], ErrAborted) {
+				r.cfg.Observer.Failed(msgs[i], ClassBatch, pe[i]) // no attempt, no hold: sent again next cycle
+				continue
+			}
 			if be := (*BatchError)(nil); errors.As(pe[i], &be) {
 				batchErr = pe[i]
 				r.cfg.Observer.Failed(msgs[i], ClassBatch, pe[i])
@@ -720,6 +761,9 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	}
 	r.health.published.Add(int64(len(sent)))
 	if err := r.markSent(ctx, sent); err != nil {
+		if r.rec != nil {
+			r.unreconcile(sent)
+		}
 		return len(msgs), err
 	}
 	for _, i := range failed {
@@ -890,12 +934,18 @@ func nextBatch(cfg Config, limit, n, bytes int) int {
 // being stopped: an outcome the broker already acknowledged is worth
 // recording (otherwise the message is re-sent as a duplicate).
 func (r *Relay) markSent(ctx context.Context, msgs []Message) error {
-	if len(msgs) == 0 {
-		return nil
-	}
 	ids := make([]int64, len(msgs))
 	for i := range msgs {
 		ids[i] = msgs[i].ID
+	}
+	return r.markSentIDs(ctx, ids)
+}
+
+// markSentIDs is markSent by outbox id. Ids of rows already sent, or not
+// in a partition this relay owns, are left as they are.
+func (r *Relay) markSentIDs(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
 	}
 	mark, name := r.d.MarkSent, "mark_sent"
 	if r.cfg.DeleteOnPublish {

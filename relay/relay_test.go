@@ -35,7 +35,12 @@ type bundle struct {
 // if the relay reports an order violation (outboxtest.WatchOrder).
 func setup(t *testing.T, tg testdb.Target, mod func(*relay.Config), beforeRun ...func(*relay.Relay)) *bundle {
 	t.Helper()
-	e := testdb.New(t, tg, driver.Config{})
+	return setupOn(t, testdb.New(t, tg, driver.Config{}), mod, beforeRun...)
+}
+
+// setupOn is setup on an existing table: e's.
+func setupOn(t *testing.T, e *testdb.Env, mod func(*relay.Config), beforeRun ...func(*relay.Relay)) *bundle {
+	t.Helper()
 	pub := outboxtest.NewPublisher()
 	cfg := relay.Config{Publisher: pub,
 		PollInterval: 20 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond, Logger: quiet()}

@@ -54,7 +54,11 @@ func relayChild() int {
 	// the parent prints a child's output only when the test fails, and
 	// then a silent in-producer retry is what a ledger report cannot show.
 	sarama.Logger = log.New(os.Stderr, "[sarama] ", log.Lmicroseconds)
-	pub, err := kafka.NewPublisher(kafka.Config{Brokers: strings.Split(os.Getenv("OUTBOX_CHILD_BROKERS"), ",")})
+	kcfg := kafka.Config{Brokers: strings.Split(os.Getenv("OUTBOX_CHILD_BROKERS"), ",")}
+	if prefix := os.Getenv("OUTBOX_CHILD_EOS_PREFIX"); prefix != "" {
+		kcfg.ExactlyOnce = &kafka.ExactlyOnce{TransactionalIDPrefix: prefix, Table: os.Getenv("OUTBOX_CHILD_TABLE")}
+	}
+	pub, err := kafka.NewPublisher(kcfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

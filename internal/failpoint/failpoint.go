@@ -25,6 +25,10 @@ const (
 	// MidBatch: the broker answered the Produce requests carrying half of
 	// a batch's records, before the Kafka publisher took the answers in.
 	MidBatch = "kafka/mid-batch"
+	// BeforeCommit: in the Kafka publisher's exactly-once mode, a
+	// transaction's records and manifest were written, EndTxn not yet
+	// sent (the transaction is open at the broker).
+	BeforeCommit = "kafka/before-commit"
 )
 
 type point struct {

@@ -83,6 +83,11 @@ type Config struct {
 	// NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, a lost
 	// connection); nil: 20 ms doubling to 500 ms. Retries end with ctx.
 	Backoff func(n int) time.Duration
+	// Retriable reports whether a produce error (a request error, or a
+	// partition's sarama.KError) leaves the record batch to be sent
+	// again unchanged (NOT_LEADER_OR_FOLLOWER, a lost connection, ...);
+	// nil: none is. Produce's doc says how.
+	Retriable func(error) bool
 }
 
 // topicPartition names one Kafka partition.
@@ -189,16 +194,17 @@ func initVersion(v sarama.KafkaVersion) int16 {
 // transaction, as one record batch in one produce request (the broker
 // appends it whole or not at all), and returns the offset of its first
 // record. The first write to a partition in a transaction adds it
-// (AddPartitionsToTxn). Any error but ctx's before anything was sent
-// leaves the transaction unable to commit (ErrAborted wraps it at End).
+// (AddPartitionsToTxn). An answer Config.Retriable accepts (or a request
+// with no answer) sends the same record batch again, with the same
+// sequence, after Backoff and a metadata refresh, until ctx ends: the
+// broker recognizes a batch it already appended by its sequence
+// (DUPLICATE_SEQUENCE_NUMBER counts as written). Any other error, and
+// ctx's end, leaves the transaction unable to commit (End then wraps
+// ErrAborted).
 func (p *Producer) Produce(ctx context.Context, topic string, part int32, records []*sarama.Record) (int64, error) {
 	tp := topicPartition{topic, part}
 	if err := p.addPartition(ctx, tp); err != nil {
 		return 0, err
-	}
-	leader, err := p.cfg.Client.Leader(topic, part)
-	if err != nil {
-		return 0, p.breakTxn(fmt.Errorf("outbox/kafkatxn: leader of %s/%d: %w", topic, part, err))
 	}
 	p.mu.Lock()
 	seq := p.seq[tp]
@@ -213,24 +219,58 @@ func (p *Producer) Produce(ctx context.Context, topic string, part int32, record
 	req := &sarama.ProduceRequest{TransactionalID: &p.cfg.TransactionalID, RequiredAcks: sarama.WaitForAll,
 		Timeout: int32(p.sc.Producer.Timeout / time.Millisecond), Version: 3}
 	req.AddBatch(topic, part, batch)
+	where := fmt.Sprintf("produce to %s/%d", topic, part)
+	for n := 1; ; n++ {
+		offset, err := p.produceOnce(ctx, tp, req)
+		if err == nil {
+			p.mu.Lock()
+			p.seq[tp] = seq + int32(len(records))
+			p.mu.Unlock()
+			return offset, nil
+		}
+		if ctx.Err() != nil || p.cfg.Retriable == nil || !p.cfg.Retriable(err) {
+			return 0, p.breakTxn(fmt.Errorf("outbox/kafkatxn: %s: %w", where, err))
+		}
+		_ = p.cfg.Client.RefreshMetadata(topic)
+		t := time.NewTimer(p.cfg.Backoff(n))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, p.breakTxn(fmt.Errorf("outbox/kafkatxn: %s: %w (last: %w)", where, ctx.Err(), err))
+		}
+	}
+}
+
+// produceOnce sends req to tp's leader and returns the offset of the
+// first record, or the request's error, or the partition's error code
+// (a sarama.KError; fenced codes wrapped in ErrFenced).
+func (p *Producer) produceOnce(ctx context.Context, tp topicPartition, req *sarama.ProduceRequest) (int64, error) {
+	leader, err := p.cfg.Client.Leader(tp.topic, tp.part)
+	if err != nil {
+		return 0, err
+	}
 	resp, err := call(ctx, func() (*sarama.ProduceResponse, error) {
 		_ = leader.Open(p.sc) // ErrAlreadyConnected when it is
-		return leader.Produce(req)
+		r, err := leader.Produce(req)
+		if err != nil {
+			_ = leader.Close() // a broken connection: the next try dials again
+		}
+		return r, err
 	})
 	if err != nil {
-		return 0, p.breakTxn(fmt.Errorf("outbox/kafkatxn: produce to %s/%d: %w", topic, part, err))
+		return 0, err
 	}
-	blk := resp.GetBlock(topic, part)
-	if blk == nil {
-		return 0, p.breakTxn(fmt.Errorf("outbox/kafkatxn: produce to %s/%d: no answer for the partition", topic, part))
+	blk := resp.GetBlock(tp.topic, tp.part)
+	switch {
+	case blk == nil:
+		return 0, errors.New("no answer for the partition")
+	case blk.Err == sarama.ErrNoError, blk.Err == sarama.ErrDuplicateSequenceNumber:
+		return blk.Offset, nil
+	case blk.Err == sarama.ErrProducerFenced, blk.Err == sarama.ErrInvalidProducerEpoch:
+		return 0, fmt.Errorf("%w: %w", ErrFenced, blk.Err)
 	}
-	if blk.Err != sarama.ErrNoError {
-		return 0, p.breakTxn(p.kerr("produce to "+topic+"/"+fmt.Sprint(part), blk.Err))
-	}
-	p.mu.Lock()
-	p.seq[tp] = seq + int32(len(records))
-	p.mu.Unlock()
-	return blk.Offset, nil
+	return 0, blk.Err
 }
 
 // addPartition adds tp to the open transaction, once.

@@ -192,6 +192,12 @@ type Config struct {
 	Sarama *sarama.Config
 	// Topic routes messages whose event has no Topic. Default DefaultTopic.
 	Topic func(relay.Message) string
+	// ExactlyOnce, if non-nil, turns on the exactly-once mode: each relay
+	// partition publishes through its own transactional producer, one
+	// transaction per batch, fenced by the relay's lease (package
+	// documentation, "Exactly once"). Nil: the default mode (at least
+	// once, idempotent producer).
+	ExactlyOnce *ExactlyOnce
 }
 
 // Publisher implements relay.Publisher over a sarama.Client, keeping
@@ -222,6 +228,8 @@ type Publisher struct {
 	refreshing map[string]bool
 
 	hc healthCheck // Healthy's client (health.go)
+
+	eos *eos // the exactly-once mode's state (txn.go); nil in the default mode
 }
 
 // NewPublisher connects to cfg.Brokers, obtains a producer ID and returns
@@ -241,6 +249,19 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	}
 	if !sc.Version.IsAtLeast(sarama.V0_11_0_0) {
 		return nil, fmt.Errorf("%w: sarama Version %s is older than 0.11 (record headers, idempotence)", ErrConfig, sc.Version)
+	}
+	var e *eos
+	if cfg.ExactlyOnce != nil {
+		var err error
+		if e, err = newEOS(*cfg.ExactlyOnce); err != nil {
+			return nil, err
+		}
+		if cfg.Sarama == nil {
+			sc.Version = sarama.V2_5_0_0
+		}
+		if !sc.Version.IsAtLeast(sarama.V2_5_0_0) {
+			return nil, fmt.Errorf("%w: the exactly-once mode needs sarama Version 2.5 or later (KIP-447: OffsetFetch RequireStable, InitProducerId epoch bump); it is %s", ErrConfig, sc.Version)
+		}
 	}
 	sc.Producer.Idempotent = true
 	sc.Producer.RequiredAcks = sarama.WaitForAll
@@ -264,6 +285,7 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 		parts:       map[topicPartition]*partState{},
 		senders:     map[*sarama.Broker]*sender{},
 		refreshing:  map[string]bool{},
+		eos:         e,
 	}
 	if p.route == nil {
 		p.route = DefaultTopic
@@ -274,6 +296,9 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("outbox/kafka: connecting to %v: %w", p.brokers, err)
 	}
 	p.client = client
+	if e != nil {
+		return p, nil // producers are made per relay partition, by Reconcile
+	}
 	id, err := p.initProducerID()
 	if err != nil {
 		_ = client.Close()
@@ -367,6 +392,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	defer p.publishMu.Unlock()
 	if p.isClosed() {
 		return ErrClosed
+	}
+	if p.eos != nil {
+		return p.publishTxn(ctx, msgs)
 	}
 	if err := p.settle(ctx); err != nil {
 		return err

@@ -1,0 +1,449 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/failpoint"
+	"github.com/sqloutbox/outbox/internal/kafkatxn"
+	"github.com/sqloutbox/outbox/partition"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// DefaultTransactionTimeout is ExactlyOnce.TransactionTimeout's default:
+// Kafka's transaction.timeout.ms default (60 s, ProducerConfig).
+const DefaultTransactionTimeout = 60 * time.Second
+
+// StateTopicSuffix ends the name of the topic that carries the
+// transactions' manifests: "<TransactionalIDPrefix><Table>" + this. It must
+// exist, with at least one partition, before the relay starts (CreateStateTopic); no record is
+// ever written to it, only transactional offset commits for its partition
+// 0.
+const StateTopicSuffix = ".outbox-txn"
+
+// ErrNotReconciled fails, with relay.ErrOutcomeUnknown (so that the relay
+// reconciles the partition), the messages of a relay partition that
+// Publish got before Reconcile made a transactional producer for it under
+// their lease epoch, or after that producer was given up (fenced, or a
+// transaction that could not be aborted).
+var ErrNotReconciled = errors.New("outbox/kafka: relay partition not reconciled under this epoch")
+
+// ExactlyOnce turns on the publisher's exactly-once mode (package
+// documentation, "Exactly once").
+type ExactlyOnce struct {
+	// TransactionalIDPrefix starts the transactional.id of every relay
+	// partition's producer and the consumer group that carries its
+	// manifests: "<prefix><Table>.<partition>". Required, so that services
+	// sharing a Kafka cluster and the default table name do not fence
+	// each other. Give every relay of one table the same prefix.
+	TransactionalIDPrefix string
+	// Table is the outbox table the relay publishes (driver.Config.Table).
+	// Default driver.DefaultTable.
+	Table string
+	// TransactionTimeout is transaction.timeout.ms. It must exceed the
+	// relay's PublishTimeout (a publish is one transaction; the
+	// coordinator aborts one left open longer) and at most the brokers'
+	// transaction.max.timeout.ms (15 min by default). It also bounds how
+	// long a crashed relay's open transaction holds back read_committed
+	// consumers of its Kafka partitions (their last stable offset) if no
+	// other relay takes its lease sooner: the next owner's Reconcile
+	// aborts it at once, at most LeaseTTL after the crash. Default
+	// DefaultTransactionTimeout.
+	TransactionTimeout time.Duration
+}
+
+// TransactionalID returns the transactional.id (and manifest group) of
+// relay partition p: prefix + table + "." + p.
+func TransactionalID(prefix, table string, p int) string {
+	return prefix + table + "." + strconv.Itoa(p)
+}
+
+// StateTopic returns the name of the topic whose offset commits carry the
+// manifests of prefix and table's transactions.
+func StateTopic(prefix, table string) string { return prefix + table + StateTopicSuffix }
+
+// eos is the exactly-once mode's state.
+type eos struct {
+	cfg   ExactlyOnce
+	state string // StateTopic
+
+	mu    sync.Mutex
+	owned map[int]*txnOwner // relay partition -> its producer
+}
+
+// txnOwner is the transactional producer of one relay partition, made
+// by Reconcile under one lease epoch.
+type txnOwner struct {
+	epoch int64
+	prod  *kafkatxn.Producer
+}
+
+// newEOS validates c.
+func newEOS(c ExactlyOnce) (*eos, error) {
+	if c.TransactionalIDPrefix == "" {
+		return nil, fmt.Errorf("%w: ExactlyOnce.TransactionalIDPrefix is required", ErrConfig)
+	}
+	if c.Table == "" {
+		c.Table = driver.DefaultTable
+	}
+	if c.TransactionTimeout == 0 {
+		c.TransactionTimeout = DefaultTransactionTimeout
+	}
+	if c.TransactionTimeout < time.Second || c.TransactionTimeout > 15*time.Minute {
+		return nil, fmt.Errorf("%w: ExactlyOnce.TransactionTimeout %v is outside 1 s to 15 min", ErrConfig, c.TransactionTimeout)
+	}
+	return &eos{cfg: c, state: StateTopic(c.TransactionalIDPrefix, c.Table), owned: map[int]*txnOwner{}}, nil
+}
+
+// Reconciles implements relay.Reconciler: true in the exactly-once mode.
+func (p *Publisher) Reconciles() bool { return p.eos != nil }
+
+// Reconcile implements relay.Reconciler: it makes relay partition part's
+// transactional producer under lease epoch epoch (InitProducerId: every
+// earlier producer of the partition is fenced, and its open transaction
+// completed), then returns the outbox ids of the partition's last
+// committed transaction, from its manifest (nil if it never committed
+// one). Errors wrap ErrConfig outside the exactly-once mode,
+// relay.ErrUnavailable for a refused authorization or a missing state
+// topic, and otherwise the broker's.
+func (p *Publisher) Reconcile(ctx context.Context, part int, epoch int64) ([]int64, error) {
+	e := p.eos
+	if e == nil {
+		return nil, fmt.Errorf("%w: Reconcile outside the exactly-once mode", ErrConfig)
+	}
+	id := TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, part)
+	e.mu.Lock()
+	delete(e.owned, part) // an older producer is fenced by what follows
+	e.mu.Unlock()
+	prod, err := kafkatxn.Init(ctx, kafkatxn.Config{Client: p.client, TransactionalID: id, Timeout: e.cfg.TransactionTimeout,
+		Backoff: p.txnBackoff, Retriable: retriableProduce})
+	if err != nil {
+		return nil, txnErr(err)
+	}
+	m, ok, err := kafkatxn.ReadManifest(ctx, p.client, id, e.state, p.txnBackoff)
+	if err != nil {
+		return nil, txnErr(err)
+	}
+	e.mu.Lock()
+	e.owned[part] = &txnOwner{epoch: epoch, prod: prod}
+	e.mu.Unlock()
+	if !ok {
+		return nil, nil
+	}
+	return m.IDs, nil
+}
+
+// txnBackoff is the wait before the n-th retry of a transaction request:
+// the publisher's resend backoff.
+func (p *Publisher) txnBackoff(n int) time.Duration {
+	return p.sc.Producer.Retry.BackoffFunc(n, p.sc.Producer.Retry.Max)
+}
+
+// retriableProduce reports whether a produce error leaves the record
+// batch to be sent again unchanged (classify.go: resend).
+func retriableProduce(err error) bool {
+	return !errors.Is(err, kafkatxn.ErrFenced) && classifyRequestError(err) == resend
+}
+
+// txnErr marks an error of the transaction protocol that no retry fixes
+// (authorization, an unknown state topic) as relay.ErrUnavailable.
+func txnErr(err error) error {
+	var k sarama.KError
+	if errors.Is(err, kafkatxn.ErrUnauthorized) || errors.As(err, &k) && classifyKError(k) == unavailable {
+		return fmt.Errorf("%w: %w", relay.ErrUnavailable, err)
+	}
+	return err
+}
+
+// publishTxn is Publish in the exactly-once mode: one transaction per
+// relay partition of msgs, run at the same time; see the package
+// documentation for each outcome.
+func (p *Publisher) publishTxn(ctx context.Context, msgs []relay.Message) error {
+	errs := make(relay.PublishErrors, len(msgs))
+	byPart := map[int][]int{}
+	var parts []int
+	for i := range msgs {
+		rp := msgs[i].Partition
+		if _, ok := byPart[rp]; !ok {
+			parts = append(parts, rp)
+		}
+		byPart[rp] = append(byPart[rp], i)
+	}
+	var wg sync.WaitGroup
+	for _, rp := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.txn(ctx, rp, msgs, byPart[rp], errs)
+		}()
+	}
+	wg.Wait()
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			failed++
+		}
+	}
+	if failed == 0 {
+		return nil
+	}
+	return errs
+}
+
+// txn publishes msgs[idx] (one relay partition's share, in batch order)
+// as one transaction and writes each message's outcome to errs[idx[k]].
+func (p *Publisher) txn(ctx context.Context, rp int, msgs []relay.Message, idx []int, errs relay.PublishErrors) {
+	e := p.eos
+	epoch := msgs[idx[0]].Epoch
+	e.mu.Lock()
+	o := e.owned[rp]
+	e.mu.Unlock()
+	failAll := func(err error) {
+		for _, i := range idx {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+	}
+	if o == nil || o.epoch != epoch {
+		failAll(fmt.Errorf("%w: %w: relay partition %d, epoch %d", relay.ErrOutcomeUnknown, ErrNotReconciled, rp, epoch))
+		return
+	}
+	// The manifest must fit in one offset commit's metadata: a share too
+	// long for it is cut, and the rest goes in the next cycle's
+	// transaction (ErrAborted: no attempt, no hold). Cutting a prefix
+	// keeps every aggregate's order.
+	ids := make([]int64, len(idx))
+	for k, i := range idx {
+		ids[k] = msgs[i].ID
+	}
+	if n := kafkatxn.Fits(epoch, ids); n < len(idx) {
+		for _, i := range idx[n:] {
+			errs[i] = fmt.Errorf("%w (outbox/kafka: its relay partition's share of the batch is longer than one transaction's manifest holds)", relay.ErrAborted)
+		}
+		idx, ids = idx[:n], ids[:n]
+	}
+	failedAt, ferr := p.produceTxn(ctx, o.prod, msgs, idx)
+	if failedAt < 0 && ferr == nil {
+		ferr = txnErr(o.prod.CommitManifest(ctx, TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, rp), e.state, kafkatxn.Manifest{Epoch: epoch, IDs: ids}))
+		if ferr == nil {
+			failpoint.Inject(failpoint.BeforeCommit)
+			ferr = o.prod.End(ctx, true)
+			if ferr == nil {
+				return // committed: every entry stays nil
+			}
+			if errors.Is(ferr, kafkatxn.ErrOutcomeUnknown) {
+				p.resolveCommit(ctx, rp, o, ids, idx, errs, ferr)
+				return
+			}
+		}
+	}
+	// Not committed. The transaction is aborted by bumping the epoch. If
+	// the producer was fenced (another owner, or the coordinator after
+	// TransactionTimeout), ctx ended, or the abort failed, the partition
+	// is left to Reconcile: ErrOutcomeUnknown makes the relay call it
+	// before it claims from the partition again.
+	var abortErr error
+	switch {
+	case errors.Is(ferr, kafkatxn.ErrFenced):
+		abortErr = ferr
+	case ctx.Err() != nil:
+		abortErr = ctx.Err()
+	default:
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.sc.Net.ReadTimeout)
+		abortErr = o.prod.Reset(rctx)
+		cancel()
+	}
+	if abortErr != nil {
+		p.forget(rp, o)
+		failAll(fmt.Errorf("%w: outbox/kafka: relay partition %d: the transaction failed (%w) and is reconciled before the next one (%w)",
+			relay.ErrOutcomeUnknown, rp, ferr, abortErr))
+		return
+	}
+	if failedAt < 0 {
+		// Its manifest or commit failed: no message's fault.
+		if errors.Is(ferr, relay.ErrUnavailable) {
+			failAll(ferr)
+		} else {
+			failAll(fmt.Errorf("outbox/kafka: relay partition %d: %w", rp, &relay.BatchError{Err: ferr}))
+		}
+		return
+	}
+	// One message failed: it carries the error, its aggregate's later
+	// messages are held back, the others were aborted with it.
+	fm := &msgs[idx[failedAt]]
+	errs[idx[failedAt]] = ferr
+	for _, i := range idx[failedAt+1:] {
+		if m := &msgs[i]; m.AggregateType == fm.AggregateType && m.AggregateID == fm.AggregateID {
+			errs[i] = fmt.Errorf("%w (aggregate %s/%s: an earlier message of the batch failed)", relay.ErrHeldBack, m.AggregateType, m.AggregateID)
+		}
+	}
+	failAll(fmt.Errorf("%w: outbox/kafka: relay partition %d: message %s failed: %w", relay.ErrAborted, rp, fm.MessageID, ferr))
+}
+
+// resolveCommit learns the outcome of a commit that went unanswered: it
+// bumps the epoch (which completes the transaction either way) and reads
+// the manifest back. If it lists ids, the transaction committed.
+func (p *Publisher) resolveCommit(ctx context.Context, rp int, o *txnOwner, ids []int64, idx []int, errs relay.PublishErrors, cause error) {
+	e := p.eos
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*p.sc.Net.ReadTimeout)
+	defer cancel()
+	err := o.prod.Reset(rctx)
+	var m kafkatxn.Manifest
+	var ok bool
+	if err == nil {
+		m, ok, err = kafkatxn.ReadManifest(rctx, p.client, TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, rp), e.state, p.txnBackoff)
+	}
+	switch {
+	case err != nil:
+		p.forget(rp, o)
+		for _, i := range idx {
+			errs[i] = fmt.Errorf("%w: outbox/kafka: relay partition %d: %w (resolving it: %w)", relay.ErrOutcomeUnknown, rp, cause, err)
+		}
+	case ok && m.Epoch == o.epoch && slices.Equal(m.IDs, ids):
+		// committed: every entry stays nil
+	default:
+		for _, i := range idx {
+			errs[i] = fmt.Errorf("%w: outbox/kafka: relay partition %d: the unanswered commit did not commit: %w", relay.ErrAborted, rp, cause)
+		}
+	}
+}
+
+// forget drops relay partition rp's producer, if it is still o, so that
+// the partition is reconciled before its next transaction.
+func (p *Publisher) forget(rp int, o *txnOwner) {
+	e := p.eos
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.owned[rp] == o {
+		delete(e.owned, rp)
+	}
+}
+
+// produceTxn writes msgs[idx] in the open transaction of prod: each Kafka
+// partition's records in batch order, as few record batches as
+// Producer.MaxMessageBytes allows, one after another. Partitions go at
+// the same time, unless an aggregate of the share has records on several
+// (its events name different topics): then one partition after another,
+// in the order of their first records. It returns the position in idx of
+// the first message whose record batch failed and the error (-1, nil if
+// every record was written); for a failure before anything was routed (an
+// unknown topic), the first message of that topic.
+func (p *Publisher) produceTxn(ctx context.Context, prod *kafkatxn.Producer, msgs []relay.Message, idx []int) (int, error) {
+	type share struct {
+		tp  topicPartition
+		pos []int // positions in idx
+	}
+	var shares []*share
+	byTP := map[topicPartition]*share{}
+	aggTP := map[[2]string]topicPartition{}
+	spread := false
+	for k, i := range idx {
+		m := &msgs[i]
+		topic := m.Topic
+		if topic == "" {
+			topic = p.route(*m)
+		}
+		n, err := p.partitionCount(ctx, topic)
+		if err != nil {
+			if classifyRequestError(err) == unavailable {
+				err = fmt.Errorf("%w: outbox/kafka: topic %s: %w", relay.ErrUnavailable, topic, err)
+			}
+			return k, err
+		}
+		tp := topicPartition{topic, partition.KafkaPartition([]byte(m.AggregateID), n)}
+		key := [2]string{m.AggregateType, m.AggregateID}
+		if prev, ok := aggTP[key]; ok && prev != tp {
+			spread = true
+		}
+		aggTP[key] = tp
+		s := byTP[tp]
+		if s == nil {
+			s = &share{tp: tp}
+			byTP[tp] = s
+			shares = append(shares, s)
+		}
+		s.pos = append(s.pos, k)
+	}
+	send := func(s *share) (int, error) {
+		start := 0
+		for start < len(s.pos) {
+			var records []*sarama.Record
+			bytes := batchOverhead
+			end := start
+			for ; end < len(s.pos); end++ {
+				rec, size := p.encode(&msgs[idx[s.pos[end]]])
+				if size > p.sc.Producer.MaxMessageBytes {
+					return s.pos[end], fmt.Errorf("%w: outbox/kafka: message %s: a record of %d bytes is larger than Producer.MaxMessageBytes (%d)",
+						relay.ErrPermanent, msgs[idx[s.pos[end]]].MessageID, size, p.sc.Producer.MaxMessageBytes)
+				}
+				if end > start && bytes+size >= p.sc.Producer.MaxMessageBytes {
+					break
+				}
+				records = append(records, rec)
+				bytes += size
+			}
+			if _, err := prod.Produce(ctx, s.tp.topic, s.tp.part, records); err != nil {
+				return s.pos[start], classifyTxnProduce(err)
+			}
+			p.hc.saw(s.tp.topic)
+			start = end
+		}
+		return -1, nil
+	}
+	if spread || len(shares) == 1 {
+		for _, s := range shares {
+			if k, err := send(s); err != nil {
+				return k, err
+			}
+		}
+		return -1, nil
+	}
+	type failure struct {
+		k   int
+		err error
+	}
+	res := make([]failure, len(shares))
+	var wg sync.WaitGroup
+	for j, s := range shares {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k, err := send(s)
+			res[j] = failure{k, err}
+		}()
+	}
+	wg.Wait()
+	first := failure{k: -1}
+	for _, f := range res {
+		if f.err != nil && (first.k < 0 || f.k < first.k) {
+			first = f
+		}
+	}
+	return first.k, first.err
+}
+
+// classifyTxnProduce wraps a failed transactional produce the way the
+// default mode classifies a refused record batch: relay.ErrUnavailable
+// for a refused route, relay.ErrPermanent for an invalid record; a fenced
+// producer stays kafkatxn.ErrFenced; anything else counts an attempt.
+func classifyTxnProduce(err error) error {
+	if errors.Is(err, kafkatxn.ErrFenced) {
+		return err
+	}
+	switch classifyRequestError(err) {
+	case unavailable:
+		return fmt.Errorf("%w: %w", relay.ErrUnavailable, err)
+	case permanent, tooLarge:
+		return fmt.Errorf("%w: %w", relay.ErrPermanent, err)
+	}
+	return err
+}

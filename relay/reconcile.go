@@ -1,0 +1,177 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Reconciler is implemented by a Publisher whose broker records, atomically
+// with each publish, which outbox rows it carried, and can fence earlier
+// publishers of a relay partition: relay/kafka's exactly-once mode, where
+// each relay partition publishes through its own transactional producer and
+// each batch is one Kafka transaction.
+//
+// With such a Publisher the relay:
+//   - calls Reconcile for a relay partition before it claims from it the
+//     first time under a lease epoch, and again after any outcome of its
+//     own it did not learn (a Publish entry wrapping ErrOutcomeUnknown, a
+//     mark-sent that failed or timed out); until Reconcile and the
+//     mark-sent of the ids it returned succeed, it claims nothing from
+//     that partition;
+//   - marks the ids Reconcile returns sent (fenced by its lease, as any
+//     mark-sent), so rows whose publish committed at the broker but were
+//     never marked sent are not sent again;
+//   - marks each published batch sent before it claims the next (no
+//     pipelining of mark-sent: the broker keeps only the last publish's
+//     record per partition, so the one before must be in the database
+//     first).
+type Reconciler interface {
+	// Reconcile fences every earlier publisher of relay partition p
+	// (after it returns, nothing published under an earlier epoch can
+	// still commit) and returns the outbox ids of the last publish of p
+	// that committed at the broker, ascending (none: nil). epoch is this
+	// relay's lease epoch on p. An error leaves p unclaimed until a later
+	// cycle reconciles it; one wrapping ErrUnavailable is logged and
+	// alerted as a misconfiguration (for example a missing topic or
+	// authorization).
+	Reconcile(ctx context.Context, p int, epoch int64) (ids []int64, err error)
+	// Reconciles reports whether the Publisher runs in the mode that
+	// records its publishes; if false (relay/kafka without its
+	// ExactlyOnce setting), the relay treats it as a plain Publisher and
+	// never calls Reconcile. It must not change after New.
+	Reconciles() bool
+}
+
+// ErrOutcomeUnknown fails a message whose publish may or may not have
+// committed at the broker (a transaction commit that went unanswered and
+// could not be resolved). The relay counts no attempt, leaves the message
+// pending, backs off as a whole, and, if the Publisher is a Reconciler,
+// reconciles the message's relay partition before it claims from it
+// again; otherwise it re-sends the message (a possible duplicate, as for a
+// *BatchError).
+var ErrOutcomeUnknown = errors.New("outbox: publish outcome unknown")
+
+// ErrAborted fails a message that was not delivered because the broker
+// transaction that carried it was aborted for another message's failure
+// (a transaction commits whole or not at all). The relay counts no
+// attempt and holds nothing for it: it stays pending and is published
+// again in the next cycle, behind the failed message's retry only if it
+// belongs to the same aggregate.
+var ErrAborted = errors.New("outbox: not delivered: its transaction was aborted")
+
+// reconcileState is the loop's record of which partitions are reconciled,
+// under which epoch. Only the Run goroutine uses it.
+type reconcileState struct {
+	done map[int]int64 // partition -> the lease epoch it was reconciled under
+}
+
+// reconcile reconciles the partitions of set that need it and returns set
+// without those that could not be reconciled, and the first error (the
+// loop then backs off). Partitions set no longer holds are forgotten, so
+// a lease acquired again (a new epoch) is reconciled again.
+func (r *Relay) reconcile(ctx context.Context, set leaseSet) (leaseSet, error) {
+	if r.recon.done == nil {
+		r.recon.done = map[int]int64{}
+	}
+	for p := range r.recon.done {
+		if _, ok := set.epochs[p]; !ok {
+			delete(r.recon.done, p)
+		}
+	}
+	var todo []int
+	for p, e := range set.epochs {
+		if done, ok := r.recon.done[p]; !ok || done != e {
+			todo = append(todo, p)
+		}
+	}
+	if len(todo) == 0 {
+		return set, nil
+	}
+	sort.Ints(todo)
+	out := leaseSet{epochs: make(map[int]int64, len(set.epochs)), trustedUntil: set.trustedUntil}
+	for p, e := range set.epochs {
+		out.epochs[p] = e
+	}
+	for _, p := range todo {
+		delete(out.epochs, p)
+	}
+	// Partitions are reconciled reconcileParallel at a time: each is a few
+	// round trips to the broker (a fence and a read), and a starting relay
+	// has all of its partitions to do.
+	type result struct {
+		p     int
+		epoch int64
+		err   error
+	}
+	results := make(chan result, len(todo))
+	sem := make(chan struct{}, reconcileParallel)
+	var wg sync.WaitGroup
+	for _, p := range todo {
+		epoch := set.epochs[p]
+		// Within the trust window: a paused instance must not reconcile
+		// (fence) for a partition it may have lost.
+		budget := min(r.cfg.PublishTimeout, time.Until(set.trustedUntil))
+		if budget <= 0 {
+			break
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			rctx, cancel := context.WithTimeout(ctx, budget)
+			defer cancel()
+			ids, err := r.rec.Reconcile(rctx, p, epoch)
+			if err == nil {
+				err = r.markSentIDs(ctx, ids)
+			} else {
+				r.unavailable(err)
+			}
+			if err == nil && len(ids) > 0 {
+				r.log.Info("reconciled a relay partition: rows the broker committed are marked sent",
+					"partition", p, "epoch", epoch, "rows", len(ids))
+			}
+			results <- result{p, epoch, err}
+		}()
+	}
+	wg.Wait()
+	close(results)
+	var first error
+	for res := range results {
+		if res.err != nil {
+			if first == nil {
+				first = fmt.Errorf("reconciling relay partition %d: %w", res.p, res.err)
+			}
+			continue
+		}
+		r.recon.done[res.p] = res.epoch
+		out.epochs[res.p] = res.epoch
+	}
+	if first == nil && len(out.epochs) > 0 {
+		// Reconciling took time: the claim and publish that follow get the
+		// trust window as renewed meanwhile, over the same partitions.
+		fresh, _ := r.leases.snapshot()
+		for p, e := range out.epochs {
+			if fe, ok := fresh.epochs[p]; !ok || fe != e {
+				delete(out.epochs, p)
+			}
+		}
+		out.trustedUntil = fresh.trustedUntil
+	}
+	return out, first
+}
+
+// reconcileParallel is how many partitions reconcile at once.
+const reconcileParallel = 8
+
+// unreconcile makes the partitions of msgs reconcile again before their
+// next claim (an outcome of theirs is unknown).
+func (r *Relay) unreconcile(msgs []Message) {
+	for i := range msgs {
+		delete(r.recon.done, msgs[i].Partition)
+	}
+}

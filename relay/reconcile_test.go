@@ -1,0 +1,261 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// txnBroker is an in-memory broker with transactions, the way relay/kafka's
+// exactly-once mode uses Kafka's: a Reconciler Publisher whose Publish
+// commits each relay partition's share of a batch as one transaction and
+// records its outbox ids (the manifest), and whose Reconcile fences the
+// partition at the given epoch and returns the last manifest. answer, if
+// set, decides each call's outcome.
+type txnBroker struct {
+	mu         sync.Mutex
+	calls      int
+	fence      map[int]int64   // partition -> epoch of the last Reconcile
+	manifest   map[int][]int64 // partition -> ids of the last committed transaction
+	delivered  []string        // message IDs committed, in commit order
+	reconciled map[int]int     // partition -> Reconcile calls
+	early      []string        // violations: a Publish of a partition not reconciled under its epoch
+	// answer returns, for call (from 1), whether the transaction commits
+	// and the error of each message (nil: none; errs nil: all nil).
+	answer func(call int, msgs []relay.Message) (commit bool, errs []error)
+}
+
+func newTxnBroker() *txnBroker {
+	return &txnBroker{fence: map[int]int64{}, manifest: map[int][]int64{}, reconciled: map[int]int{}}
+}
+
+func (b *txnBroker) Reconcile(_ context.Context, p int, epoch int64) ([]int64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fence[p] = epoch
+	b.reconciled[p]++
+	return slices.Clone(b.manifest[p]), nil
+}
+
+func (b *txnBroker) Reconciles() bool { return true }
+
+func (b *txnBroker) Publish(_ context.Context, msgs []relay.Message) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls++
+	for _, m := range msgs {
+		if e, ok := b.fence[m.Partition]; !ok || e != m.Epoch {
+			b.early = append(b.early, fmt.Sprintf("%s (partition %d, epoch %d, reconciled at %d)", m.MessageID, m.Partition, m.Epoch, e))
+		}
+	}
+	commit, errs := true, []error(nil)
+	if b.answer != nil {
+		commit, errs = b.answer(b.calls, msgs)
+	}
+	if commit {
+		ids := map[int][]int64{}
+		for _, m := range msgs {
+			b.delivered = append(b.delivered, m.MessageID)
+			ids[m.Partition] = append(ids[m.Partition], m.ID)
+		}
+		for p, l := range ids {
+			b.manifest[p] = l
+		}
+	}
+	if errs == nil {
+		return nil
+	}
+	return relay.PublishErrors(errs)
+}
+
+func (b *txnBroker) get() (delivered, early []string, reconciled map[int]int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.delivered), slices.Clone(b.early), maps.Clone(b.reconciled)
+}
+
+// rowOf returns the outbox id and relay partition of message id.
+func (b *bundle) rowOf(t *testing.T, id string) (int64, int) {
+	t.Helper()
+	var oid int64
+	var p int
+	q := "SELECT id, partition_key FROM " + b.e.Table + " WHERE message_id = " + b.e.Placeholder(1)
+	if err := b.e.RelayDB.QueryRow(q, id).Scan(&oid, &p); err != nil {
+		t.Fatal(err)
+	}
+	return oid, p
+}
+
+// duplicates returns the IDs delivered more than once.
+func duplicates(ids []string) []string {
+	seen, dup := map[string]bool{}, []string{}
+	for _, id := range ids {
+		if seen[id] {
+			dup = append(dup, id)
+		}
+		seen[id] = true
+	}
+	return dup
+}
+
+// preEmit commits evs to e's table before any relay runs, through a
+// bundle that has no relay.
+func preEmit(t *testing.T, e *testdb.Env, evs ...outbox.Event) *bundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	pre := &bundle{e: e, ctx: ctx}
+	pre.emit(t, evs...)
+	return pre
+}
+
+// allSent waits until every message of ids is marked sent.
+func (b *bundle) allSent(t *testing.T, ids ...string) {
+	t.Helper()
+	eventually(t, b.ctx, fmt.Sprintf("%v sent", ids), func() bool {
+		for _, id := range ids {
+			if s, _ := b.status(t, id); s != 1 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestReconcileBeforeFirstClaim: rows an earlier owner's transaction
+// committed at the broker but never marked sent (the partition's manifest
+// lists them) are marked sent by a starting relay before it claims, not
+// published again; the other rows are published once, each only after its
+// partition was reconciled under the lease epoch the message carries.
+func TestReconcileBeforeFirstClaim(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		e := testdb.New(t, tg, driver.Config{})
+		pre := preEmit(t, e, event("A", 1), event("A", 2), event("A", 3), event("B", 1))
+		br := newTxnBroker()
+		a1, p := pre.rowOf(t, "A-1")
+		a2, _ := pre.rowOf(t, "A-2")
+		br.manifest[p] = []int64{a1, a2} // A-3 was not in that transaction
+		b := setupOn(t, e, func(c *relay.Config) { c.Publisher = br })
+		b.allSent(t, "A-1", "A-2", "A-3", "B-1")
+		delivered, early, reconciled := br.get()
+		if len(early) > 0 {
+			t.Errorf("published before its partition was reconciled: %v", early)
+		}
+		slices.Sort(delivered)
+		if fmt.Sprint(delivered) != "[A-3 B-1]" {
+			t.Errorf("delivered %v, want [A-3 B-1] (A-1 and A-2 were committed by the earlier owner)", delivered)
+		}
+		if reconciled[p] != 1 {
+			t.Errorf("partition %d reconciled %d times, want once", p, reconciled[p])
+		}
+	})
+}
+
+// TestOutcomeUnknownIsReconciled: a transaction that committed but whose
+// answer was lost (ErrOutcomeUnknown) is not sent again: its partition is
+// reconciled before the next claim, and the manifest marks its rows sent.
+// A Publisher that is not a Reconciler would re-send them.
+func TestOutcomeUnknownIsReconciled(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		br := newTxnBroker()
+		br.answer = func(call int, msgs []relay.Message) (bool, []error) {
+			if call > 1 {
+				return true, nil
+			}
+			errs := make([]error, len(msgs))
+			for i := range errs {
+				errs[i] = fmt.Errorf("outbox/test: commit unanswered: %w", relay.ErrOutcomeUnknown)
+			}
+			return true, errs // committed, but the relay does not know
+		}
+		e := testdb.New(t, tg, driver.Config{})
+		pre := preEmit(t, e, event("A", 1), event("A", 2), event("B", 1))
+		_, p := pre.rowOf(t, "A-1")
+		b := setupOn(t, e, func(c *relay.Config) { c.Publisher = br })
+		b.allSent(t, "A-1", "A-2", "B-1")
+		delivered, early, reconciled := br.get()
+		if dup := duplicates(delivered); len(dup) > 0 {
+			t.Errorf("delivered twice: %v (all: %v)", dup, delivered)
+		}
+		if len(early) > 0 {
+			t.Errorf("published before its partition was reconciled: %v", early)
+		}
+		if reconciled[p] < 2 {
+			t.Errorf("partition %d reconciled %d times, want again after the unknown outcome", p, reconciled[p])
+		}
+		for _, id := range []string{"A-1", "A-2", "B-1"} {
+			// The committed publish is the one attempt counted (by the mark
+			// that reconciling wrote); the unknown outcome counted none.
+			if _, a := b.status(t, id); a != 1 {
+				t.Errorf("%s: %d attempts, want 1", id, a)
+			}
+		}
+	})
+}
+
+// TestAbortedCountsNoAttempt: one message fails in a transaction, which is
+// then aborted: the failed message counts an attempt and holds its
+// aggregate for its retry; the others of the transaction (ErrAborted) count
+// none and are published again in the next cycle; everything is delivered
+// once, in order per aggregate.
+func TestAbortedCountsNoAttempt(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		br := newTxnBroker()
+		br.answer = func(call int, msgs []relay.Message) (bool, []error) {
+			if call > 1 {
+				return true, nil
+			}
+			errs := make([]error, len(msgs))
+			for i, m := range msgs {
+				if m.MessageID == "F-1" {
+					errs[i] = errFailed
+				} else {
+					errs[i] = fmt.Errorf("outbox/test: aborted: %w", relay.ErrAborted)
+				}
+			}
+			return false, errs
+		}
+		e := testdb.New(t, tg, driver.Config{})
+		preEmit(t, e, event("F", 1), event("F", 2), event("G", 1), event("G", 2))
+		b := setupOn(t, e, func(c *relay.Config) { c.Publisher = br })
+		b.allSent(t, "F-1", "F-2", "G-1", "G-2")
+		delivered, _, _ := br.get()
+		if dup := duplicates(delivered); len(dup) > 0 {
+			t.Errorf("delivered twice: %v", dup)
+		}
+		for _, agg := range []string{"F", "G"} {
+			var got []string
+			for _, id := range delivered {
+				if strings.HasPrefix(id, agg+"-") {
+					got = append(got, id)
+				}
+			}
+			if want := []string{agg + "-1", agg + "-2"}; !slices.Equal(got, want) {
+				t.Errorf("aggregate %s delivered %v, want %v", agg, got, want)
+			}
+		}
+		want := map[string]int{"F-1": 2, "F-2": 1, "G-1": 1, "G-2": 1} // a success counts one
+		for id, n := range want {
+			if _, a := b.status(t, id); a != n {
+				t.Errorf("%s: %d attempts, want %d", id, a, n)
+			}
+		}
+	})
+}
+
+// errFailed is a publish error of one message, which counts an attempt.
+var errFailed = errors.New("outbox/test: refused")
