@@ -24,6 +24,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sqloutbox/outbox/driver"
@@ -93,8 +94,12 @@ type faultCase struct {
 	inject func(t *testing.T, ctx context.Context, h *harness, i int)
 	// resends is how many batches a correct publisher may re-send per
 	// injection: those in flight or unresolved when the fault hit. The
-	// duplicates bound is injections x resends x maxBatchSize.
+	// duplicates bound is injections x resends x maxBatchSize, and 0 in
+	// the exactly-once mode.
 	resends int
+	// eos runs the publisher in its exactly-once mode, judged by a
+	// read_committed consumer.
+	eos bool
 }
 
 // produceErrors fails count produce requests in a row that carry records
@@ -257,6 +262,29 @@ func matrix() []faultCase {
 		publishTimeout: time.Second,
 		inject:         unreachable(2 * time.Second), resends: windowResends(2*time.Second, time.Second)})
 	return cases
+}
+
+// TestBrokerFaultsExactlyOnce runs the matrix with the publisher in its
+// exactly-once mode, on one PostgreSQL and one MariaDB target (the broker
+// faults do not depend on the database; the relay's reconciling writes
+// do), judged by a read_committed consumer with no duplicate allowed.
+func TestBrokerFaultsExactlyOnce(t *testing.T) {
+	t.Parallel()
+	for _, fc := range matrix() {
+		fc.eos = true
+		t.Run(fc.name, func(t *testing.T) {
+			t.Parallel()
+			for _, tg := range testdb.All {
+				if tg.Name != "pgx" && tg.Name != "mysql" {
+					continue
+				}
+				t.Run(tg.Name, func(t *testing.T) {
+					t.Parallel()
+					run(t, tg, fc)
+				})
+			}
+		})
+	}
 }
 
 // TestBrokerFaults runs the matrix on every database target.
@@ -472,17 +500,29 @@ func newHarness(t *testing.T, tg testdb.Target, fc faultCase) *harness {
 			h.tproxy.Close()
 		}
 	})
-	pub, err := kafka.NewPublisher(kafka.Config{Brokers: b.Addrs()})
+	h.e = testdb.New(t, tg, driver.Config{})
+	kcfg := kafka.Config{Brokers: b.Addrs()}
+	var consOpts []kgo.Opt
+	if fc.eos {
+		const prefix = "faults."
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		if err := kafkatest.CreateTopic(ctx, b.Addrs(), kafka.StateTopic(prefix, h.e.Table), 1); err != nil {
+			t.Fatal(err)
+		}
+		kcfg.ExactlyOnce = &kafka.ExactlyOnce{TransactionalIDPrefix: prefix, Table: h.e.Table}
+		consOpts = append(consOpts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	pub, err := kafka.NewPublisher(kcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { closePublisher(t, pub) })
-	h.cons, err = kafkatest.NewConsumer(b.Addrs(), []string{topic})
+	h.cons, err = kafkatest.NewConsumer(b.Addrs(), []string{topic}, consOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.cons.Close)
-	h.e = testdb.New(t, tg, driver.Config{})
 	// The watch is checked by run, not at cleanup, so that its count is
 	// reported with the ledger.
 	h.watch = &outboxtest.OrderWatch{Observer: h.striker}
@@ -575,6 +615,9 @@ func run(t *testing.T, tg testdb.Target, fc faultCase) {
 	recs, err := h.cons.Wait(ctx, func(r []kafkatest.Record) bool { return ledger.Check(rows, r).Lost == 0 })
 	rep := ledger.Check(rows, recs)
 	bound := injections * fc.resends * maxBatchSize
+	if fc.eos {
+		bound = 0 // read_committed: every row exactly once
+	}
 	violations := h.watch.Violations()
 	summary := fmt.Sprintf("%d events, %d injections: ledger %+v; duplicates bound %d; relay-reported order violations %d; %v",
 		total, injections, countsOf(rep), bound, len(violations), time.Since(h.start).Round(100*time.Millisecond))
