@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/spf13/pflag"
 	"github.com/xdg-go/scram"
+
+	"github.com/sqloutbox/outbox/relay"
+	"github.com/sqloutbox/outbox/relay/kafka"
 )
 
 // envSASLPassword is the one way besides --sasl-password-file to give the
@@ -27,6 +31,11 @@ type kafkaFlags struct {
 	saslUser      string
 	saslPassFile  string
 	saslPassArgv  string // a refused --sasl-password, only to explain the refusal
+
+	// txnPrefix, if set, turns on the exactly-once mode
+	// (kafka.ExactlyOnce.TransactionalIDPrefix).
+	txnPrefix  string
+	txnTimeout time.Duration
 }
 
 func (k *kafkaFlags) register(fs *pflag.FlagSet) {
@@ -43,6 +52,10 @@ func (k *kafkaFlags) register(fs *pflag.FlagSet) {
 	envFlag(fs, "sasl-user", "OUTBOX_SASL_USER")
 	fs.StringVar(&k.saslPassFile, "sasl-password-file", "", "file holding the SASL password (one trailing newline is ignored); or set "+envSASLPassword)
 	envFlag(fs, "sasl-password-file", "OUTBOX_SASL_PASSWORD_FILE")
+	fs.StringVar(&k.txnPrefix, "kafka-transactional-id-prefix", "", "turn on the exactly-once mode: each relay partition publishes through a transactional producer named <prefix><table>.<partition>, one transaction per batch; needs the topic <prefix><table>.outbox-txn (1 partition), consumers at read_committed and Kafka 2.5 or later")
+	envFlag(fs, "kafka-transactional-id-prefix", "OUTBOX_KAFKA_TRANSACTIONAL_ID_PREFIX")
+	fs.DurationVar(&k.txnTimeout, "kafka-transaction-timeout", kafka.DefaultTransactionTimeout, "with --kafka-transactional-id-prefix: transaction.timeout.ms; more than the publish timeout ("+relay.DefaultPublishTimeout.String()+"), at most 15m")
+	envFlag(fs, "kafka-transaction-timeout", "OUTBOX_KAFKA_TRANSACTION_TIMEOUT")
 	// Declared only to refuse it with an explanation instead of "unknown
 	// flag"; its value is never shown.
 	fs.StringVar(&k.saslPassArgv, "sasl-password", "", "refused: use --sasl-password-file or "+envSASLPassword)
@@ -74,6 +87,17 @@ func (k *kafkaFlags) saramaConfig(getenv func(string) string, tc *tls.Config) (*
 			return nil, usageErrorf("--kafka-version %s is older than 0.11.0 (record headers and idempotence need it)", k.version)
 		}
 		sc.Version = v
+	}
+	if k.txnPrefix != "" {
+		if k.txnTimeout <= relay.DefaultPublishTimeout || k.txnTimeout > 15*time.Minute {
+			return nil, usageErrorf("--kafka-transaction-timeout must exceed the publish timeout (%s) and be at most 15m (the brokers' default transaction.max.timeout.ms), got %s", relay.DefaultPublishTimeout, k.txnTimeout)
+		}
+		switch {
+		case k.version == "":
+			sc.Version = sarama.V2_5_0_0 // the mode's least (KIP-447)
+		case !sc.Version.IsAtLeast(sarama.V2_5_0_0):
+			return nil, usageErrorf("--kafka-transactional-id-prefix needs --kafka-version 2.5.0 or later, got %s", k.version)
+		}
 	}
 	switch strings.ToLower(k.compression) {
 	case "", "none":

@@ -12,9 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
+	"github.com/sqloutbox/outbox/relay/kafka"
 )
 
 // freeAddr returns a local address nothing listens on at the moment.
@@ -196,5 +199,57 @@ func TestRelayMissingSchema(t *testing.T) {
 	r := expect(t, cli(t, "--dsn", tg.dsn, "relay", "--brokers", freeAddr(t), "--http", ""), exitRuntime)
 	if !strings.Contains(r.stderr, "run `outbox migrate apply`") {
 		t.Errorf("missing schema: %v", r)
+	}
+}
+
+// TestRelayCommandExactlyOnce: `outbox relay --kafka-transactional-id-prefix`
+// publishes in the exactly-once mode: a read_committed consumer receives
+// the event, the manifest records its row, and the start-up line says so.
+func TestRelayCommandExactlyOnce(t *testing.T) {
+	t.Parallel()
+	tg := sqliteTarget(t)
+	table := randomTable()
+	tg.migrate(t, table)
+	broker, err := kafkatest.Start(kafkatest.Topics(4, "outbox.event.order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer broker.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := kafkatest.CreateTopic(ctx, broker.Addrs(), kafka.StateTopic("svc.", table), 1); err != nil {
+		t.Fatal(err)
+	}
+	consumer, err := kafkatest.NewConsumer(broker.Addrs(), []string{"outbox.event.order"}, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var stdout, stderr testdb.SyncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(runCtx, []string{"--dsn", tg.dsn, "--table", table, "relay", "--brokers", strings.Join(broker.Addrs(), ","),
+			"--http", "", "--poll", "100ms", "--lease-ttl", "2s", "--kafka-transactional-id-prefix", "svc."}, &stdout, &stderr)
+	}()
+	db, _ := tg.wrappedDB(t, table)
+	ids := emit(t, db, "42")
+	recs, err := consumer.WaitForCount(ctx, 1)
+	if err != nil {
+		t.Fatalf("no record reached read_committed: %v; stderr:\n%s", err, stderr.String())
+	}
+	if recs[0].Headers["outbox-message-id"] != ids[0] {
+		t.Errorf("record headers %v, want message %s", recs[0].Headers, ids[0])
+	}
+	stop()
+	if code := <-exited; code != 0 {
+		t.Errorf("relay exited %d; stderr:\n%s", code, stderr.String())
+	}
+	logs := stderr.String()
+	for _, want := range []string{`"exactly_once":true`, `"transactional_id_prefix":"svc."`, `"state_topic":"svc.` + table + `.outbox-txn"`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("logs lack %s:\n%s", want, logs)
+		}
 	}
 }

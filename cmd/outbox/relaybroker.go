@@ -44,6 +44,8 @@ type brokerPlan struct {
 	tls *tls.Config
 	// sarama is Kafka's producer configuration.
 	sarama *sarama.Config
+	// eos is Kafka's exactly-once mode (nil: off).
+	eos *kafka.ExactlyOnce
 	// password comes from --broker-password-file or
 	// OUTBOX_BROKER_PASSWORD ("": none, see url.password).
 	password string
@@ -53,7 +55,7 @@ type brokerPlan struct {
 
 // flagsOf lists the flags that apply to one broker only.
 var flagsOf = map[brokerKind][]string{
-	brokerKafka:    {"client-id", "kafka-version", "compression", "sasl-mechanism", "sasl-user", "sasl-password-file"},
+	brokerKafka:    {"client-id", "kafka-version", "compression", "sasl-mechanism", "sasl-user", "sasl-password-file", "kafka-transactional-id-prefix", "kafka-transaction-timeout"},
 	brokerNATS:     {"nats-creds-file", "nats-nkey-file"},
 	brokerRabbitMQ: {"exchange"},
 }
@@ -168,6 +170,9 @@ func (a *app) brokerPlan(f *relayFlags, changed func(string) bool) (*brokerPlan,
 		if p.sarama, err = f.kafka.saramaConfig(a.getenv, p.tls); err != nil {
 			return nil, err
 		}
+		if f.kafka.txnPrefix != "" {
+			p.eos = &kafka.ExactlyOnce{TransactionalIDPrefix: f.kafka.txnPrefix, Table: a.table, TransactionTimeout: f.kafka.txnTimeout}
+		}
 		return p, nil
 	case !p.url.tls && f.tls.requested():
 		tlsScheme := map[brokerKind]string{brokerNATS: "tls", brokerRabbitMQ: "amqps", brokerRedis: "rediss"}[p.kind]
@@ -217,6 +222,8 @@ func (a *app) connectBroker(ctx context.Context, p *brokerPlan, timeout time.Dur
 		Brokers: p.hosts,
 		Sarama:  sc,
 		Topic:   func(m relay.Message) string { return prefix + m.AggregateType },
+
+		ExactlyOnce: p.eos,
 	})
 	if err != nil {
 		hint := ""
@@ -229,7 +236,10 @@ func (a *app) connectBroker(ctx context.Context, p *brokerPlan, timeout time.Dur
 	}
 	attrs = append(attrs, "brokers", p.hosts, "topic_prefix", prefix,
 		"client_id", sc.ClientID, "kafka_version", sc.Version.String(), "compression", sc.Producer.Compression.String(),
-		"sasl_mechanism", string(sc.Net.SASL.Mechanism), "sasl_user", sc.Net.SASL.User)
+		"sasl_mechanism", string(sc.Net.SASL.Mechanism), "sasl_user", sc.Net.SASL.User, "exactly_once", p.eos != nil)
+	if p.eos != nil {
+		attrs = append(attrs, "transactional_id_prefix", p.eos.TransactionalIDPrefix, "state_topic", kafka.StateTopic(p.eos.TransactionalIDPrefix, p.eos.Table))
+	}
 	return &brokerConn{pub: pub, close: pub.Close, attrs: attrs}, nil
 }
 

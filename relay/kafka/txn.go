@@ -233,7 +233,11 @@ func (p *Publisher) txn(ctx context.Context, rp int, msgs []relay.Message, idx [
 	}
 	failedAt, ferr := p.produceTxn(ctx, o.prod, msgs, idx)
 	if failedAt < 0 && ferr == nil {
-		ferr = txnErr(o.prod.CommitManifest(ctx, TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, rp), e.state, kafkatxn.Manifest{Epoch: epoch, IDs: ids}))
+		ferr = o.prod.CommitManifest(ctx, TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, rp), e.state, kafkatxn.Manifest{Epoch: epoch, IDs: ids})
+		if errors.Is(ferr, sarama.ErrUnknownTopicOrPartition) {
+			ferr = fmt.Errorf("%w (the manifests' topic %s must exist, with 1 partition: create it, for example with kafka-topics.sh --create --topic %s --partitions 1)", ferr, e.state, e.state)
+		}
+		ferr = txnErr(ferr)
 		if ferr == nil {
 			failpoint.Inject(failpoint.BeforeCommit)
 			ferr = o.prod.End(ctx, true)
