@@ -154,6 +154,14 @@ type Config struct {
 	// waiting for its worker before the partition is paused (it resumes at
 	// half). Default DefaultMaxBufferedRecords.
 	MaxBufferedRecords int
+	// ReadUncommitted consumes at read_uncommitted. Default false: the
+	// runner reads at read_committed, so a record of an aborted Kafka
+	// transaction never reaches the handler, and a transaction's records
+	// only once it committed: what the relay's exactly-once mode
+	// (relay/kafka ExactlyOnce) needs end to end. With producers that use
+	// no transactions (the relay's default mode) both levels read the same
+	// records at the same time.
+	ReadUncommitted bool
 	// Kgo are extra franz-go client options (TLS, SASL, client ID, fetch
 	// sizes, another balancer). They are applied after the runner's
 	// defaults (seed brokers, cooperative-sticky balancer, start offset at
@@ -276,6 +284,9 @@ func NewRunner(cfg Config) (*Runner, error) {
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+	}
+	if !cfg.ReadUncommitted {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}
 	opts = append(opts, cfg.Kgo...)
 	opts = append(opts,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -591,5 +592,73 @@ func TestRunnerWaitsOutADatabaseOutage(t *testing.T) {
 	}
 	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
+	}
+}
+
+// TestRunnerReadsCommittedOnly: records of an aborted Kafka transaction
+// (what the relay's exactly-once mode leaves in the log when a transaction
+// fails) never reach the handler; the committed transaction's do. With
+// ReadUncommitted the aborted ones are applied too, which shows that they
+// are in the log.
+func TestRunnerReadsCommittedOnly(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name            string
+		readUncommitted bool
+		want            []string
+	}{
+		{"ReadCommitted", false, []string{"committed"}},
+		{"ReadUncommitted", true, []string{"aborted", "committed"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, topic := startBroker(t, 1)
+			ctx := testCtx(t, 60*time.Second)
+			cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.DefaultProduceTopic(topic), kgo.TransactionalID(randomName("txn-")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			for _, v := range []struct {
+				agg    string
+				commit kgo.TransactionEndTry
+			}{{"aborted", kgo.TryAbort}, {"committed", kgo.TryCommit}} {
+				if err := cl.BeginTransaction(); err != nil {
+					t.Fatal(err)
+				}
+				if err := cl.ProduceSync(ctx, record(v.agg, 1)).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+				if err := cl.EndTransaction(ctx, v.commit); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := newConsumerDB(t, pgx)
+			var mu sync.Mutex
+			var got []string
+			inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+			r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+				cfg.ReadUncommitted = tc.readUncommitted
+				cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+					mu.Lock()
+					got = append(got, m.AggregateID)
+					mu.Unlock()
+					return inner(ctx, tx, m)
+				}
+			})
+			runRunner(t, r)
+			// The committed record is the last one: once it is applied,
+			// everything before it was read.
+			testdb.Eventually(t, ctx, "the committed record applied", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return slices.Contains(got, "committed")
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("handled %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
