@@ -63,6 +63,17 @@
 //     aggregate in the same batch had failed (relay.OrderObserver), so
 //     their first delivery may precede it. No publisher of this module
 //     lets that happen; alert on any increase.
+//   - outbox_transactions_total{outcome} (counter, transactions): broker
+//     transactions of relay/kafka's exactly-once mode, one per relay
+//     partition per batch (relay.TransactionObserver), by outcome:
+//     committed, aborted (a message failed; all re-sent), unknown (the
+//     partition is reconciled), fenced (another relay took the partition,
+//     or a transaction outlived transaction.timeout.ms). Stays empty in
+//     the default mode.
+//   - outbox_reconciled_rows_total (counter, rows): rows marked sent by
+//     reconciling a partition: committed at the broker but not yet marked
+//     in the database (a relay killed between the two). Each is a
+//     duplicate the exactly-once mode prevented.
 //
 // # Table metrics (NewStatsCollector)
 //

@@ -109,8 +109,8 @@ func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	var obs relay.Observer = m // the point of the type
 
 	// Before anything happens every series exists, errors at 0 per class.
-	if n := testutil.CollectAndCount(m); n != 14 {
-		t.Errorf("CollectAndCount = %d, want 14 (10 single series + 4 error classes)", n)
+	if n := testutil.CollectAndCount(m); n != 19 {
+		t.Errorf("CollectAndCount = %d, want 19 (11 single series + 4 error classes + 4 transaction outcomes)", n)
 	}
 	if n := testutil.CollectAndCount(m, metrics.MetricPublishErrors); n != 4 {
 		t.Errorf("error classes exported = %d, want 4", n)
@@ -132,6 +132,13 @@ func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	obs.Retried(relay.Message{}, 1, time.Second)
 	obs.DeadLettered(relay.Message{}, relay.ErrPermanent)
 	obs.(relay.OrderObserver).OrderViolation(relay.Message{})
+	to := obs.(relay.TransactionObserver)
+	to.Transaction(3, relay.TxnCommitted, 10)
+	to.Transaction(4, relay.TxnCommitted, 2)
+	to.Transaction(4, relay.TxnAborted, 5)
+	to.Transaction(7, relay.TxnFenced, 1)
+	to.Reconciled(3, 0)
+	to.Reconciled(7, 40)
 
 	want := `
 # HELP outbox_dead_lettered_total Outbox messages dead-lettered (marked failed).
@@ -159,10 +166,20 @@ outbox_relay_up{table="orders_outbox"} 1
 # HELP outbox_retries_total Outbox message retries scheduled after a failed publish attempt.
 # TYPE outbox_retries_total counter
 outbox_retries_total{table="orders_outbox"} 1
+# HELP outbox_transactions_total Broker transactions of the exactly-once mode (one per relay partition per batch), by outcome (committed, aborted, unknown, fenced).
+# TYPE outbox_transactions_total counter
+outbox_transactions_total{outcome="aborted",table="orders_outbox"} 1
+outbox_transactions_total{outcome="committed",table="orders_outbox"} 2
+outbox_transactions_total{outcome="fenced",table="orders_outbox"} 1
+outbox_transactions_total{outcome="unknown",table="orders_outbox"} 0
+# HELP outbox_reconciled_rows_total Rows marked sent by reconciling: committed at the broker, not yet marked in the database (each a duplicate avoided).
+# TYPE outbox_reconciled_rows_total counter
+outbox_reconciled_rows_total{table="orders_outbox"} 40
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		metrics.MetricDeadLettered, metrics.MetricPartitionsOwned, metrics.MetricPublishErrors,
-		metrics.MetricPublished, metrics.MetricOrderViolations, metrics.MetricRelayUp, metrics.MetricRetries); err != nil {
+		metrics.MetricPublished, metrics.MetricOrderViolations, metrics.MetricRelayUp, metrics.MetricRetries,
+		metrics.MetricTransactions, metrics.MetricReconciledRows); err != nil {
 		t.Error(err)
 	}
 
@@ -490,7 +507,7 @@ func TestIntegrationSQLite(t *testing.T) {
 		metrics.MetricPublished, metrics.MetricPublishErrors, metrics.MetricRetries, metrics.MetricDeadLettered,
 		metrics.MetricCommitToPublish, metrics.MetricBatchSize, metrics.MetricClaimDuration,
 		metrics.MetricPartitionsOwned, metrics.MetricRelayUp, metrics.MetricRelayPartitionMismatch,
-		metrics.MetricOrderViolations, metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
+		metrics.MetricOrderViolations, metrics.MetricTransactions, metrics.MetricReconciledRows, metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
 		metrics.MetricPartitionPendingEvents, metrics.MetricPartitionOldestPendingAge, metrics.MetricPartitionOwnerInfo,
 		metrics.MetricStatsScrapeError, metrics.MetricPartitions, metrics.MetricLeasePartitions,
 		metrics.MetricOutOfRangePending, metrics.MetricPartitionMismatch,

@@ -56,6 +56,18 @@ const (
 	// may be out of order. No publisher of this module does that; it must
 	// stay 0, so alert on any increase.
 	MetricOrderViolations = "outbox_relay_order_violations_total"
+	// MetricTransactions is a counter of broker transactions in
+	// relay/kafka's exactly-once mode (one per relay partition per batch),
+	// labelled outcome (relay.TransactionOutcome: committed, aborted,
+	// unknown, fenced). Aborted transactions cost a re-send, unknown ones
+	// a reconcile; fenced ones mean another relay took a partition, or a
+	// transaction outlived transaction.timeout.ms: alert on a rate.
+	MetricTransactions = "outbox_transactions_total"
+	// MetricReconciledRows is a counter of rows the relay marked sent when
+	// it reconciled a partition (relay.Reconciler): rows whose transaction
+	// had committed at the broker but were not marked sent in the
+	// database. Each is a duplicate the exactly-once mode prevented.
+	MetricReconciledRows = "outbox_reconciled_rows_total"
 )
 
 // ErrInvalidConfig is returned (wrapped) by NewRelayMetrics for a nil
@@ -102,13 +114,17 @@ type RelayMetrics struct {
 	up              prometheus.Gauge
 	mismatch        prometheus.Gauge
 	orderViolations prometheus.Counter
+	transactions    *prometheus.CounterVec
+	txnOutcomes     map[relay.TransactionOutcome]prometheus.Counter
+	reconciledRows  prometheus.Counter
 }
 
 var (
-	_ relay.Observer          = (*RelayMetrics)(nil)
-	_ relay.PartitionObserver = (*RelayMetrics)(nil)
-	_ relay.ReadinessObserver = (*RelayMetrics)(nil)
-	_ relay.OrderObserver     = (*RelayMetrics)(nil)
+	_ relay.Observer            = (*RelayMetrics)(nil)
+	_ relay.PartitionObserver   = (*RelayMetrics)(nil)
+	_ relay.ReadinessObserver   = (*RelayMetrics)(nil)
+	_ relay.OrderObserver       = (*RelayMetrics)(nil)
+	_ relay.TransactionObserver = (*RelayMetrics)(nil)
 )
 
 // NewRelayMetrics creates the relay metrics of ob's table (its
@@ -193,6 +209,20 @@ func newRelayMetrics(table string) *RelayMetrics {
 			Help:        "Outbox messages acknowledged after an earlier message of their aggregate in the same batch failed (must stay 0).",
 			ConstLabels: cl,
 		}),
+		transactions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        MetricTransactions,
+			Help:        "Broker transactions of the exactly-once mode (one per relay partition per batch), by outcome (committed, aborted, unknown, fenced).",
+			ConstLabels: cl,
+		}, []string{"outcome"}),
+		reconciledRows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        MetricReconciledRows,
+			Help:        "Rows marked sent by reconciling: committed at the broker, not yet marked in the database (each a duplicate avoided).",
+			ConstLabels: cl,
+		}),
+	}
+	m.txnOutcomes = map[relay.TransactionOutcome]prometheus.Counter{}
+	for _, o := range []relay.TransactionOutcome{relay.TxnCommitted, relay.TxnAborted, relay.TxnUnknown, relay.TxnFenced} {
+		m.txnOutcomes[o] = m.transactions.WithLabelValues(string(o))
 	}
 	// Resolve the known classes once (no map lookup or allocation per
 	// failure) and export them from the start at 0, so that rates and
@@ -206,7 +236,8 @@ func newRelayMetrics(table string) *RelayMetrics {
 
 func (m *RelayMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.published, m.errors, m.retries, m.deadLettered,
-		m.commitToPublish, m.batchSize, m.claimDuration, m.partitionsOwned, m.up, m.mismatch, m.orderViolations}
+		m.commitToPublish, m.batchSize, m.claimDuration, m.partitionsOwned, m.up, m.mismatch, m.orderViolations,
+		m.transactions, m.reconciledRows}
 }
 
 // Describe implements prometheus.Collector: it sends the descriptors of
@@ -311,4 +342,20 @@ func (m *RelayMetrics) Readiness(err error) {
 // outbox_relay_order_violations_total.
 func (m *RelayMetrics) OrderViolation(relay.Message) {
 	m.orderViolations.Inc()
+}
+
+// Transaction implements relay.TransactionObserver: it increments
+// outbox_transactions_total{outcome}.
+func (m *RelayMetrics) Transaction(_ int, outcome relay.TransactionOutcome, _ int) {
+	if c, ok := m.txnOutcomes[outcome]; ok {
+		c.Inc()
+		return
+	}
+	m.transactions.WithLabelValues(string(outcome)).Inc() // an outcome added to relay later
+}
+
+// Reconciled implements relay.TransactionObserver: it adds rows to
+// outbox_reconciled_rows_total.
+func (m *RelayMetrics) Reconciled(_ int, rows int) {
+	m.reconciledRows.Add(float64(rows))
 }

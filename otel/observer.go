@@ -88,6 +88,22 @@ func (o *Observer) OrderViolation(m relay.Message) {
 	}
 }
 
+// Transaction forwards to the wrapped Observer if it implements
+// relay.TransactionObserver (package metrics' RelayMetrics does).
+func (o *Observer) Transaction(partition int, outcome relay.TransactionOutcome, messages int) {
+	if to, ok := o.Observer.(relay.TransactionObserver); ok {
+		to.Transaction(partition, outcome, messages)
+	}
+}
+
+// Reconciled forwards to the wrapped Observer if it implements
+// relay.TransactionObserver.
+func (o *Observer) Reconciled(partition, rows int) {
+	if to, ok := o.Observer.(relay.TransactionObserver); ok {
+		to.Reconciled(partition, rows)
+	}
+}
+
 // StartPublish implements relay.PublishObserver: it starts the batch's
 // producer span, linked to each message's originating span context, and
 // returns ctx with the span and an end func that records Publish's

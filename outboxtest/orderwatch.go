@@ -104,3 +104,19 @@ func DescribeMessages(msgs []relay.Message) string {
 	}
 	return strings.Join(s, ", ")
 }
+
+// Transaction implements relay.TransactionObserver: it forwards to the
+// wrapped Observer if it implements it.
+func (w *OrderWatch) Transaction(partition int, outcome relay.TransactionOutcome, messages int) {
+	if to, ok := w.Observer.(relay.TransactionObserver); ok {
+		to.Transaction(partition, outcome, messages)
+	}
+}
+
+// Reconciled implements relay.TransactionObserver: it forwards to the
+// wrapped Observer if it implements it.
+func (w *OrderWatch) Reconciled(partition, rows int) {
+	if to, ok := w.Observer.(relay.TransactionObserver); ok {
+		to.Reconciled(partition, rows)
+	}
+}

@@ -107,3 +107,38 @@ type PublishObserver interface {
 type OrderObserver interface {
 	OrderViolation(m Message)
 }
+
+// TransactionOutcome is how one broker transaction of a Reconciler
+// Publisher ended (see TransactionObserver).
+type TransactionOutcome string
+
+// The transaction outcomes.
+const (
+	// TxnCommitted: every message of the transaction was acknowledged.
+	TxnCommitted TransactionOutcome = "committed"
+	// TxnAborted: a message failed (or the transaction could not be
+	// committed) and the transaction was aborted: none of its messages
+	// reached a read_committed consumer.
+	TxnAborted TransactionOutcome = "aborted"
+	// TxnUnknown: the outcome is unknown (ErrOutcomeUnknown); the relay
+	// reconciles the partition before it claims from it again.
+	TxnUnknown TransactionOutcome = "unknown"
+	// TxnFenced: the publisher's producer of the partition was fenced
+	// (ErrFenced): another relay took the partition, or the broker
+	// aborted a transaction left open too long.
+	TxnFenced TransactionOutcome = "fenced"
+)
+
+// TransactionObserver is an optional interface of an Observer (package
+// metrics' RelayMetrics implements it). With a Publisher that is a
+// Reconciler (relay/kafka's exactly-once mode), each relay partition's
+// share of a batch is one broker transaction: after each Publish the relay
+// calls Transaction once per relay partition of the batch with its outcome
+// and message count, and Reconciled after each successful Reconcile with
+// the number of rows the broker had committed that the relay then marked
+// sent (0 when the database was up to date). Like Observer's methods they
+// must not block.
+type TransactionObserver interface {
+	Transaction(partition int, outcome TransactionOutcome, messages int)
+	Reconciled(partition int, rows int)
+}

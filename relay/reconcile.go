@@ -55,6 +55,13 @@ type Reconciler interface {
 // *BatchError).
 var ErrOutcomeUnknown = errors.New("outbox: publish outcome unknown")
 
+// ErrFenced is wrapped, with ErrOutcomeUnknown, by the errors of a
+// Reconciler Publisher whose producer of a relay partition was fenced: a
+// later owner reconciled the partition, or the broker aborted a
+// transaction left open too long. Nothing of the fenced transaction can
+// commit any more; the relay reconciles the partition if it still owns it.
+var ErrFenced = errors.New("outbox: publisher fenced")
+
 // ErrAborted fails a message that was not delivered because the broker
 // transaction that carried it was aborted for another message's failure
 // (a transaction commits whole or not at all). The relay counts no
@@ -131,6 +138,11 @@ func (r *Relay) reconcile(ctx context.Context, set leaseSet) (leaseSet, error) {
 			} else {
 				r.unavailable(err)
 			}
+			if err == nil {
+				if to, ok := r.cfg.Observer.(TransactionObserver); ok {
+					to.Reconciled(p, len(ids))
+				}
+			}
 			if err == nil && len(ids) > 0 {
 				r.log.Info("reconciled a relay partition: rows the broker committed are marked sent",
 					"partition", p, "epoch", epoch, "rows", len(ids))
@@ -173,5 +185,54 @@ const reconcileParallel = 8
 func (r *Relay) unreconcile(msgs []Message) {
 	for i := range msgs {
 		delete(r.recon.done, msgs[i].Partition)
+	}
+}
+
+// observeTransactions tells a TransactionObserver the outcome of each
+// relay partition's transaction in a Publish of msgs that returned perr.
+func (r *Relay) observeTransactions(msgs []Message, perr error) {
+	to, ok := r.cfg.Observer.(TransactionObserver)
+	if !ok || len(msgs) == 0 {
+		return
+	}
+	var pe PublishErrors
+	perMessage := errors.As(perr, &pe) && len(pe) == len(msgs)
+	type tally struct {
+		n                       int
+		failed, unknown, fenced bool
+	}
+	var order []int
+	byPart := map[int]*tally{}
+	for i := range msgs {
+		p := msgs[i].Partition
+		t := byPart[p]
+		if t == nil {
+			t = &tally{}
+			byPart[p] = t
+			order = append(order, p)
+		}
+		t.n++
+		err := perr
+		if perMessage {
+			err = pe[i]
+		}
+		if err != nil {
+			t.failed = true
+			t.unknown = t.unknown || errors.Is(err, ErrOutcomeUnknown)
+			t.fenced = t.fenced || errors.Is(err, ErrFenced)
+		}
+	}
+	for _, p := range order {
+		t := byPart[p]
+		outcome := TxnCommitted
+		switch {
+		case t.fenced:
+			outcome = TxnFenced
+		case t.unknown:
+			outcome = TxnUnknown
+		case t.failed:
+			outcome = TxnAborted
+		}
+		to.Transaction(p, outcome, t.n)
 	}
 }

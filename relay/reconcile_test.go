@@ -85,6 +85,32 @@ func (b *txnBroker) get() (delivered, early []string, reconciled map[int]int) {
 	return slices.Clone(b.delivered), slices.Clone(b.early), maps.Clone(b.reconciled)
 }
 
+// txnLog is an Observer that records the TransactionObserver calls.
+type txnLog struct {
+	relay.NopObserver
+	mu         sync.Mutex
+	outcomes   []string // "partition:outcome:messages"
+	reconciled int      // rows
+}
+
+func (l *txnLog) Transaction(p int, o relay.TransactionOutcome, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.outcomes = append(l.outcomes, fmt.Sprintf("%d:%s:%d", p, o, n))
+}
+
+func (l *txnLog) Reconciled(_ int, rows int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reconciled += rows
+}
+
+func (l *txnLog) get() ([]string, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.outcomes), l.reconciled
+}
+
 // rowOf returns the outbox id and relay partition of message id.
 func (b *bundle) rowOf(t *testing.T, id string) (int64, int) {
 	t.Helper()
@@ -147,7 +173,8 @@ func TestReconcileBeforeFirstClaim(t *testing.T) {
 		a1, p := pre.rowOf(t, "A-1")
 		a2, _ := pre.rowOf(t, "A-2")
 		br.manifest[p] = []int64{a1, a2} // A-3 was not in that transaction
-		b := setupOn(t, e, func(c *relay.Config) { c.Publisher = br })
+		log := &txnLog{}
+		b := setupOn(t, e, func(c *relay.Config) { c.Publisher = br; c.Observer = log })
 		b.allSent(t, "A-1", "A-2", "A-3", "B-1")
 		delivered, early, reconciled := br.get()
 		if len(early) > 0 {
@@ -159,6 +186,9 @@ func TestReconcileBeforeFirstClaim(t *testing.T) {
 		}
 		if reconciled[p] != 1 {
 			t.Errorf("partition %d reconciled %d times, want once", p, reconciled[p])
+		}
+		if _, rows := log.get(); rows != 2 {
+			t.Errorf("the observer heard of %d reconciled rows, want 2", rows)
 		}
 	})
 }
@@ -231,7 +261,8 @@ func TestAbortedCountsNoAttempt(t *testing.T) {
 		}
 		e := testdb.New(t, tg, driver.Config{})
 		preEmit(t, e, event("F", 1), event("F", 2), event("G", 1), event("G", 2))
-		b := setupOn(t, e, func(c *relay.Config) { c.Publisher = br })
+		log := &txnLog{}
+		b := setupOn(t, e, func(c *relay.Config) { c.Publisher = br; c.Observer = log })
 		b.allSent(t, "F-1", "F-2", "G-1", "G-2")
 		delivered, _, _ := br.get()
 		if dup := duplicates(delivered); len(dup) > 0 {
@@ -247,6 +278,9 @@ func TestAbortedCountsNoAttempt(t *testing.T) {
 			if want := []string{agg + "-1", agg + "-2"}; !slices.Equal(got, want) {
 				t.Errorf("aggregate %s delivered %v, want %v", agg, got, want)
 			}
+		}
+		if outcomes, _ := log.get(); len(outcomes) == 0 || !strings.Contains(outcomes[0], ":aborted:") {
+			t.Errorf("transactions observed %v, want the first one aborted", outcomes)
 		}
 		want := map[string]int{"F-1": 2, "F-2": 1, "G-1": 1, "G-2": 1} // a success counts one
 		for id, n := range want {

@@ -667,6 +667,9 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		perr = r.cfg.Publisher.Publish(pctx, msgs)
 	}
 	cancel()
+	if r.rec != nil {
+		r.observeTransactions(msgs, perr)
+	}
 	failpoint.Inject(failpoint.AfterPublish)
 	// The previous batch's mark-sent ran while this batch was claimed and
 	// published; it must finish before this batch's outcomes are written.

@@ -268,6 +268,10 @@ func (p *Publisher) txn(ctx context.Context, rp int, msgs []relay.Message, idx [
 	}
 	if abortErr != nil {
 		p.forget(rp, o)
+		if errors.Is(abortErr, kafkatxn.ErrFenced) {
+			failAll(fmt.Errorf("%w: %w: outbox/kafka: relay partition %d: %w", relay.ErrOutcomeUnknown, relay.ErrFenced, rp, abortErr))
+			return
+		}
 		failAll(fmt.Errorf("%w: outbox/kafka: relay partition %d: the transaction failed (%w) and is reconciled before the next one (%w)",
 			relay.ErrOutcomeUnknown, rp, ferr, abortErr))
 		return
@@ -309,8 +313,12 @@ func (p *Publisher) resolveCommit(ctx context.Context, rp int, o *txnOwner, ids 
 	switch {
 	case err != nil:
 		p.forget(rp, o)
+		e := fmt.Errorf("%w: outbox/kafka: relay partition %d: %w (resolving it: %w)", relay.ErrOutcomeUnknown, rp, cause, err)
+		if errors.Is(err, kafkatxn.ErrFenced) {
+			e = fmt.Errorf("%w: %w", relay.ErrFenced, e)
+		}
 		for _, i := range idx {
-			errs[i] = fmt.Errorf("%w: outbox/kafka: relay partition %d: %w (resolving it: %w)", relay.ErrOutcomeUnknown, rp, cause, err)
+			errs[i] = e
 		}
 	case ok && m.Epoch == o.epoch && slices.Equal(m.IDs, ids):
 		// committed: every entry stays nil
