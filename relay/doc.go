@@ -205,6 +205,24 @@
 // next, so at most 2 x MaxBatchSize messages. Duplicates carry the same
 // message ID.
 //
+// # Exactly once: publishers that reconcile
+//
+// A Publisher that is a Reconciler (relay/kafka with ExactlyOnce; the
+// relay finds it through PublisherWrapper wrappers too) removes those
+// duplicates. Its broker records, atomically with each publish of a relay
+// partition, which outbox rows the publish carried, and Reconcile fences
+// the partition's earlier publishers at the broker. The relay reconciles
+// a partition before its first claim under each lease epoch (so acquiring
+// a lease also fences the previous owner, frozen or not) and again after
+// any outcome of its own it did not learn (ErrOutcomeUnknown, a mark-sent
+// that failed); it marks the ids Reconcile returns sent and claims nothing
+// from the partition until that succeeded. It marks each batch sent before
+// claiming the next (the broker keeps only the last publish's record per
+// partition), so this mode does not pipeline mark-sent. Per-message
+// outcomes add ErrAborted (not delivered because its transaction was
+// aborted for another message: no attempt, no hold) and ErrFenced. A
+// TransactionObserver hears each transaction's outcome.
+//
 // # Stopping
 //
 // Cancelling Run's context or calling Stop stops claiming; the in-flight

@@ -46,6 +46,34 @@ type Reconciler interface {
 	Reconciles() bool
 }
 
+// PublisherWrapper is implemented by a Publisher that wraps another (for
+// timing, logging, tracing): the relay looks through Unwrap for a
+// Reconciler, so that wrapping relay/kafka's exactly-once publisher keeps
+// the mode. A wrapper without Unwrap hides it, and the exactly-once
+// publisher then fails every Publish (kafka.ErrNotReconciled).
+type PublisherWrapper interface {
+	Unwrap() Publisher
+}
+
+// reconcilerOf returns the Reconciler p is or wraps (through
+// PublisherWrapper), if it reconciles; nil otherwise.
+func reconcilerOf(p Publisher) Reconciler {
+	for i := 0; p != nil && i < 100; i++ { // bounded: a wrapper that unwraps to itself
+		if rec, ok := p.(Reconciler); ok {
+			if rec.Reconciles() {
+				return rec
+			}
+			return nil
+		}
+		w, ok := p.(PublisherWrapper)
+		if !ok {
+			return nil
+		}
+		p = w.Unwrap()
+	}
+	return nil
+}
+
 // ErrOutcomeUnknown fails a message whose publish may or may not have
 // committed at the broker (a transaction commit that went unanswered and
 // could not be resolved). The relay counts no attempt, leaves the message

@@ -291,5 +291,25 @@ func TestAbortedCountsNoAttempt(t *testing.T) {
 	})
 }
 
+// wrapped hides a Publisher's other methods, as a user's timing or
+// logging wrapper does; Unwrap shows the relay what it wraps.
+type wrapped struct{ relay.Publisher }
+
+func (w wrapped) Unwrap() relay.Publisher { return w.Publisher }
+
+// TestReconcilerBehindWrapper: a Reconciler wrapped by a Publisher that
+// implements relay.PublisherWrapper is still reconciled before its
+// partitions are claimed.
+func TestReconcilerBehindWrapper(t *testing.T) {
+	t.Parallel()
+	br := newTxnBroker()
+	b := setup(t, testdb.All[0], func(c *relay.Config) { c.Publisher = wrapped{br} })
+	b.emit(t, event("A", 1))
+	b.allSent(t, "A-1")
+	if _, early, reconciled := br.get(); len(early) > 0 || len(reconciled) == 0 {
+		t.Errorf("published before reconciling: %v; reconciled %v", early, reconciled)
+	}
+}
+
 // errFailed is a publish error of one message, which counts an attempt.
 var errFailed = errors.New("outbox/test: refused")

@@ -343,10 +343,7 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	table := ob.Config().Table
-	rec, _ := cfg.Publisher.(Reconciler)
-	if rec != nil && !rec.Reconciles() {
-		rec = nil
-	}
+	rec := reconcilerOf(cfg.Publisher)
 	return &Relay{
 		ob: ob, db: db, cfg: cfg, d: d, batch: cfg.BatchSize, table: table, rec: rec,
 		log:       cfg.Logger.With("component", "outbox.relay", "table", table),

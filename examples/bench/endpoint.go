@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
@@ -116,4 +118,50 @@ func (k kafkaEndpoint) open(ctx context.Context, name string, consume bool) (*ro
 // newPublisher returns a publisher routing every message to topic.
 func newPublisher(brokers []string, topic string) (*kafka.Publisher, error) {
 	return kafka.NewPublisher(kafka.Config{Brokers: brokers, Topic: func(relay.Message) string { return topic }})
+}
+
+// kafkaEOSEndpoint is Kafka in the publisher's exactly-once mode
+// (kafka.ExactlyOnce): per route a topic of 8 partitions and the state
+// topic of the route's transactional IDs, consumed at read_committed.
+type kafkaEOSEndpoint struct{ kafkaEndpoint }
+
+// eosPrefix is the bench's transactional ID prefix.
+const eosPrefix = "outbox-bench."
+
+func (k kafkaEOSEndpoint) name() string { return "kafka_eos" }
+
+func (k kafkaEOSEndpoint) describe() string {
+	return k.label + "; exactly-once mode (one transaction per relay partition per batch); a topic of 8 partitions per run, key = aggregate ID; consumer: kafkatest.Consumer at read_committed"
+}
+
+func (k kafkaEOSEndpoint) open(ctx context.Context, name string, consume bool) (*route, error) {
+	topic, err := topicFor(ctx, k.brokers, name+"-"+randomHex(3))
+	if err != nil {
+		return nil, err
+	}
+	// The route's topic names its transactional IDs' namespace: the
+	// Table of ExactlyOnce need not be the outbox table's name, only
+	// unique per table.
+	if err := kafkatest.CreateTopic(ctx, k.brokers, kafka.StateTopic(eosPrefix, topic), 1); err != nil {
+		return nil, err
+	}
+	pub, err := kafka.NewPublisher(kafka.Config{Brokers: k.brokers, Topic: func(relay.Message) string { return topic },
+		ExactlyOnce: &kafka.ExactlyOnce{TransactionalIDPrefix: eosPrefix, Table: topic}})
+	if err != nil {
+		return nil, err
+	}
+	r := &route{pub: pub, topic: topic, close: func() { pub.Close() }}
+	if consume {
+		c, err := kafkatest.NewConsumer(k.brokers, []string{topic}, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		if err != nil {
+			pub.Close()
+			return nil, err
+		}
+		r.cons = kitReceiver[kafkatest.Record]{wait: c.Wait, close: c.Close, idAt: func(rc kafkatest.Record) (string, time.Time) {
+			id, _ := rc.MessageID()
+			return id, rc.Received
+		}}
+		r.close = func() { c.Close(); pub.Close() }
+	}
+	return r, nil
 }

@@ -94,6 +94,10 @@ type timedPublisher struct {
 	log *phaseLog
 }
 
+// Unwrap implements relay.PublisherWrapper, so that the relay sees the
+// exactly-once publisher's Reconciler through the timing.
+func (t timedPublisher) Unwrap() relay.Publisher { return t.Publisher }
+
 func (t timedPublisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	began := time.Now()
 	err := t.Publisher.Publish(ctx, msgs)

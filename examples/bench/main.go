@@ -127,6 +127,9 @@ type Result struct {
 	// Brokers is part "brokers": every broker's drain and latency on this
 	// database in this run.
 	Brokers *BrokersResult `json:"brokers,omitempty"`
+	// ExactlyOnce is part "exactlyonce": the Kafka publisher's default
+	// mode and its exactly-once mode, drain and latency, in this run.
+	ExactlyOnce *BrokersResult `json:"exactly_once,omitempty"`
 	// Soak is the -soak mode's result (then the only part).
 	Soak      *SoakResult `json:"soak,omitempty"`
 	Targets   []Target    `json:"targets"`
@@ -152,7 +155,7 @@ var allParts = []string{"commit", "latency", "standalone", "drain", "history", "
 
 // extraParts are parts -only accepts that do not run by default: brokers
 // needs NATS, RabbitMQ and Redis servers besides the database.
-var extraParts = []string{"brokers"}
+var extraParts = []string{"brokers", "exactlyonce"}
 
 func main() {
 	maybeRunChild()
@@ -413,6 +416,19 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("brokers: %w", err)
 		}
 	}
+	if want["exactlyonce"] {
+		// The Kafka publisher's two modes side by side, interleaved per
+		// run: the cost of exactly once (issue 22).
+		eps := []endpoint{kafkaEP, kafkaEOSEndpoint{kafkaEP}}
+		warn := func(msg string) {
+			if strings.HasPrefix(msg, "NOT MEASURED") || !o.json {
+				fmt.Fprintln(os.Stderr, "bench: "+msg)
+			}
+		}
+		if res.ExactlyOnce, err = runBrokers(ctx, db, eps, o.rows, o.drainAggs, o.batch, brokersRate, dur, o.writers, o.runs, warn); err != nil {
+			return fmt.Errorf("exactlyonce: %w", err)
+		}
+	}
 	for i := range res.LatencyRuns {
 		seedRatios(res.LatencyRuns[i], res.LatencySeedRuns[i])
 	}
@@ -629,6 +645,9 @@ func printTables(out io.Writer, r *Result) {
 		fmt.Fprintf(w, "ratio\t%.2fx\t\t\t%.2fx\t\n\n", h.Ratio, h.SeedRatio)
 	}
 	if b := r.Brokers; b != nil {
+		printBrokers(w, out, b)
+	}
+	if b := r.ExactlyOnce; b != nil {
 		printBrokers(w, out, b)
 	}
 	fmt.Fprintf(w, "target\twant\tgot\tmet\t\n")

@@ -65,6 +65,7 @@ func (e *txnEnv) producer(t *testing.T, ctx context.Context, id string) *kafkatx
 	if err != nil {
 		t.Fatalf("Init %s: %v", id, err)
 	}
+	t.Cleanup(p.Close)
 	return p
 }
 
@@ -280,6 +281,7 @@ func TestTxnManyProducers(t *testing.T) {
 			id := fmt.Sprintf("txn.many.%d", i)
 			p, err := kafkatxn.Init(ctx, kafkatxn.Config{Client: e.client, TransactionalID: id, Timeout: time.Minute})
 			if err == nil {
+				defer p.Close()
 				_, err = p.Produce(ctx, txnTopic, int32(i%3), records(id, id))
 			}
 			if err == nil {

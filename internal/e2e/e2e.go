@@ -234,6 +234,9 @@ type failureWatch struct {
 	failed chan struct{}
 }
 
+// Unwrap implements relay.PublisherWrapper.
+func (w *failureWatch) Unwrap() relay.Publisher { return w.Publisher }
+
 func (w *failureWatch) Publish(ctx context.Context, msgs []relay.Message) error {
 	err := w.Publisher.Publish(ctx, msgs)
 	if err != nil {

@@ -395,6 +395,9 @@ type probed struct {
 	p *Probe
 }
 
+// Unwrap implements relay.PublisherWrapper.
+func (w *probed) Unwrap() relay.Publisher { return w.Publisher }
+
 func (w *probed) Publish(ctx context.Context, msgs []relay.Message) error {
 	w.p.running.Add(1)
 	err := w.Publisher.Publish(ctx, msgs)

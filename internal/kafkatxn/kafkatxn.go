@@ -96,8 +96,9 @@ type topicPartition struct {
 	part  int32
 }
 
-// Producer is one transactional producer. Its methods are not safe for
-// concurrent use, except Produce to different partitions.
+// Producer is one transactional producer. Within one transaction,
+// Produce to different partitions and CommitManifest may run at the same
+// time; Init, Reset and End must not overlap anything.
 type Producer struct {
 	cfg   Config
 	sc    *sarama.Config
@@ -105,10 +106,11 @@ type Producer struct {
 	epoch int16
 
 	mu     sync.Mutex
-	seq    map[topicPartition]int32 // next sequence, under pid and epoch
-	added  map[topicPartition]bool  // partitions added to the open transaction
-	groups map[string]bool          // groups added to the open transaction
-	broken error                    // why the open transaction cannot commit; nil: it can
+	conns  map[string]*sarama.Broker // this producer's own connections, by address
+	seq    map[topicPartition]int32  // next sequence, under pid and epoch
+	added  map[topicPartition]bool   // partitions added to the open transaction
+	groups map[string]bool           // groups added to the open transaction
+	broken error                     // why the open transaction cannot commit; nil: it can
 	fenced bool
 }
 
@@ -126,6 +128,7 @@ func Init(ctx context.Context, cfg Config) (*Producer, error) {
 	}
 	p := &Producer{cfg: cfg, sc: cfg.Client.Config(), pid: -1, epoch: -1}
 	if err := p.initID(ctx); err != nil {
+		p.Close()
 		return nil, err
 	}
 	return p, nil
@@ -154,6 +157,50 @@ func (p *Producer) isFenced() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.fenced
+}
+
+// conn returns this producer's own connection to shared's address
+// (opening it the first time): each producer talks to the brokers over
+// connections of its own, as each Java producer does, so that the
+// transactions of many relay partitions do not queue behind each other on
+// the client's one connection per broker.
+func (p *Producer) conn(shared *sarama.Broker) *sarama.Broker {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns == nil {
+		p.conns = map[string]*sarama.Broker{}
+	}
+	b := p.conns[shared.Addr()]
+	if b == nil {
+		b = sarama.NewBroker(shared.Addr())
+		_ = b.Open(p.sc) // connects in the background; the first request waits for it
+		p.conns[shared.Addr()] = b
+	}
+	return b
+}
+
+// drop closes b and forgets it, if it is still this producer's
+// connection to its address.
+func (p *Producer) drop(b *sarama.Broker) {
+	p.mu.Lock()
+	if p.conns[b.Addr()] == b {
+		delete(p.conns, b.Addr())
+	}
+	p.mu.Unlock()
+	_ = b.Close()
+}
+
+// Close closes the producer's connections. It does not end an open
+// transaction (a later Init of the same transactional.id, or the
+// coordinator's timeout, does). The Producer must not be used after.
+func (p *Producer) Close() {
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = nil
+	p.mu.Unlock()
+	for _, b := range conns {
+		_ = b.Close()
+	}
 }
 
 // initID runs InitProducerId at the transaction coordinator until it
@@ -251,10 +298,10 @@ func (p *Producer) produceOnce(ctx context.Context, tp topicPartition, req *sara
 		return 0, err
 	}
 	resp, err := call(ctx, func() (*sarama.ProduceResponse, error) {
-		_ = leader.Open(p.sc) // ErrAlreadyConnected when it is
-		r, err := leader.Produce(req)
+		b := p.conn(leader)
+		r, err := b.Produce(req)
 		if err != nil {
-			_ = leader.Close() // a broken connection: the next try dials again
+			p.drop(b) // a broken connection: the next try dials again
 		}
 		return r, err
 	})
@@ -454,14 +501,14 @@ func retry[T any](ctx context.Context, p *Producer, what string, coordinator fun
 			err error
 		}
 		a, err := call(ctx, func() (answer, error) {
-			b, err := coordinator()
+			shared, err := coordinator()
 			if err != nil {
 				return answer{}, err
 			}
-			_ = b.Open(p.sc) // ErrAlreadyConnected when it is
+			b := p.conn(shared)
 			v, k, err := f(b)
 			if err != nil {
-				_ = b.Close() // a broken connection: the next try dials again
+				p.drop(b) // a broken connection: the next try dials again
 			}
 			return answer{v, k, err}, err
 		})
@@ -522,12 +569,19 @@ func call[T any](ctx context.Context, f func() (T, error)) (T, error) {
 // RequireStable (KIP-447), so that a transaction still completing is
 // waited for (UNSTABLE_OFFSET_COMMIT is retried), never read half done.
 // ok is false if none was ever committed. It wraps ErrManifest if the
-// metadata is not a manifest.
+// metadata is not a manifest. It opens a connection of its own for the
+// one request; (*Producer).ReadManifest uses the producer's.
 func ReadManifest(ctx context.Context, client sarama.Client, group, topic string, backoff func(int) time.Duration) (m Manifest, ok bool, err error) {
 	if backoff == nil {
 		backoff = defaultBackoff
 	}
 	p := &Producer{cfg: Config{Client: client, TransactionalID: group, Backoff: backoff}, sc: client.Config()}
+	defer p.Close()
+	return p.ReadManifest(ctx, group, topic)
+}
+
+// ReadManifest is the package's ReadManifest over p's connections.
+func (p *Producer) ReadManifest(ctx context.Context, group, topic string) (m Manifest, ok bool, err error) {
 	req := &sarama.OffsetFetchRequest{Version: 7, ConsumerGroup: group, RequireStable: true}
 	req.AddPartition(topic, 0)
 	blk, err := retryGroup(ctx, p, group, "OffsetFetch", func(b *sarama.Broker) (*sarama.OffsetFetchResponseBlock, sarama.KError, error) {

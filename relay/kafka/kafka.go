@@ -113,6 +113,10 @@
 //
 //   - Producer.Idempotent = true: every record batch carries a producer ID
 //     and sequence, so resends are deduplicated by the broker (KIP-98).
+//     (In the exactly-once mode the publisher stamps the transactional
+//     batches itself and sets Idempotent = false with Net.MaxOpenRequests
+//     = 5, which sarama's validation requires together; each transaction
+//     still sends one request at a time.)
 //   - Producer.RequiredAcks = WaitForAll (acks=all): an acknowledged
 //     record survives the leader's loss (the seed article's setting).
 //   - Net.MaxOpenRequests = 1: one request in flight per broker
@@ -123,6 +127,103 @@
 //     idempotence need it; older is refused).
 //
 // Producer.Flush, Producer.Return and Producer.Interceptors are not used.
+//
+// # Exactly once
+//
+// With Config.ExactlyOnce the publisher runs in its exactly-once mode, and
+// the relay with it (the Publisher is a relay.Reconciler). Consumers that
+// read at read_committed (inboxkafka.Runner does by default) then receive
+// every outbox row exactly once, in order per aggregate, through relay
+// crashes, frozen relays, lease takeovers and broker faults.
+//
+// Producers. Each relay partition p publishes through a transactional
+// producer of its own, transactional.id "<prefix><table>.<p>"
+// (TransactionalID), over connections of its own (as each Java producer
+// has). The relay calls Reconcile(p, epoch) when it acquires p's lease,
+// before its first claim from p: InitProducerId bumps the producer epoch,
+// which fences every earlier producer of p at the broker (its open
+// transaction is aborted, its later writes and its commit are refused
+// with PRODUCER_FENCED) and completes a commit it had already asked for.
+// A fenced producer is never reused (sarama surfaces the error as an
+// unknown code 90, IBM/sarama#2859): the partition is reconciled again,
+// which makes a new one, if the relay still owns it.
+//
+// Transactions. A relay batch spans several relay partitions; Publish runs
+// one transaction per relay partition's share, all at the same time. A
+// transaction writes the share's records (each Kafka partition's records
+// in batch order, in as few record batches as Producer.MaxMessageBytes
+// allows, one after another) and, at the same time, its manifest: the
+// outbox ids it carries, as the metadata of a transactional offset commit
+// (TxnOffsetCommit) of the consumer group named like the transactional.id
+// for partition 0 of the state topic "<prefix><table>.outbox-txn"
+// (StateTopic; it must exist with one partition; no record is ever
+// written to it, so compaction or retention play no part). The commit
+// makes records and manifest visible together, or neither.
+//
+// Reconcile also reads p's last committed manifest (OffsetFetch with
+// RequireStable, KIP-447) and returns its ids; the relay marks them sent
+// before it claims. So rows whose transaction committed but were never
+// marked sent (a relay killed in between, a mark-sent that failed) are
+// not sent again; rows of an aborted transaction are. The relay marks each
+// batch sent before it claims the next one (no pipelining in this mode),
+// since the manifest names only the last transaction.
+//
+// Outcomes of one relay partition's transaction:
+//
+//   - Every record written, manifest and commit answered: all acknowledged.
+//   - A message's record batch fails (any produce error that is not
+//     retriable; retriable ones are retried with the same sequence until
+//     the deadline): the transaction is aborted (by bumping the epoch, as
+//     KAFKA-14053 has Java producers do, not with an EndTxn that a late
+//     request could overtake). That message gets the broker's error,
+//     classified as in the default mode (an attempt counts; ErrPermanent
+//     dead-letters; ErrUnavailable backs off), its aggregate's later
+//     messages fail with relay.ErrHeldBack, and every other message of the
+//     transaction with relay.ErrAborted (no attempt, no hold: published
+//     again in the next cycle). A transaction cannot partly commit.
+//   - The commit goes unanswered: the producer bumps its epoch (which
+//     completes the transaction either way) and reads the manifest back:
+//     committed if it lists the transaction's ids, else relay.ErrAborted.
+//     If that fails too, or the deadline passed, or the producer was
+//     fenced (relay.ErrFenced): relay.ErrOutcomeUnknown, and the relay
+//     reconciles the partition before it claims from it again.
+//   - The manifest or commit refused (the state topic missing,
+//     authorization): relay.ErrUnavailable (no attempt; the relay backs
+//     off and alerts); anything else about the manifest: a
+//     *relay.BatchError.
+//   - A share whose ids do not fit in one manifest (offset.metadata.max.bytes,
+//     4096 bytes by default: about 3,000 ids of a dense range) is cut; the
+//     rest fails with relay.ErrAborted and goes in the next cycle.
+//
+// transaction.timeout.ms (ExactlyOnce.TransactionTimeout, default 60 s)
+// must exceed the relay's PublishTimeout: the coordinator aborts a
+// transaction open longer. It also bounds how long a crashed relay's open
+// transaction holds back read_committed consumers of its Kafka partitions
+// (their last stable offset) if no other relay takes the partition first;
+// the next owner's Reconcile, at most LeaseTTL after the crash, aborts it
+// at once. So set LeaseTTL well below it (the default 10 s is).
+//
+// Kafka 2.5 or later is needed (sarama Version 2.5 is set when Sarama is
+// nil; an older Version is refused). The principal needs WRITE and
+// DESCRIBE on the transactional IDs "<prefix>*" (TRANSACTIONAL_ID
+// resource, prefixed), WRITE on the topics, READ on the groups
+// "<prefix>*" and the state topic, and, before Kafka 2.8, IDEMPOTENT_WRITE
+// on the cluster.
+//
+// The boundary: exactly once holds for consumers at read_committed that
+// commit their own offsets with their effects (the inbox does it with a
+// dedupe row in the same database transaction, which also covers a
+// consumer's own redeliveries). A read_uncommitted consumer also sees the
+// records of aborted transactions. Every relay of a table must run in the
+// same mode with the same prefix: a relay in the default mode on the same
+// table publishes outside the transactions (this is not detected yet).
+// Cost: see BENCHMARKS.md ("exactlyonce").
+//
+// Why not sarama's transactional producer: it is built on the
+// AsyncProducer (see above), turns a fenced producer into a fatal error
+// that needs a new client (IBM/sarama#2859), waits without a context, and
+// cannot be driven one request at a time. The mode is built on sarama's
+// request types instead (internal/kafkatxn), as the default mode is.
 //
 // # Records
 //
@@ -291,6 +392,19 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 		p.route = DefaultTopic
 	}
 	p.maxBytes = min(emit.DefaultMaxRecordBytes, sc.Producer.MaxMessageBytes+emit.RecordBatchOverhead)
+	if e != nil {
+		// The transactions of all relay partitions share the client's
+		// connection to each broker; each transaction sends one request
+		// at a time and waits for its answer, so requests of different
+		// transactions may be in flight together without reordering
+		// anything of one partition.
+		// sarama refuses that with Producer.Idempotent, which only
+		// configures its own producers: the publisher stamps every
+		// transactional record batch with its producer ID, epoch and
+		// sequence itself (kafkatxn).
+		sc.Net.MaxOpenRequests = eosMaxOpenRequests
+		sc.Producer.Idempotent = false
+	}
 	client, err := sarama.NewClient(p.brokers, sc)
 	if err != nil {
 		return nil, fmt.Errorf("outbox/kafka: connecting to %v: %w", p.brokers, err)
@@ -465,6 +579,7 @@ func (p *Publisher) Close() error {
 	p.hc.close()
 	_ = p.settle(context.Background())
 	p.publishMu.Lock() // the Publish in progress, if any, has returned
+	p.closeEOS()
 	_ = p.client.Close()
 	p.publishMu.Unlock()
 	return nil

@@ -22,6 +22,11 @@ import (
 // Kafka's transaction.timeout.ms default (60 s, ProducerConfig).
 const DefaultTransactionTimeout = 60 * time.Second
 
+// eosMaxOpenRequests is Net.MaxOpenRequests in the exactly-once mode: up
+// to this many requests of different relay partitions' transactions in
+// flight on one broker connection (sarama's default, 5).
+const eosMaxOpenRequests = 5
+
 // StateTopicSuffix ends the name of the topic that carries the
 // transactions' manifests: "<TransactionalIDPrefix><Table>" + this. It must
 // exist, with at least one partition, before the relay starts (CreateStateTopic); no record is
@@ -33,8 +38,10 @@ const StateTopicSuffix = ".outbox-txn"
 // reconciles the partition), the messages of a relay partition that
 // Publish got before Reconcile made a transactional producer for it under
 // their lease epoch, or after that producer was given up (fenced, or a
-// transaction that could not be aborted).
-var ErrNotReconciled = errors.New("outbox/kafka: relay partition not reconciled under this epoch")
+// transaction that could not be aborted). If every Publish fails with it,
+// the relay does not see the Publisher as a relay.Reconciler: a wrapper
+// around it must implement relay.PublisherWrapper.
+var ErrNotReconciled = errors.New("outbox/kafka: relay partition not reconciled under this epoch (a Publisher wrapper without Unwrap hides the exactly-once mode from the relay: see relay.PublisherWrapper)")
 
 // ExactlyOnce turns on the publisher's exactly-once mode (package
 // documentation, "Exactly once").
@@ -121,18 +128,25 @@ func (p *Publisher) Reconcile(ctx context.Context, part int, epoch int64) ([]int
 	}
 	id := TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, part)
 	e.mu.Lock()
-	delete(e.owned, part) // an older producer is fenced by what follows
+	if old := e.owned[part]; old != nil {
+		old.prod.Close() // fenced by what follows anyway
+		delete(e.owned, part)
+	}
 	e.mu.Unlock()
 	prod, err := kafkatxn.Init(ctx, kafkatxn.Config{Client: p.client, TransactionalID: id, Timeout: e.cfg.TransactionTimeout,
 		Backoff: p.txnBackoff, Retriable: retriableProduce})
 	if err != nil {
 		return nil, txnErr(err)
 	}
-	m, ok, err := kafkatxn.ReadManifest(ctx, p.client, id, e.state, p.txnBackoff)
+	m, ok, err := prod.ReadManifest(ctx, id, e.state)
 	if err != nil {
+		prod.Close()
 		return nil, txnErr(err)
 	}
 	e.mu.Lock()
+	if old := e.owned[part]; old != nil { // a concurrent Reconcile of the same partition
+		old.prod.Close()
+	}
 	e.owned[part] = &txnOwner{epoch: epoch, prod: prod}
 	e.mu.Unlock()
 	if !ok {
@@ -231,13 +245,22 @@ func (p *Publisher) txn(ctx context.Context, rp int, msgs []relay.Message, idx [
 		}
 		idx, ids = idx[:n], ids[:n]
 	}
-	failedAt, ferr := p.produceTxn(ctx, o.prod, msgs, idx)
-	if failedAt < 0 && ferr == nil {
-		ferr = o.prod.CommitManifest(ctx, TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, rp), e.state, kafkatxn.Manifest{Epoch: epoch, IDs: ids})
-		if errors.Is(ferr, sarama.ErrUnknownTopicOrPartition) {
-			ferr = fmt.Errorf("%w (the manifests' topic %s must exist, with 1 partition: create it, for example with kafka-topics.sh --create --topic %s --partitions 1)", ferr, e.state, e.state)
+	// The manifest goes to the group coordinator while the records go to
+	// the partitions' leaders: the transaction commits both or neither,
+	// so they need no order between them, and the batch costs three
+	// round trips in a row (add, write, end), not five.
+	manifest := make(chan error, 1)
+	go func() {
+		err := o.prod.CommitManifest(ctx, TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, rp), e.state, kafkatxn.Manifest{Epoch: epoch, IDs: ids})
+		if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+			err = fmt.Errorf("%w (the manifests' topic %s must exist, with 1 partition: create it, for example with kafka-topics.sh --create --topic %s --partitions 1)", err, e.state, e.state)
 		}
-		ferr = txnErr(ferr)
+		manifest <- txnErr(err)
+	}()
+	failedAt, ferr := p.produceTxn(ctx, o.prod, msgs, idx)
+	merr := <-manifest
+	if failedAt < 0 && ferr == nil {
+		ferr = merr
 		if ferr == nil {
 			failpoint.Inject(failpoint.BeforeCommit)
 			ferr = o.prod.End(ctx, true)
@@ -308,7 +331,7 @@ func (p *Publisher) resolveCommit(ctx context.Context, rp int, o *txnOwner, ids 
 	var m kafkatxn.Manifest
 	var ok bool
 	if err == nil {
-		m, ok, err = kafkatxn.ReadManifest(rctx, p.client, TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, rp), e.state, p.txnBackoff)
+		m, ok, err = o.prod.ReadManifest(rctx, TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, rp), e.state)
 	}
 	switch {
 	case err != nil:
@@ -336,6 +359,21 @@ func (p *Publisher) forget(rp int, o *txnOwner) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.owned[rp] == o {
+		delete(e.owned, rp)
+	}
+	o.prod.Close()
+}
+
+// closeEOS closes every relay partition's producer (Publisher.Close).
+func (p *Publisher) closeEOS() {
+	e := p.eos
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for rp, o := range e.owned {
+		o.prod.Close()
 		delete(e.owned, rp)
 	}
 }
