@@ -36,6 +36,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -320,24 +321,43 @@ func (p *Producer) produceOnce(ctx context.Context, tp topicPartition, req *sara
 	return 0, blk.Err
 }
 
-// addPartition adds tp to the open transaction, once.
-func (p *Producer) addPartition(ctx context.Context, tp topicPartition) error {
+// AddPartitions adds partitions (topic -> partitions) to the open
+// transaction in one AddPartitionsToTxn request, leaving out those already
+// added; Produce adds a partition it writes to first if it was not. Adding
+// a transaction's partitions up front costs one round trip for all of
+// them instead of one per partition. An error leaves the transaction
+// unable to commit.
+func (p *Producer) AddPartitions(ctx context.Context, partitions map[string][]int32) error {
+	want := map[string][]int32{}
+	var tps []topicPartition
 	p.mu.Lock()
-	done := p.added[tp]
+	for topic, parts := range partitions {
+		for _, part := range parts {
+			tp := topicPartition{topic, part}
+			if !p.added[tp] && !slices.Contains(tps, tp) {
+				want[topic] = append(want[topic], part)
+				tps = append(tps, tp)
+			}
+		}
+	}
 	p.mu.Unlock()
-	if done {
+	if len(tps) == 0 {
 		return nil
 	}
 	req := &sarama.AddPartitionsToTxnRequest{Version: 1, TransactionalID: p.cfg.TransactionalID, ProducerID: p.pid, ProducerEpoch: p.epoch,
-		TopicPartitions: map[string][]int32{tp.topic: {tp.part}}}
+		TopicPartitions: want}
 	_, err := retryCoordinator(ctx, p, "AddPartitionsToTxn", func(b *sarama.Broker) (*sarama.AddPartitionsToTxnResponse, sarama.KError, error) {
 		r, err := b.AddPartitionsToTxn(req)
 		if err != nil {
 			return nil, 0, err
 		}
-		for _, pe := range r.Errors[tp.topic] {
-			if pe.Partition == tp.part && pe.Err != sarama.ErrNoError {
-				return r, pe.Err, nil
+		for _, errs := range r.Errors {
+			for _, pe := range errs {
+				// OPERATION_NOT_ATTEMPTED: another partition's error
+				// stopped this one; report that one instead.
+				if pe.Err != sarama.ErrNoError && pe.Err != sarama.ErrOperationNotAttempted {
+					return r, pe.Err, nil
+				}
 			}
 		}
 		return r, sarama.ErrNoError, nil
@@ -346,9 +366,16 @@ func (p *Producer) addPartition(ctx context.Context, tp topicPartition) error {
 		return p.breakTxn(err)
 	}
 	p.mu.Lock()
-	p.added[tp] = true
+	for _, tp := range tps {
+		p.added[tp] = true
+	}
 	p.mu.Unlock()
 	return nil
+}
+
+// addPartition adds tp to the open transaction, once.
+func (p *Producer) addPartition(ctx context.Context, tp topicPartition) error {
+	return p.AddPartitions(ctx, map[string][]int32{tp.topic: {tp.part}})
 }
 
 // CommitManifest records m in the open transaction, as the metadata of a

@@ -386,7 +386,9 @@ func (p *Publisher) closeEOS() {
 // in the order of their first records. It returns the position in idx of
 // the first message whose record batch failed and the error (-1, nil if
 // every record was written); for a failure before anything was routed (an
-// unknown topic), the first message of that topic.
+// unknown topic), the first message of that topic; -1 and the error if
+// the partitions could not be added to the transaction (no message's
+// fault).
 func (p *Publisher) produceTxn(ctx context.Context, prod *kafkatxn.Producer, msgs []relay.Message, idx []int) (int, error) {
 	type share struct {
 		tp  topicPartition
@@ -422,6 +424,15 @@ func (p *Publisher) produceTxn(ctx context.Context, prod *kafkatxn.Producer, msg
 			shares = append(shares, s)
 		}
 		s.pos = append(s.pos, k)
+	}
+	// All of the transaction's partitions in one request, before any
+	// record: one round trip, not one per partition.
+	add := map[string][]int32{}
+	for _, s := range shares {
+		add[s.tp.topic] = append(add[s.tp.topic], s.tp.part)
+	}
+	if err := prod.AddPartitions(ctx, add); err != nil {
+		return -1, classifyTxnProduce(err) // the transaction's, no message's
 	}
 	send := func(s *share) (int, error) {
 		start := 0
