@@ -1,6 +1,7 @@
 package kafka_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/sqloutbox/outbox/internal/faultproxy"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
@@ -207,4 +209,70 @@ func only(err error) error {
 		return pe[0]
 	}
 	return err
+}
+
+// TestExactlyOnceCommitAnswerLost: the connection carrying EndTxn(commit)
+// is reset after the request reached the broker (the commit happened; its
+// answer is lost): once (a retry of the commit learns it), and for every
+// EndTxn until Publish's deadline (then the publisher bumps the epoch and
+// reads the manifest back). Either way Publish must report every message
+// acknowledged, since reporting them failed would make the relay send
+// them again; read_committed sees each once.
+func TestExactlyOnceCommitAnswerLost(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		resets   int
+		deadline time.Duration
+	}{
+		{"Once", 1, time.Minute},
+		{"UntilTheDeadline", 1000, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var proxy *faultproxy.Kafka
+			b, err := kafkatest.Start(kafkatest.Topics(eosParts, eosTopic),
+				kafkatest.KfakeOptions(kfake.ListenFn(faultproxy.Advertise(faultproxy.StartKafka, func(p *faultproxy.Kafka) { proxy = p }))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close(); proxy.Close() })
+			ctx := testCtx(t, time.Minute)
+			if err := kafkatest.CreateTopic(ctx, b.Addrs(), kafka.StateTopic(eosPrefix, eosTable), 1); err != nil {
+				t.Fatal(err)
+			}
+			committed, err := kafkatest.NewConsumer(b.Addrs(), []string{eosTopic}, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(committed.Close)
+			e := &eosEnv{broker: b}
+			p := e.publisher(t)
+			if _, err := p.Reconcile(ctx, 2, 1); err != nil {
+				t.Fatal(err)
+			}
+			msgs := eosMsgs(2, 1, 1, "a", "b", "a")
+			proxy.ResetOn(int16(kmsg.EndTxn), tc.resets, faultproxy.CutAfter)
+			pctx, cancel := context.WithTimeout(ctx, tc.deadline)
+			err = p.Publish(pctx, msgs)
+			cancel()
+			proxy.ResetOn(0, 0, faultproxy.CutAfter)
+			if err != nil {
+				t.Fatalf("Publish with the commit's answer lost: %v, want every message acknowledged (the transaction committed)", err)
+			}
+			if proxy.Tripped.Load() == 0 {
+				t.Fatalf("no EndTxn connection was reset: the test proves nothing")
+			}
+			recs, err := committed.WaitForCount(ctx, len(msgs))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := messageIDs(recs); len(got) != len(msgs) {
+				t.Errorf("read_committed received %v, want each of the %d messages once", got, len(msgs))
+			}
+			if ids, err := p.Reconcile(ctx, 2, 2); err != nil || !slices.Equal(ids, []int64{1, 2, 3}) {
+				t.Errorf("Reconcile after: %v, %v; want [1 2 3]", ids, err)
+			}
+		})
+	}
 }

@@ -27,6 +27,13 @@ const DefaultTransactionTimeout = 60 * time.Second
 // flight on one broker connection (sarama's default, 5).
 const eosMaxOpenRequests = 5
 
+// abortTimeout bounds, past Publish's own deadline, the epoch bump that
+// aborts a failed transaction or resolves an unanswered commit (and the
+// manifest read that follows): if the broker does not answer by then, the
+// messages fail with relay.ErrOutcomeUnknown and the relay reconciles the
+// partition later.
+const abortTimeout = 5 * time.Second
+
 // StateTopicSuffix ends the name of the topic that carries the
 // transactions' manifests: "<TransactionalIDPrefix><Table>" + this. It must
 // exist, with at least one partition, before the relay starts (CreateStateTopic); no record is
@@ -285,7 +292,7 @@ func (p *Publisher) txn(ctx context.Context, rp int, msgs []relay.Message, idx [
 	case ctx.Err() != nil:
 		abortErr = ctx.Err()
 	default:
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.sc.Net.ReadTimeout)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 		abortErr = o.prod.Reset(rctx)
 		cancel()
 	}
@@ -325,7 +332,7 @@ func (p *Publisher) txn(ctx context.Context, rp int, msgs []relay.Message, idx [
 // the manifest back. If it lists ids, the transaction committed.
 func (p *Publisher) resolveCommit(ctx context.Context, rp int, o *txnOwner, ids []int64, idx []int, errs relay.PublishErrors, cause error) {
 	e := p.eos
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*p.sc.Net.ReadTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
 	err := o.prod.Reset(rctx)
 	var m kafkatxn.Manifest
