@@ -404,6 +404,17 @@ func checkBrokers(t *testing.T, name string, raw []byte, requireAll bool) {
 	if b == nil {
 		t.Fatalf("JSON lacks brokers:\n%s", raw)
 	}
+	names := checkBrokerResults(t, b, r.Runs, requireAll)
+	if !slices.Equal(names, []string{"kafka", "nats", "rabbitmq", "redis"}) {
+		t.Errorf("brokers %v, want kafka, nats, rabbitmq, redis", names)
+	}
+}
+
+// checkBrokerResults checks the results of part "brokers" (or
+// "exactlyonce", which runs the same measurements) at -smoke sizes with 8
+// writers, and returns the brokers' names in order.
+func checkBrokerResults(t *testing.T, b *BrokersResult, runs int, requireAll bool) []string {
+	t.Helper()
 	if b.Rows != 2_000 || b.Aggregates != 100 || b.OfferedPerSec != 1000 || b.Seconds <= 0 || b.Writers != 8 {
 		t.Errorf("brokers: %+v", b)
 	}
@@ -424,8 +435,8 @@ func checkBrokers(t *testing.T, name string, raw []byte, requireAll bool) {
 			}
 			continue
 		}
-		if len(br.DrainRuns) != r.Runs || len(br.LatencyRuns) != r.Runs {
-			t.Errorf("%s: %d drain and %d latency runs, want %d", br.Broker, len(br.DrainRuns), len(br.LatencyRuns), r.Runs)
+		if len(br.DrainRuns) != runs || len(br.LatencyRuns) != runs {
+			t.Errorf("%s: %d drain and %d latency runs, want %d", br.Broker, len(br.DrainRuns), len(br.LatencyRuns), runs)
 		}
 		if d := br.Drain; d == nil || d.Rows != b.Rows || d.EventsPerSec <= 0 || d.Seconds <= 0 || d.Variant != variantNeverAnalyzed {
 			t.Errorf("%s: drain %+v", br.Broker, br.Drain)
@@ -442,8 +453,29 @@ func checkBrokers(t *testing.T, name string, raw []byte, requireAll bool) {
 			t.Errorf("%s: latency point %+v", br.Broker, p)
 		}
 	}
-	if !slices.Equal(names, []string{"kafka", "nats", "rabbitmq", "redis"}) {
-		t.Errorf("brokers %v, want kafka, nats, rabbitmq, redis", names)
+	return names
+}
+
+// TestSmokeExactlyOnce runs part "exactlyonce" (-smoke sizes) on SQLite:
+// the Kafka publisher's default mode and its exactly-once mode, each
+// drained and measured at 1,000 events/s, the latter read at
+// read_committed.
+func TestSmokeExactlyOnce(t *testing.T) {
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := run(ctx, []string{"-smoke", "-json", "-only", "exactlyonce", "-writers", "8"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("output is not one JSON object: %v\n%s", err, out.Bytes())
+	}
+	if r.ExactlyOnce == nil || r.Brokers != nil || !slices.Equal(r.Parts, []string{"exactlyonce"}) {
+		t.Fatalf("parts %v, exactly_once %v:\n%s", r.Parts, r.ExactlyOnce, out.Bytes())
+	}
+	if names := checkBrokerResults(t, r.ExactlyOnce, r.Runs, true); !slices.Equal(names, []string{"kafka", "kafka_eos"}) {
+		t.Errorf("modes %v, want kafka, kafka_eos", names)
 	}
 }
 

@@ -99,9 +99,16 @@ func (k kafkaEndpoint) open(ctx context.Context, name string, consume bool) (*ro
 	if err != nil {
 		return nil, err
 	}
+	return kafkaRoute(k.brokers, topic, pub, consume)
+}
+
+// kafkaRoute is the route of pub to topic, with (consume) a consumer of
+// topic from its start; extra options go to the consumer. On an error it
+// closes pub.
+func kafkaRoute(brokers []string, topic string, pub *kafka.Publisher, consume bool, opts ...kgo.Opt) (*route, error) {
 	r := &route{pub: pub, topic: topic, close: func() { pub.Close() }}
 	if consume {
-		c, err := kafkatest.NewConsumer(k.brokers, []string{topic})
+		c, err := kafkatest.NewConsumer(brokers, []string{topic}, opts...)
 		if err != nil {
 			pub.Close()
 			return nil, err
@@ -150,18 +157,5 @@ func (k kafkaEOSEndpoint) open(ctx context.Context, name string, consume bool) (
 	if err != nil {
 		return nil, err
 	}
-	r := &route{pub: pub, topic: topic, close: func() { pub.Close() }}
-	if consume {
-		c, err := kafkatest.NewConsumer(k.brokers, []string{topic}, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-		if err != nil {
-			pub.Close()
-			return nil, err
-		}
-		r.cons = kitReceiver[kafkatest.Record]{wait: c.Wait, close: c.Close, idAt: func(rc kafkatest.Record) (string, time.Time) {
-			id, _ := rc.MessageID()
-			return id, rc.Received
-		}}
-		r.close = func() { c.Close(); pub.Close() }
-	}
-	return r, nil
+	return kafkaRoute(k.brokers, topic, pub, consume, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 }

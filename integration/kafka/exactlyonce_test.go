@@ -45,16 +45,24 @@ func newEOSEnv(t *testing.T) *eosEnv {
 		t.Fatal(err)
 	}
 	e := &eosEnv{broker: b}
-	var err error
-	if e.committed, err = kafkatest.NewConsumer(b.Addrs(), []string{eosTopic}, kgo.FetchIsolationLevel(kgo.ReadCommitted())); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.committed.Close)
-	if e.uncommitted, err = kafkatest.NewConsumer(b.Addrs(), []string{eosTopic}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.uncommitted.Close)
+	e.committed, e.uncommitted = bothIsolations(t, b.Addrs(), eosTopic)
 	return e
+}
+
+// bothIsolations returns a consumer of topic at read_committed and one at
+// read_uncommitted, closed when the test ends.
+func bothIsolations(t *testing.T, addrs []string, topic string) (committed, uncommitted *kafkatest.Consumer) {
+	t.Helper()
+	var err error
+	if committed, err = kafkatest.NewConsumer(addrs, []string{topic}, kgo.FetchIsolationLevel(kgo.ReadCommitted())); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(committed.Close)
+	if uncommitted, err = kafkatest.NewConsumer(addrs, []string{topic}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(uncommitted.Close)
+	return committed, uncommitted
 }
 
 func (e *eosEnv) publisher(t *testing.T) *kafka.Publisher {

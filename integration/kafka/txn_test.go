@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sqloutbox/outbox/internal/kafkatxn"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
@@ -48,14 +47,7 @@ func newTxnEnv(t *testing.T) *txnEnv {
 	}
 	t.Cleanup(func() { _ = cl.Close() })
 	e := &txnEnv{broker: b, client: cl}
-	if e.committed, err = kafkatest.NewConsumer(b.Addrs(), []string{txnTopic}, kgo.FetchIsolationLevel(kgo.ReadCommitted())); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.committed.Close)
-	if e.uncomm, err = kafkatest.NewConsumer(b.Addrs(), []string{txnTopic}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.uncomm.Close)
+	e.committed, e.uncomm = bothIsolations(t, b.Addrs(), txnTopic)
 	return e
 }
 
