@@ -394,7 +394,7 @@ func TestRelaySurvivesDatabaseConnectionCuts(t *testing.T) {
 		kb := startKafka(t, 8, orderTopic)
 		e := testdb.New(t, tg, driver.Config{})
 		p, drv, dsn := proxiedDSN(t, e)
-		runCuts(t, e, kb, p, drv, dsn)
+		runCuts(t, e, kb, p, drv, dsn, false)
 	})
 }
 
@@ -431,7 +431,11 @@ func proxiedDSN(t *testing.T, e *testdb.Env) (*faultproxy.Proxy, string, string)
 	return p, drv, dsn
 }
 
-func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, drv, dsn string) {
+// runCuts relays 2,000 events through kb while cutting every database
+// connection five times, and checks the ledger: duplicates bounded by two
+// batches per cut, or none (exact: kb's publisher is in the exactly-once
+// mode and its consumer reads at read_committed).
+func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, drv, dsn string, exact bool) {
 	t.Helper()
 	db, err := sql.Open(drv, dsn)
 	if err != nil {
@@ -471,8 +475,12 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 		t.Fatal(err)
 	}
 	rep := ledger.Check(rows, kb.cons.Records())
-	if rep.Ghosts != 0 || rep.OrderViolations != 0 || rep.Duplicates > cuts*2*relay.DefaultMaxBatchFactor*50 { // two batches of up to MaxBatchSize per cut
-		t.Fatalf("ledger %+v after %d cuts", rep, cuts)
+	bound := cuts * 2 * relay.DefaultMaxBatchFactor * 50 // two batches of up to MaxBatchSize per cut
+	if exact {
+		bound = 0
+	}
+	if rep.Ghosts != 0 || rep.OrderViolations != 0 || rep.Duplicates > bound {
+		t.Fatalf("ledger %+v after %d cuts (duplicates allowed: %d)", rep, cuts, bound)
 	}
 	t.Logf("%d cuts; ledger %+v", cuts, rep)
 }
