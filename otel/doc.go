@@ -154,6 +154,8 @@
 //	outbox.relay.up                          gauge      1            (outbox_relay_up)
 //	outbox.relay.partition_mismatch          gauge      1            (outbox_relay_partition_mismatch)
 //	outbox.relay.order_violations            counter    {message}    (outbox_relay_order_violations_total)
+//	outbox.relay.transactions                counter    {transaction} (outbox_transactions_total; outbox.transaction.outcome)
+//	outbox.relay.reconciled_rows             counter    {message}    (outbox_reconciled_rows_total)
 //
 // Every measurement carries outbox.table (TableKey: the table, the
 // Prometheus table label) and the attributes of WithMetricAttributes (the

@@ -63,7 +63,20 @@ const (
 	// their aggregate in the same batch had failed (relay.OrderObserver;
 	// metrics.MetricOrderViolations). It must stay 0.
 	MetricOrderViolations = "outbox.relay.order_violations"
+	// MetricTransactions is an Int64Counter, unit {transaction}, of the
+	// broker transactions of relay/kafka's exactly-once mode, one per
+	// relay partition per batch, with the attribute TransactionOutcomeKey
+	// (relay.TransactionOutcome; metrics.MetricTransactions).
+	MetricTransactions = "outbox.relay.transactions"
+	// MetricReconciledRows is an Int64Counter, unit {message}, of rows the
+	// relay marked sent when it reconciled a partition: committed at the
+	// broker, not yet marked in the database (metrics.MetricReconciledRows).
+	MetricReconciledRows = "outbox.relay.reconciled_rows"
 )
+
+// TransactionOutcomeKey is MetricTransactions' attribute: committed,
+// aborted, unknown or fenced (relay.TransactionOutcome).
+const TransactionOutcomeKey = attribute.Key("outbox.transaction.outcome")
 
 // TableKey is the attribute of every Metrics measurement naming the outbox
 // table the relay serves (driver.Config.Table), package metrics' table
@@ -130,14 +143,17 @@ type instruments struct {
 	up              metric.Int64Gauge
 	mismatch        metric.Int64Gauge
 	orderViolations metric.Int64Counter
+	transactions    metric.Int64Counter
+	reconciledRows  metric.Int64Counter
 }
 
 var (
-	_ relay.Observer          = (*Metrics)(nil)
-	_ relay.PartitionObserver = (*Metrics)(nil)
-	_ relay.ReadinessObserver = (*Metrics)(nil)
-	_ relay.PublishObserver   = (*Metrics)(nil)
-	_ relay.OrderObserver     = (*Metrics)(nil)
+	_ relay.Observer            = (*Metrics)(nil)
+	_ relay.PartitionObserver   = (*Metrics)(nil)
+	_ relay.ReadinessObserver   = (*Metrics)(nil)
+	_ relay.PublishObserver     = (*Metrics)(nil)
+	_ relay.OrderObserver       = (*Metrics)(nil)
+	_ relay.TransactionObserver = (*Metrics)(nil)
 )
 
 // NewMetrics creates the relay instruments of ob's table (its
@@ -217,6 +233,12 @@ func NewMetrics(ob *driver.Outbox, next relay.Observer, opts ...Option) (*Metric
 	in.orderViolations, err = meter.Int64Counter(MetricOrderViolations, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox messages acknowledged after an earlier message of their aggregate in the same batch failed (must stay 0)."))
 	check(MetricOrderViolations, err)
+	in.transactions, err = meter.Int64Counter(MetricTransactions, metric.WithUnit("{transaction}"),
+		metric.WithDescription("Broker transactions of the exactly-once mode (one per relay partition per batch), by outcome."))
+	check(MetricTransactions, err)
+	in.reconciledRows, err = meter.Int64Counter(MetricReconciledRows, metric.WithUnit("{message}"),
+		metric.WithDescription("Rows marked sent by reconciling: committed at the broker, not yet marked in the database."))
+	check(MetricReconciledRows, err)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -384,5 +406,29 @@ func (m *Metrics) OrderViolation(msg relay.Message) {
 	}
 	if oo, ok := m.observer().(relay.OrderObserver); ok {
 		oo.OrderViolation(msg)
+	}
+}
+
+// Transaction implements relay.TransactionObserver: it adds 1 to
+// outbox.relay.transactions with the outcome, then forwards to the
+// wrapped Observer if it implements relay.TransactionObserver.
+func (m *Metrics) Transaction(partition int, outcome relay.TransactionOutcome, messages int) {
+	if in := m.instruments(); in != nil {
+		kvs := append(append(make([]attribute.KeyValue, 0, len(in.extra)+1), in.extra...), TransactionOutcomeKey.String(string(outcome)))
+		in.transactions.Add(bg, 1, metric.WithAttributeSet(attribute.NewSet(kvs...)))
+	}
+	if to, ok := m.observer().(relay.TransactionObserver); ok {
+		to.Transaction(partition, outcome, messages)
+	}
+}
+
+// Reconciled implements relay.TransactionObserver: it adds rows to
+// outbox.relay.reconciled_rows, then forwards.
+func (m *Metrics) Reconciled(partition, rows int) {
+	if in := m.instruments(); in != nil {
+		in.reconciledRows.Add(bg, int64(rows), in.table)
+	}
+	if to, ok := m.observer().(relay.TransactionObserver); ok {
+		to.Reconciled(partition, rows)
 	}
 }

@@ -56,6 +56,10 @@ func (l *callLog) Up(up bool)                     { l.log("Up %v", up) }
 func (l *callLog) PartitionMismatch(err error)    { l.log("PartitionMismatch %v", err) }
 func (l *callLog) Readiness(err error)            { l.log("Readiness %v", err) }
 func (l *callLog) OrderViolation(m relay.Message) { l.log("OrderViolation %s", m.MessageID) }
+func (l *callLog) Transaction(p int, o relay.TransactionOutcome, n int) {
+	l.log("Transaction %d %s %d", p, o, n)
+}
+func (l *callLog) Reconciled(p, rows int) { l.log("Reconciled %d %d", p, rows) }
 func (l *callLog) StartPublish(ctx context.Context, msgs []relay.Message) (context.Context, func(error)) {
 	l.log("StartPublish %d", len(msgs))
 	return ctx, func(err error) { l.log("end %v", err) }
@@ -259,6 +263,14 @@ func TestMetrics(t *testing.T) {
 		{"OrderViolation", func(m *outboxotel.Metrics) { m.OrderViolation(msg); m.OrderViolation(msg) }, []point{
 			{name: outboxotel.MetricOrderViolations, unit: "{message}", value: 2},
 		}, []string{"OrderViolation " + msg.MessageID, "OrderViolation " + msg.MessageID}},
+		{"Transactions", func(m *outboxotel.Metrics) {
+			m.Transaction(3, relay.TxnAborted, 5)
+			m.Transaction(4, relay.TxnAborted, 1)
+			m.Reconciled(3, 40)
+		}, []point{
+			{name: outboxotel.MetricTransactions, unit: "{transaction}", attrs: []attribute.KeyValue{outboxotel.TransactionOutcomeKey.String("aborted")}, value: 2},
+			{name: outboxotel.MetricReconciledRows, unit: "{message}", value: 40},
+		}, []string{"Transaction 3 aborted 5", "Transaction 4 aborted 1", "Reconciled 3 40"}},
 		{"StartPublishForwardsOnly", func(m *outboxotel.Metrics) {
 			_, end := m.StartPublish(context.Background(), []relay.Message{msg, msg})
 			end(boom)
