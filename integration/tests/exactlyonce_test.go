@@ -18,7 +18,9 @@ import (
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
 
-// The exactly-once mode (relay/kafka ExactlyOnce) under process kills:
+// The exactly-once mode (relay/kafka ExactlyOnce) under process kills
+// (the failpoints on PostgreSQL and MariaDB; random kills, scale-out and
+// connection cuts on one of them each, alternately, to keep CI's time):
 // relay processes publish with transactions, a read_committed consumer
 // must receive every row exactly once, in order per aggregate, and a
 // read_uncommitted one shows what reached the log anyway (aborted
@@ -136,7 +138,7 @@ func TestExactlyOnceKilledAtFailpoints(t *testing.T) {
 // one drains. read_committed: every row exactly once, in order.
 func TestExactlyOnceKilledAtRandomMoments(t *testing.T) {
 	t.Parallel()
-	serverTargets(t, func(t *testing.T, tg testdb.Target) {
+	serverTarget(t, "pq", func(t *testing.T, tg testdb.Target) {
 		const total, batch = 3000, 100
 		e := testdb.New(t, tg, driver.Config{})
 		ctx := testCtx(t, 3*time.Minute)
@@ -174,7 +176,7 @@ func TestExactlyOnceKilledAtRandomMoments(t *testing.T) {
 // default mode one late batch can go out: TestScaleOut).
 func TestExactlyOnceScaleOut(t *testing.T) {
 	t.Parallel()
-	serverTargets(t, func(t *testing.T, tg testdb.Target) {
+	serverTarget(t, "mysql", func(t *testing.T, tg testdb.Target) {
 		const total, aggregates, batch = 6000, 200, 100
 		e := testdb.New(t, tg, driver.Config{})
 		ctx := testCtx(t, 6*time.Minute)
@@ -241,7 +243,7 @@ func TestExactlyOnceScaleOut(t *testing.T) {
 // read_committed ledger is exact.
 func TestExactlyOnceSurvivesDatabaseConnectionCuts(t *testing.T) {
 	t.Parallel()
-	serverTargets(t, func(t *testing.T, tg testdb.Target) {
+	serverTarget(t, "pq", func(t *testing.T, tg testdb.Target) {
 		e := testdb.New(t, tg, driver.Config{})
 		eb := startEOS(t, testCtx(t, time.Minute), e)
 		pub, err := kafka.NewPublisher(kafka.Config{Brokers: eb.broker.Addrs(),
@@ -253,4 +255,20 @@ func TestExactlyOnceSurvivesDatabaseConnectionCuts(t *testing.T) {
 		p, drv, dsn := proxiedDSN(t, e)
 		runCuts(t, e, &kafkaBundle{broker: eb.broker, pub: pub, cons: eb.committed}, p, drv, dsn, true)
 	})
+}
+
+// serverTarget runs fn as one subtest, on the server target named name
+// (pq or mysql: see serverTargets).
+func serverTarget(t *testing.T, name string, fn func(t *testing.T, tg testdb.Target)) {
+	t.Helper()
+	for _, tg := range testdb.All {
+		if tg.Name == name {
+			t.Run(tg.Name, func(t *testing.T) {
+				t.Parallel()
+				fn(t, tg)
+			})
+			return
+		}
+	}
+	t.Fatalf("no database target %q", name)
 }

@@ -485,13 +485,27 @@ func runCuts(t *testing.T, e *testdb.Env, kb *kafkaBundle, p *faultproxy.Proxy, 
 	t.Logf("%d cuts; ledger %+v", cuts, rep)
 }
 
-// countingHandler counts log records at Warn and above.
-type countingHandler struct{ warns *atomic.Int64 }
+// countingHandler counts log records at Warn and above, and keeps their
+// times and messages (msgs, if set) for a failure's report.
+type countingHandler struct {
+	warns *atomic.Int64
+	msgs  *testdb.SyncBuffer
+}
 
 func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
 func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
 	if r.Level >= slog.LevelWarn {
 		h.warns.Add(1)
+		if h.msgs != nil {
+			var errText string
+			r.Attrs(func(a slog.Attr) bool {
+				if a.Key == "error" {
+					errText = a.Value.String()
+				}
+				return true
+			})
+			fmt.Fprintf(h.msgs, "%s %s %s: %s\n", r.Time.Format("15:04:05.000"), r.Level, r.Message, errText)
+		}
 	}
 	return nil
 }
@@ -520,8 +534,9 @@ func outageRun(t *testing.T, e *testdb.Env, pub *faultPublisher, p *faultproxy.P
 	t.Cleanup(func() { db.Close() })
 	db.SetMaxOpenConns(2)
 	var warns atomic.Int64
+	var msgs testdb.SyncBuffer
 	r, err := relay.New(e.Outbox, db, relay.Config{Publisher: pub,
-		PollInterval: 20 * time.Millisecond, Logger: slog.New(countingHandler{&warns}), Observer: outboxtest.WatchOrder(t, nil)})
+		PollInterval: 20 * time.Millisecond, Logger: slog.New(countingHandler{&warns, &msgs}), Observer: outboxtest.WatchOrder(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -549,7 +564,7 @@ func outageRun(t *testing.T, e *testdb.Env, pub *faultPublisher, p *faultproxy.P
 		t.Fatal(err)
 	}
 	if failures < 1 || failures > 12 {
-		t.Fatalf("%d logged failures during a 3 s outage: want a few (backoff 100 ms doubling), not zero nor a tight loop", failures)
+		t.Fatalf("%d logged failures during a 3 s outage: want a few (backoff 100 ms doubling), not zero nor a tight loop; logged:\n%s", failures, msgs.String())
 	}
 	if n := p.Refused.Load(); n > 40 {
 		t.Fatalf("%d connection attempts during a 3 s outage: not backing off", n)

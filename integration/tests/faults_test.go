@@ -119,6 +119,7 @@ func TestCommitConnectionCut(t *testing.T) {
 				if err := outbox.Emit(sctx, ev("cut", 2)); err != nil {
 					t.Fatal(err)
 				}
+				session := sessionID(t, sctx, tx, e)
 				cerr := tx.Commit()
 				if proxy.Tripped.Load() != 1 {
 					t.Fatalf("proxy never saw COMMIT (commit err %v)", cerr)
@@ -129,10 +130,13 @@ func TestCommitConnectionCut(t *testing.T) {
 				if errors.Is(cerr, driver.ErrWriteEvents) {
 					t.Fatalf("cut hit the INSERT, not COMMIT: %v", cerr)
 				}
-				// The server may still be finishing the COMMIT it received;
-				// wait until that session is gone before reading the verdict.
-				eventually(t, ctx, "server to finish the cut session", func() bool {
-					return serverSessionsGone(t, e)
+				// The server may not even have started the COMMIT it
+				// received (under load it reads it late): wait until the
+				// cut session itself is gone, which it is only after the
+				// server acted on the COMMIT (or never got it), before
+				// reading the verdict.
+				eventually(t, ctx, "the server to end the cut session", func() bool {
+					return sessionGone(t, e, session)
 				})
 				rows := rowCount(t, e, "aggregate_id = 'cut'")
 				if action == faultproxy.CutBefore && rows != 0 {
@@ -160,19 +164,33 @@ func TestCommitConnectionCut(t *testing.T) {
 	}
 }
 
-// serverSessionsGone reports whether the server has no other session of
-// this test's private database still running a statement.
-func serverSessionsGone(t *testing.T, e *testdb.Env) bool {
+// sessionID returns the server's id of tx's session (PostgreSQL's backend
+// pid, MySQL's connection id).
+func sessionID(t *testing.T, ctx context.Context, tx *sql.Tx, e *testdb.Env) int64 {
 	t.Helper()
-	var n int
-	var err error
-	switch e.Target.Dialect {
-	case driver.MySQL:
-		err = e.RelayDB.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = ? AND ID <> CONNECTION_ID() AND COMMAND <> 'Sleep'", e.Schema).Scan(&n)
-	case driver.Postgres:
-		err = e.RelayDB.QueryRow("SELECT COUNT(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND query ILIKE 'commit%'").Scan(&n)
+	q := "SELECT pg_backend_pid()"
+	if e.Target.Dialect == driver.MySQL {
+		q = "SELECT CONNECTION_ID()"
 	}
-	if err != nil {
+	var id int64
+	if err := tx.QueryRowContext(ctx, q).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// sessionGone reports whether the server has ended the session with id
+// (sessionID): a session whose client is gone ends once the server tried
+// to answer its last command, so its COMMIT, if the server got it, was
+// acted on.
+func sessionGone(t *testing.T, e *testdb.Env, id int64) bool {
+	t.Helper()
+	q := "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1"
+	if e.Target.Dialect == driver.MySQL {
+		q = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?"
+	}
+	var n int
+	if err := e.RelayDB.QueryRow(q, id).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n == 0

@@ -213,3 +213,36 @@ func TestPatternSplitAcrossReads(t *testing.T) {
 		})
 	}
 }
+
+// TestTripCountedBeforeTheClientSeesTheCut: once a client's read fails
+// after a cut, Tripped already counts it, for every action that cuts (the
+// CutAfter case counted it only after closing the client, and a test that
+// read Tripped right after its COMMIT failed saw 0 under load).
+func TestTripCountedBeforeTheClientSeesTheCut(t *testing.T) {
+	t.Parallel()
+	for _, action := range []Action{CutBefore, CutAfter} {
+		for i := 0; i < 50; i++ {
+			s := startSink(t)
+			p, err := Start(s.ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Arm([]byte("COMMIT"), action)
+			c, err := net.Dial("tcp", p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Write([]byte("COMMIT")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Read(make([]byte, 1)); err == nil {
+				t.Fatalf("action %d: the client read after the cut", action)
+			}
+			if n := p.Tripped.Load(); n != 1 {
+				t.Fatalf("action %d, round %d: the client saw the cut with Tripped %d, want 1", action, i, n)
+			}
+			c.Close()
+			p.Close()
+		}
+	}
+}

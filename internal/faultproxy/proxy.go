@@ -199,13 +199,17 @@ func (p *Proxy) accept() {
 						once.Do(cut)
 						return
 					case CutAfter:
-						// Close the client side before the server gets the
-						// chunk, so that no reply can reach the client (a
-						// fast server answered in between before); let the
+						// Counted before anything is closed: a client that
+						// sees its connection end must find the trip
+						// counted (a test read Tripped right after its
+						// COMMIT failed and, under load, saw 0). Then close
+						// the client side before the server gets the chunk,
+						// so that no reply can reach the client (a fast
+						// server answered in between before); let the
 						// server finish the command.
+						p.Tripped.Add(1)
 						client.Close()
 						_, _ = server.Write(chunk)
-						p.Tripped.Add(1)
 						once.Do(cut)
 						return
 					}
