@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -282,5 +283,46 @@ func TestExactlyOnceCommitAnswerLost(t *testing.T) {
 				t.Errorf("Reconcile after: %v, %v; want [1 2 3]", ids, err)
 			}
 		})
+	}
+}
+
+// TestExactlyOnceStateTopicMissing: without the manifests' topic the
+// transaction cannot record its rows: Publish fails every message with
+// relay.ErrUnavailable (no attempt; the relay backs off and alerts), names
+// the topic and how to create it, and nothing reaches read_committed.
+func TestExactlyOnceStateTopicMissing(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t, eosParts, eosTopic) // no state topic
+	committed, _ := bothIsolations(t, b.Addrs(), eosTopic)
+	p := (&eosEnv{broker: b}).publisher(t)
+	ctx := testCtx(t, time.Minute)
+	if _, err := p.Reconcile(ctx, 1, 1); err != nil {
+		t.Fatalf("Reconcile: %v (reading a manifest that was never written needs no topic)", err)
+	}
+	msgs := eosMsgs(1, 1, 1, "a", "b")
+	var pe relay.PublishErrors
+	if err := p.Publish(ctx, msgs); !errors.As(err, &pe) {
+		t.Fatalf("Publish: %v, want PublishErrors", err)
+	}
+	state := kafka.StateTopic(eosPrefix, eosTable)
+	for i, err := range pe {
+		if !errors.Is(err, relay.ErrUnavailable) || !strings.Contains(err.Error(), state) || !strings.Contains(err.Error(), "--partitions 1") {
+			t.Errorf("message %d: %v, want ErrUnavailable naming %s and how to create it", i, err, state)
+		}
+	}
+	// The aborted records reached the log; a later commit on the same
+	// partitions is the marker that read_committed has read past them.
+	if err := kafkatest.CreateTopic(ctx, b.Addrs(), state, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(ctx, eosMsgs(1, 1, 3, "a", "b")); err != nil {
+		t.Fatalf("Publish once the topic exists: %v", err)
+	}
+	recs, err := committed.WaitForCount(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := messageIDs(recs); !slices.Equal(got, []string{"a#3", "b#4"}) && !slices.Equal(got, []string{"b#4", "a#3"}) {
+		t.Errorf("read_committed received %v, want only the committed a#3 and b#4", got)
 	}
 }
