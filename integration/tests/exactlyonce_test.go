@@ -86,7 +86,7 @@ func (eb *eosBundle) check(t *testing.T, ctx context.Context, e *testdb.Env, las
 //   - after a claim: nothing was sent;
 //   - after the broker committed a transaction, before mark-sent: the next
 //     owner reads the manifest and marks those rows sent; nothing is sent
-//     twice, not even at read_uncommitted;
+//     twice;
 //   - with a transaction open (records and manifest written, no commit):
 //     the next owner's InitProducerId aborts it; its records reached the
 //     log (read_uncommitted receives them twice) but no read_committed
@@ -122,11 +122,11 @@ func TestExactlyOnceKilledAtFailpoints(t *testing.T) {
 					if raw.Duplicates == 0 {
 						t.Errorf("killed with a transaction open, yet read_uncommitted has no duplicate (%+v): the test proves no fence", raw)
 					}
-				default:
-					if raw.Duplicates != 0 {
-						t.Errorf("killed at %s, yet %d records were written twice (read_uncommitted %+v)", fp, raw.Duplicates, raw)
-					}
 				}
+				// Other kills leave nothing aborted by themselves, but under
+				// load a transaction can also be aborted for its deadline
+				// and sent again (seen: 79 at read_uncommitted beside a
+				// second go test): only read_committed is judged then.
 				t.Logf("killed at %s after %d records; read_committed exact; read_uncommitted %+v", fp, before, raw)
 			})
 		})
