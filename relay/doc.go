@@ -242,7 +242,8 @@
 //
 // Membership and balance. Every LeaseHeartbeat (LeaseTTL/4, 2.5 s by
 // default) an instance upserts its row in <table>_relay (expiring after
-// LeaseTTL by the database clock), renews its leases, counts the live
+// LeaseTTL by the database clock, and carrying its delivery mode: see
+// ErrModeMismatch), renews its leases, counts the live
 // instances L and aims for ceil(N/L) partitions: it takes free or expired
 // partitions up to that share, in one statement and one commit (a relay
 // starting beside busy writers used to commit once per partition before

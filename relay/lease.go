@@ -39,6 +39,11 @@ type leases struct {
 	id         string
 	partitions int
 	ttl, beat  time.Duration
+	mode       string // delivery mode stored in the membership row (modeOf)
+
+	// conflict is the last other-mode instance a heartbeat saw ("" none),
+	// so that the error is logged when it appears or changes.
+	conflict string
 
 	// op serializes a heartbeat round with a release by the loop: a
 	// heartbeat that read the leases before a release must not write the
@@ -95,6 +100,39 @@ func (l *leases) start(ctx context.Context) error {
 	return mismatch
 }
 
+// census counts the live instances and returns one whose delivery mode
+// differs from l.mode, as "instance (mode)" ("" if none).
+func (l *leases) census(ctx context.Context) (live int, other string, err error) {
+	var o sql.NullString
+	if err := l.r.db.QueryRowContext(ctx, l.r.d.Lease("member_census"), l.mode).Scan(&live, &o); err != nil {
+		return 0, "", fmt.Errorf("counting relay instances: %w", err)
+	}
+	return live, o.String, nil
+}
+
+// join registers this instance's membership with its delivery mode, then
+// looks for a live instance in another mode: if there is one, it removes
+// its own row again and returns ErrModeMismatch. Writing before reading
+// makes two relays that start at once in different modes unable to both
+// miss each other: each statement commits on its own, so whichever reads
+// second sees the other's row (both may refuse).
+func (l *leases) join(ctx context.Context) error {
+	qctx, cancel := context.WithTimeout(ctx, l.r.cfg.QueryTimeout)
+	defer cancel()
+	if _, err := l.r.db.ExecContext(qctx, l.r.d.Lease("member_beat"), l.id, l.ttlMicros(), l.mode); err != nil {
+		return fmt.Errorf("membership heartbeat: %w", err)
+	}
+	_, other, err := l.census(qctx)
+	if err != nil || other == "" {
+		return err
+	}
+	if _, err := l.r.db.ExecContext(qctx, l.r.d.Lease("member_leave"), l.id); err != nil {
+		l.r.log.Warn("leaving the relay group failed; the membership expires by itself", "error", err)
+	}
+	return fmt.Errorf("%w: this relay runs %q, live relay %s; stop every relay of table %s before changing the mode (a crashed relay's membership expires after LeaseTTL)",
+		ErrModeMismatch, l.mode, other, l.r.table)
+}
+
 // snapshot returns what the loop may claim now, and the partitions it
 // should release once its in-flight work is recorded.
 func (l *leases) snapshot() (leaseSet, []int) {
@@ -146,7 +184,7 @@ func (l *leases) heartbeat(ctx context.Context) error {
 	defer cancel()
 	db, d := l.r.db, l.r.d
 	started := time.Now() // the trust window starts before the renewal
-	if _, err := db.ExecContext(qctx, d.Lease("member_beat"), l.id, l.ttlMicros()); err != nil {
+	if _, err := db.ExecContext(qctx, d.Lease("member_beat"), l.id, l.ttlMicros(), l.mode); err != nil {
 		return fmt.Errorf("membership heartbeat: %w", err)
 	}
 	if d.RenewsLeasesOneByOne() {
@@ -171,9 +209,16 @@ func (l *leases) heartbeat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var live int
-	if err := db.QueryRowContext(qctx, d.Lease("member_count")).Scan(&live); err != nil {
-		return fmt.Errorf("counting relay instances: %w", err)
+	live, other, err := l.census(qctx)
+	if err != nil {
+		return err
+	}
+	if other != l.conflict {
+		l.conflict = other
+		if other != "" {
+			l.r.log.Error("a relay in another delivery mode runs on this table: the exactly-once guarantee does not hold while both run (stop the relays of one mode)",
+				"mode", l.mode, "other_instance", other, "error", ErrModeMismatch)
+		}
 	}
 	live = max(live, 1)
 	target := (l.partitions + live - 1) / live

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
@@ -44,6 +46,53 @@ type Reconciler interface {
 	// ExactlyOnce setting), the relay treats it as a plain Publisher and
 	// never calls Reconcile. It must not change after New.
 	Reconciles() bool
+	// Scope names where the Publisher records its publishes (relay/kafka:
+	// its state topic, which carries the transactional ID prefix and the
+	// table). A relay stores its delivery mode, "exactly-once " + Scope,
+	// in its membership row, and refuses to start beside live relays of
+	// the table in another mode or scope (ErrModeMismatch): a relay that
+	// does not read the same records would send again what another
+	// committed. It must not change after New.
+	Scope() string
+}
+
+// Delivery modes a relay stores in its membership row (<table>_relay.mode,
+// schema version 7 on PostgreSQL, 5 on MySQL/MariaDB, 6 on SQLite).
+const (
+	// ModeAtLeastOnce is the mode of a relay whose Publisher is not a
+	// reconciling Reconciler (every broker's default).
+	ModeAtLeastOnce = "at-least-once"
+	// ModeExactlyOncePrefix starts the mode of a relay whose Publisher
+	// reconciles: "exactly-once " + Reconciler.Scope (a scope longer than
+	// the column's 255 bytes is replaced by "sha256:" and its hex digest).
+	ModeExactlyOncePrefix = "exactly-once "
+)
+
+// ErrModeMismatch is returned by Run, at start, when a live relay of the
+// same table (its membership unexpired) runs in another delivery mode:
+// one in the exactly-once mode beside one at least once, or two
+// exactly-once relays with different scopes (relay/kafka: different
+// transactional ID prefixes). Either would send again rows the other
+// published, so the guarantee would silently fall to at least once. To
+// change the mode, stop every relay of the table (a graceful stop leaves
+// the group at once; a crashed relay's membership expires after LeaseTTL),
+// then start the relays in the new mode. A relay that finds a mismatch
+// later (a relay whose membership lapsed, for example one paused past its
+// lease, came back in another mode) logs it as an error at every
+// heartbeat; it does not stop.
+var ErrModeMismatch = errors.New("outbox/relay: a relay in another delivery mode runs on this table")
+
+// modeOf is the delivery mode a relay with Reconciler rec stores.
+func modeOf(rec Reconciler) string {
+	if rec == nil {
+		return ModeAtLeastOnce
+	}
+	m := ModeExactlyOncePrefix + rec.Scope()
+	if len(m) > 255 {
+		sum := sha256.Sum256([]byte(rec.Scope()))
+		m = ModeExactlyOncePrefix + "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return m
 }
 
 // PublisherWrapper is implemented by a Publisher that wraps another (for

@@ -34,6 +34,7 @@ type txnBroker struct {
 	// answer returns, for call (from 1), whether the transaction commits
 	// and the error of each message (nil: none; errs nil: all nil).
 	answer func(call int, msgs []relay.Message) (commit bool, errs []error)
+	scope  string // Scope's answer; "" means "txnBroker"
 }
 
 func newTxnBroker() *txnBroker {
@@ -49,6 +50,13 @@ func (b *txnBroker) Reconcile(_ context.Context, p int, epoch int64) ([]int64, e
 }
 
 func (b *txnBroker) Reconciles() bool { return true }
+
+func (b *txnBroker) Scope() string {
+	if b.scope == "" {
+		return "txnBroker"
+	}
+	return b.scope
+}
 
 func (b *txnBroker) Publish(_ context.Context, msgs []relay.Message) error {
 	b.mu.Lock()

@@ -370,8 +370,9 @@ func (r *Relay) Notify() {
 // bounded by PublishTimeout), records its outcomes, and returns nil; what
 // was not published stays pending. It returns an error wrapping
 // driver.ErrUnsupportedServer, driver.ErrSchemaMissing,
-// driver.ErrSchemaOutdated, driver.ErrSchemaTooNew or ErrPartitionMismatch
-// if the table cannot be relayed from with this configuration (at start,
+// driver.ErrSchemaOutdated, driver.ErrSchemaTooNew, ErrPartitionMismatch
+// or ErrModeMismatch (a live relay of the table runs in another delivery
+// mode) if the table cannot be relayed from with this configuration (at start,
 // without retrying), and ErrStopped if Run was already called. Every error
 // that ends Run is also logged (level ERROR) before Run returns, so a
 // relay started with "go r.Run(ctx)" does not fail silently; still, check
@@ -413,7 +414,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	if err != nil || parts == 0 { // 0: stopped while retrying
 		return err
 	}
-	r.leases = &leases{r: r, id: r.cfg.InstanceID, partitions: parts, ttl: r.cfg.LeaseTTL, beat: r.cfg.LeaseHeartbeat,
+	r.leases = &leases{r: r, id: r.cfg.InstanceID, partitions: parts, ttl: r.cfg.LeaseTTL, beat: r.cfg.LeaseHeartbeat, mode: modeOf(r.rec),
 		owned: map[int]int64{}, toRelease: map[int]bool{}, changed: make(chan struct{}, 1)}
 	if err := r.startLeases(hardCtx); err != nil {
 		return err
@@ -525,18 +526,23 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	}
 }
 
-// startLeases creates the lease rows and takes a first share, retrying
-// transient database errors until stopped; a partition count that
-// disagrees with the table is returned at once.
+// startLeases creates the lease rows, joins the relay group and takes a
+// first share, retrying transient database errors until stopped; a
+// partition count that disagrees with the table (ErrPartitionMismatch) or
+// a live relay in another delivery mode (ErrModeMismatch) is returned at
+// once.
 func (r *Relay) startLeases(ctx context.Context) error {
 	bo := r.loopBackoff()
 	for {
 		err := r.leases.start(ctx)
 		if err == nil {
+			err = r.leases.join(ctx)
+		}
+		if err == nil {
 			err = r.leases.heartbeat(ctx)
 		}
-		if err == nil || errors.Is(err, ErrPartitionMismatch) {
-			if err != nil {
+		if err == nil || errors.Is(err, ErrPartitionMismatch) || errors.Is(err, ErrModeMismatch) {
+			if errors.Is(err, ErrPartitionMismatch) {
 				r.watch.set(r, err)
 			}
 			return err

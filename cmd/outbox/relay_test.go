@@ -204,7 +204,9 @@ func TestRelayMissingSchema(t *testing.T) {
 
 // TestRelayCommandExactlyOnce: `outbox relay --kafka-transactional-id-prefix`
 // publishes in the exactly-once mode: a read_committed consumer receives
-// the event, the manifest records its row, and the start-up line says so.
+// the event, the manifest records its row, and the start-up line says so;
+// a relay beside it at least once, or under another prefix, is refused
+// (relay.ErrModeMismatch).
 func TestRelayCommandExactlyOnce(t *testing.T) {
 	t.Parallel()
 	tg := sqliteTarget(t)
@@ -241,6 +243,28 @@ func TestRelayCommandExactlyOnce(t *testing.T) {
 	}
 	if recs[0].Headers["outbox-message-id"] != ids[0] {
 		t.Errorf("record headers %v, want message %s", recs[0].Headers, ids[0])
+	}
+	// Beside it, a relay at least once, or exactly once under another
+	// prefix, is refused at start and says why.
+	for _, c := range []struct {
+		name  string
+		extra []string
+		mode  string
+	}{
+		{"at least once", nil, `"at-least-once"`},
+		{"another prefix", []string{"--kafka-transactional-id-prefix", "other."}, `"exactly-once other.` + table + `.outbox-txn"`},
+	} {
+		var out, errOut testdb.SyncBuffer
+		args := append([]string{"--dsn", tg.dsn, "--table", table, "relay", "--brokers", strings.Join(broker.Addrs(), ","),
+			"--http", "", "--poll", "100ms", "--lease-ttl", "2s"}, c.extra...)
+		if code := run(ctx, args, &out, &errOut); code != exitRuntime {
+			t.Errorf("%s: second relay exited %d, want %d; stderr:\n%s", c.name, code, exitRuntime, errOut.String())
+		}
+		for _, want := range []string{"another delivery mode", "runs " + c.mode, "(exactly-once svc." + table + ".outbox-txn)"} {
+			if !strings.Contains(errOut.String(), want) {
+				t.Errorf("%s: stderr lacks %s:\n%s", c.name, want, errOut.String())
+			}
+		}
 	}
 	stop()
 	if code := <-exited; code != 0 {

@@ -33,11 +33,13 @@ func TestMigrateFromVersion3(t *testing.T) {
 				schema = e.Schema + "."
 			}
 			// Back to version 3: hold_idx as version 1 made it, no held_idx,
-			// no meta table (version 5).
+			// no meta table (version 5), no relay mode (SQLite 6,
+			// PostgreSQL 7).
 			for _, q := range []string{
 				"DROP INDEX " + schema + base + "_held_idx",
 				"CREATE INDEX " + base + "_hold_idx ON " + e.Table + " (aggregate_type, aggregate_id, next_retry_at) WHERE status <> 1",
 				"DROP TABLE " + e.Table + "_meta",
+				"ALTER TABLE " + e.Table + "_relay DROP COLUMN mode",
 				"DELETE FROM " + e.Table + "_migrations WHERE version >= 4",
 			} {
 				if tg.Dialect == driver.SQLite && q[:6] == "CREATE" {
@@ -47,9 +49,9 @@ func TestMigrateFromVersion3(t *testing.T) {
 					t.Fatalf("%s: %v", q, err)
 				}
 			}
-			want := 5 // SQLite
+			want := 6 // SQLite
 			if tg.Dialect == driver.Postgres {
-				want = 6
+				want = 7
 			}
 			if v, latest, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != 3 || latest != want {
 				t.Fatalf("SchemaVersion = %d, %d, %v; want 3, %d", v, latest, err, want)
@@ -160,6 +162,7 @@ func TestMigrateToVersion6NamesTheSequence(t *testing.T) {
 		"ALTER SEQUENCE " + e.Table + "_id_seq RENAME TO " + base + "_legacy_ids",
 		"ALTER SEQUENCE " + e.Schema + "." + base + "_legacy_ids CACHE 20",
 		"ALTER TABLE " + e.Table + "_meta DROP COLUMN floor_epoch",
+		"ALTER TABLE " + e.Table + "_relay DROP COLUMN mode",
 		"DELETE FROM " + e.Table + "_migrations WHERE version >= 6",
 	} {
 		if _, err := e.RelayDB.ExecContext(ctx, q); err != nil {
@@ -167,8 +170,8 @@ func TestMigrateToVersion6NamesTheSequence(t *testing.T) {
 		}
 	}
 	cfg := driver.Config{Dialect: driver.Postgres, Table: e.Table}
-	if v, latest, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != 5 || latest != 6 {
-		t.Fatalf("SchemaVersion = %d, %d, %v; want 5, 6", v, latest, err)
+	if v, latest, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != 5 || latest != 7 {
+		t.Fatalf("SchemaVersion = %d, %d, %v; want 5, 7", v, latest, err)
 	}
 	if err := driver.Migrate(ctx, e.RelayDB, cfg); err != nil {
 		t.Fatal(err)
@@ -213,4 +216,60 @@ func TestMigrateToVersion6NamesTheSequence(t *testing.T) {
 	if fmt.Sprint(got) != "[before before before after after]" {
 		t.Fatalf("published %v, want the three rows from before the upgrade, then the two after", got)
 	}
+}
+
+// TestMigrateAddsRelayMode upgrades a table from the version before the
+// relay mode (PostgreSQL 6, MySQL/MariaDB 4, SQLite 5) with a relay's
+// membership row in it: the row takes the mode every earlier build ran
+// ('at-least-once'). On the servers whose DDL commits by itself the
+// migration must be idempotent (a failure before the version is recorded
+// is finished by the next run): running it again over the added column
+// must succeed.
+func TestMigrateAddsRelayMode(t *testing.T) {
+	t.Parallel()
+	forEachTarget(t, func(t *testing.T, tg testdb.Target) {
+		e := testdb.New(t, tg, driver.Config{})
+		ctx := testCtx(t, time.Minute)
+		d, err := dialect.New(dialect.Name(tg.Dialect), e.Table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mode := 0
+		for _, m := range d.Migrations() {
+			if m.Name == "relay_mode" {
+				mode = m.Version
+			}
+		}
+		if mode == 0 || mode != d.LatestVersion() {
+			t.Fatalf("relay_mode migration is version %d, latest %d", mode, d.LatestVersion())
+		}
+		far := "'2999-01-01 00:00:00'"
+		if tg.Dialect == driver.SQLite {
+			far = "32503680000000"
+		}
+		mustExec(t, e.RelayDB, "ALTER TABLE "+e.Table+"_relay DROP COLUMN mode")
+		mustExec(t, e.RelayDB, d.Bind("DELETE FROM "+e.Table+"_migrations WHERE version >= ?"), mode)
+		mustExec(t, e.RelayDB, "INSERT INTO "+e.Table+"_relay (instance_id, expires_at) VALUES ('old-build', "+far+")")
+		cfg := driver.Config{Dialect: tg.Dialect, Table: e.Table}
+		if v, latest, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != mode-1 || latest != mode {
+			t.Fatalf("SchemaVersion = %d, %d, %v; want %d, %d", v, latest, err, mode-1, mode)
+		}
+		if err := driver.Migrate(ctx, e.RelayDB, cfg); err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		if err := e.RelayDB.QueryRowContext(ctx, "SELECT mode FROM "+e.Table+"_relay WHERE instance_id = 'old-build'").Scan(&got); err != nil || got != "at-least-once" {
+			t.Fatalf("mode of the earlier build's membership = %q, %v; want at-least-once", got, err)
+		}
+		if tg.Dialect == driver.SQLite {
+			return // one transaction: a failed migration leaves nothing to finish
+		}
+		mustExec(t, e.RelayDB, d.Bind("DELETE FROM "+e.Table+"_migrations WHERE version >= ?"), mode)
+		if err := driver.Migrate(ctx, e.RelayDB, cfg); err != nil {
+			t.Fatalf("Migrate again over the added column: %v", err)
+		}
+		if v, _, err := driver.SchemaVersion(ctx, e.RelayDB, cfg); err != nil || v != mode {
+			t.Fatalf("after the second Migrate: version %d, %v; want %d", v, err, mode)
+		}
+	})
 }

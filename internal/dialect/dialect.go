@@ -153,6 +153,22 @@ func (t templateData) Archive() string { return t.d.qualify(t.d.base + "_archive
 // Members is the quoted, schema-qualified relay instance table.
 func (t templateData) Members() string { return t.d.qualify(t.d.base + "_relay") }
 
+// MembersName is the relay instance table's name without schema,
+// unquoted, as information_schema.COLUMNS.TABLE_NAME holds it.
+func (t templateData) MembersName() string { return t.d.base + "_relay" }
+
+// SchemaExpr is a SQL expression for the table's schema as
+// information_schema holds it (MySQL): the schema as a string literal, or
+// DATABASE() for an unqualified table. Table names are validated
+// identifiers (letters, digits, underscores), so the literal needs no
+// escaping.
+func (t templateData) SchemaExpr() string {
+	if t.d.schema == "" {
+		return "DATABASE()"
+	}
+	return "'" + t.d.schema + "'"
+}
+
 // Meta is the quoted, schema-qualified settings table (one row: the relay
 // partition count).
 func (t templateData) Meta() string { return t.d.qualify(t.d.base + "_meta") }

@@ -215,8 +215,16 @@
 // dedupe row in the same database transaction, which also covers a
 // consumer's own redeliveries). A read_uncommitted consumer also sees the
 // records of aborted transactions. Every relay of a table must run in the
-// same mode with the same prefix: a relay in the default mode on the same
-// table publishes outside the transactions (this is not detected yet).
+// same mode with the same prefix and table (one state topic): a relay in
+// the default mode publishes outside the transactions, and one with
+// another state topic reads other manifests, so either would send again
+// what another committed. The relay enforces it: each relay stores its
+// mode in its membership row ("exactly-once " + Scope, the state topic),
+// and one started beside live relays in another mode is refused with
+// relay.ErrModeMismatch. Switching a table's mode means stopping all its
+// relays first; the switch itself is at least once (rows a default-mode
+// relay sent but never marked are sent again by the first exactly-once
+// owner, whose manifests do not name them).
 // Cost: see BENCHMARKS.md ("exactlyonce").
 //
 // Why not sarama's transactional producer: it is built on the

@@ -120,6 +120,17 @@ func newEOS(c ExactlyOnce) (*eos, error) {
 // Reconciles implements relay.Reconciler: true in the exactly-once mode.
 func (p *Publisher) Reconciles() bool { return p.eos != nil }
 
+// Scope implements relay.Reconciler: the state topic
+// (StateTopic(TransactionalIDPrefix, Table)), empty outside the
+// exactly-once mode. Relays of one table whose scopes differ refuse to
+// run together (relay.ErrModeMismatch).
+func (p *Publisher) Scope() string {
+	if p.eos == nil {
+		return ""
+	}
+	return p.eos.state
+}
+
 // Reconcile implements relay.Reconciler: it makes relay partition part's
 // transactional producer under lease epoch epoch (InitProducerId: every
 // earlier producer of the partition is fenced, and its open transaction

@@ -144,12 +144,19 @@ AND EXISTS (SELECT 1 FROM {{.Lease}} l
 INSERT IGNORE INTO {{.Lease}} (partition_key, epoch) VALUES {{"{{ROWS}}"}}
 
 -- name: member_beat
--- ? = instance ID, lease TTL in microseconds.
-INSERT INTO {{.Members}} (instance_id, expires_at) VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
-ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)
+-- ? = instance ID, lease TTL in microseconds, delivery mode (schema
+-- version with the mode column).
+INSERT INTO {{.Members}} (instance_id, expires_at, mode) VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)
+ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at), mode = VALUES(mode)
 
 -- name: member_count
 SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > UTC_TIMESTAMP(6)
+
+-- name: member_census
+-- Live instances, and one of them whose delivery mode differs from ? (the
+-- caller's), as "instance (mode)", or NULL. The members table holds a row
+-- per live instance (a few), so this reads a few rows.
+SELECT COUNT(*), MIN(CASE WHEN mode <> ? THEN CONCAT(instance_id, ' (', mode, ')') END) FROM {{.Members}} WHERE expires_at > UTC_TIMESTAMP(6)
 
 -- name: member_leave
 DELETE FROM {{.Members}} WHERE instance_id = ?

@@ -107,12 +107,19 @@ AND EXISTS (SELECT 1 FROM {{.Lease}} l
 INSERT INTO {{.Lease}} (partition_key, epoch) VALUES {{"{{ROWS}}"}} ON CONFLICT DO NOTHING
 
 -- name: member_beat
--- ? = instance ID, lease TTL in microseconds.
-INSERT INTO {{.Members}} (instance_id, expires_at) VALUES (?, clock_timestamp() + (?::bigint * interval '1 microsecond'))
-ON CONFLICT (instance_id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+-- ? = instance ID, lease TTL in microseconds, delivery mode (schema
+-- version with the mode column).
+INSERT INTO {{.Members}} (instance_id, expires_at, mode) VALUES (?, clock_timestamp() + (?::bigint * interval '1 microsecond'), ?)
+ON CONFLICT (instance_id) DO UPDATE SET expires_at = EXCLUDED.expires_at, mode = EXCLUDED.mode
 
 -- name: member_count
 SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > clock_timestamp()
+
+-- name: member_census
+-- Live instances, and one of them whose delivery mode differs from ? (the
+-- caller's), as "instance (mode)", or NULL. The members table holds a row
+-- per live instance (a few), so this reads a few rows.
+SELECT COUNT(*), MIN(CASE WHEN mode <> ? THEN instance_id || ' (' || mode || ')' END) FROM {{.Members}} WHERE expires_at > clock_timestamp()
 
 -- name: member_leave
 DELETE FROM {{.Members}} WHERE instance_id = ?

@@ -118,12 +118,19 @@ AND EXISTS (SELECT 1 FROM {{.Lease}} l
 INSERT OR IGNORE INTO {{.Lease}} (partition_key, epoch) VALUES {{"{{ROWS}}"}}
 
 -- name: member_beat
--- ? = instance ID, lease TTL in microseconds.
-INSERT INTO {{.Members}} (instance_id, expires_at) VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER) + (? / 1000))
-ON CONFLICT (instance_id) DO UPDATE SET expires_at = excluded.expires_at
+-- ? = instance ID, lease TTL in microseconds, delivery mode (schema
+-- version with the mode column).
+INSERT INTO {{.Members}} (instance_id, expires_at, mode) VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER) + (? / 1000), ?)
+ON CONFLICT (instance_id) DO UPDATE SET expires_at = excluded.expires_at, mode = excluded.mode
 
 -- name: member_count
 SELECT COUNT(*) FROM {{.Members}} WHERE expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)
+
+-- name: member_census
+-- Live instances, and one of them whose delivery mode differs from ? (the
+-- caller's), as "instance (mode)", or NULL. The members table holds a row
+-- per live instance (a few), so this reads a few rows.
+SELECT COUNT(*), MIN(CASE WHEN mode <> ? THEN instance_id || ' (' || mode || ')' END) FROM {{.Members}} WHERE expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)
 
 -- name: member_leave
 DELETE FROM {{.Members}} WHERE instance_id = ?
