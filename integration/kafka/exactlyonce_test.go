@@ -326,3 +326,70 @@ func TestExactlyOnceStateTopicMissing(t *testing.T) {
 		t.Errorf("read_committed received %v, want only the committed a#3 and b#4", got)
 	}
 }
+
+// TestExactlyOnceManifestFull: a relay partition's share whose ids do not
+// fit in one manifest (offset.metadata.max.bytes, 4096 bytes) is cut: the
+// longest prefix that fits commits, with its manifest; the rest fails with
+// relay.ErrAborted (no attempt, no hold) and goes in the next Publish.
+// Ids 2^40 apart take 6 bytes each, so about 500 of 800 fit.
+func TestExactlyOnceManifestFull(t *testing.T) {
+	t.Parallel()
+	e := newEOSEnv(t)
+	p := e.publisher(t)
+	ctx := testCtx(t, time.Minute)
+	if _, err := p.Reconcile(ctx, 2, 1); err != nil {
+		t.Fatal(err)
+	}
+	aggs := aggregatesOnDistinctPartitions(t, 3)
+	msgs := make([]relay.Message, 800)
+	for i := range msgs {
+		id := int64(i+1) << 40
+		a := aggs[i%len(aggs)]
+		msgs[i] = relay.Message{ID: id, MessageID: fmt.Sprintf("%s#%d", a, i), AggregateType: "order", AggregateID: a,
+			EventType: "e", ContentType: "application/json", Payload: []byte(`{}`), Partition: 2, Epoch: 1}
+	}
+	var pe relay.PublishErrors
+	if err := p.Publish(ctx, msgs); !errors.As(err, &pe) || len(pe) != len(msgs) {
+		t.Fatalf("Publish: %v, want PublishErrors for a share longer than one manifest", err)
+	}
+	n := 0
+	for n < len(pe) && pe[n] == nil {
+		n++
+	}
+	if n < 400 || n >= len(msgs) {
+		t.Fatalf("%d messages committed before the first error (%v), want the ~500 whose ids fit", n, pe[n])
+	}
+	for i := n; i < len(pe); i++ {
+		if !errors.Is(pe[i], relay.ErrAborted) {
+			t.Fatalf("message %d after the cut: %v, want ErrAborted", i, pe[i])
+		}
+	}
+	want := make([]int64, n)
+	for i := range want {
+		want[i] = msgs[i].ID
+	}
+	if ids, err := p.Reconcile(ctx, 2, 2); err != nil || !slices.Equal(ids, want) {
+		t.Fatalf("Reconcile after the cut: %d ids, %v; want the %d committed", len(ids), err, n)
+	}
+	if err := p.Publish(ctx, eosMsgsOf(msgs[n:], 2)); err != nil {
+		t.Fatalf("Publish of the rest: %v", err)
+	}
+	recs, err := e.committed.WaitForCount(ctx, len(msgs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := messageIDs(recs)
+	slices.Sort(got)
+	if dup := slices.Compact(slices.Clone(got)); len(dup) != len(msgs) {
+		t.Errorf("read_committed received %d records, %d distinct; want each of %d once", len(got), len(dup), len(msgs))
+	}
+}
+
+// eosMsgsOf returns msgs under lease epoch epoch.
+func eosMsgsOf(msgs []relay.Message, epoch int64) []relay.Message {
+	out := slices.Clone(msgs)
+	for i := range out {
+		out[i].Epoch = epoch
+	}
+	return out
+}
