@@ -105,7 +105,10 @@ func (h *health) record(s *streak, err error) bool {
 
 // verdict returns an error wrapping ErrUnhealthy, and the last error of
 // the source failing longest, if a source has been failing for longer
-// than grace.
+// than grace, or at all with an error wrapping ErrUnavailable (a missing
+// topic, stream or exchange, refused authorization, a full stream: no
+// retry fixes that, so the relay is unready from the first failure, not
+// after the grace period).
 func (h *health) verdict(now time.Time, grace time.Duration) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -115,7 +118,13 @@ func (h *health) verdict(now time.Time, grace time.Duration) error {
 		what string
 		s    *streak
 	}{{"the database", &h.db}, {"the broker", &h.broker}, {"relay cycles", &h.cycles}} {
-		if !s.s.since.IsZero() && now.Sub(s.s.since) > grace && (worst == nil || s.s.since.Before(worst.since)) {
+		if s.s.since.IsZero() {
+			continue
+		}
+		if errors.Is(s.s.last, ErrUnavailable) {
+			return fmt.Errorf("%w: %s: %w", ErrUnhealthy, s.what, s.s.last)
+		}
+		if now.Sub(s.s.since) > grace && (worst == nil || s.s.since.Before(worst.since)) {
 			worst, what = s.s, s.what
 		}
 	}

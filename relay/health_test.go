@@ -392,3 +392,51 @@ func TestFirstReadinessReportIsReady(t *testing.T) {
 		t.Errorf("first readiness report %v, want ready (nil)", first)
 	}
 }
+
+// TestUnavailableUnreadyAtOnceLoggedOnce: a publish refused as
+// misconfigured (ErrUnavailable: a missing stream, topic or exchange)
+// makes the relay unready from the first failed cycle, not after
+// UnhealthyAfter (an hour here); the refusal is logged once however many
+// cycles repeat it (they back off and retry), and its end once, with the
+// count.
+func TestUnavailableUnreadyAtOnceLoggedOnce(t *testing.T) {
+	t.Parallel()
+	logs := &syncLog{}
+	pub := outboxtest.NewPublisher()
+	missing := fmt.Errorf("%w: no stream stores subject outbox.event.acct (test)", relay.ErrUnavailable)
+	pub.FailWith(func(m relay.Message) error { return fmt.Errorf("message %s: %w", m.MessageID, missing) })
+	b := setup(t, sqliteTarget, func(c *relay.Config) {
+		c.Publisher = pub
+		c.UnhealthyAfter = time.Hour
+		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	b.emit(t, event("A", 1), event("B", 1), event("C", 1))
+	eventually(t, b.ctx, "four refused cycles", func() bool { return pub.Batches() >= 4 })
+	if err := b.r.Ready(); !errors.Is(err, relay.ErrUnhealthy) || !errors.Is(err, relay.ErrUnavailable) {
+		t.Fatalf("Ready after refused cycles: %v, want ErrUnhealthy wrapping ErrUnavailable at once", err)
+	}
+	count := func(prefix string) (n int, last map[string]any) {
+		for _, l := range logs.lines() {
+			if msg, _ := l["msg"].(string); strings.HasPrefix(msg, prefix) {
+				n++
+				last = l
+			}
+		}
+		return n, last
+	}
+	if n, _ := count("the broker refuses the route"); n != 1 {
+		t.Errorf("%d refusal lines for %d cycles, want 1", n, pub.Batches())
+	}
+	if n, _ := count("relay cycle failed"); n != 0 {
+		t.Errorf("%d cycle-failure lines besides the refusal, want 0", n)
+	}
+	pub.FailWith(nil)
+	if _, err := pub.WaitForIDs(b.ctx, "A-1", "B-1", "C-1"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, b.ctx, "ready again", func() bool { return b.r.Ready() == nil })
+	eventually(t, b.ctx, "the end of the refusals logged", func() bool {
+		n, l := count("the broker refuses the route (misconfigured, not authorized, or full); backing off without counting attempts: no longer failing")
+		return n == 1 && l["failures"].(float64) >= 4
+	})
+}

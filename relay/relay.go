@@ -146,7 +146,9 @@ type Config struct {
 	// UnhealthyAfter is the readiness grace period: Ready fails (and an
 	// Observer that is a ReadinessObserver hears of it) once the database
 	// pings, the broker checks or the relay's cycles have failed without
-	// a success in between for longer than this. Default
+	// a success in between for longer than this, and at once when the
+	// failure wraps ErrUnavailable (a missing topic, stream or exchange,
+	// refused authorization: waiting does not fix those). Default
 	// DefaultUnhealthyAfter. Readiness returns with the first success of
 	// the failing source (a probe, every HealthInterval, or a cycle).
 	UnhealthyAfter time.Duration
@@ -287,6 +289,8 @@ type Relay struct {
 	// recon which partitions it reconciled; recon is owned by the Run
 	// goroutine.
 	rec    Reconciler
+
+	cycleLog, unavailLog *repeatLog // the loop's failure lines, one per distinct cause
 	recon  reconcileState
 	floor  claimFloor // owned by the Run goroutine (PostgreSQL)
 	batch  int        // the next claim's size; owned by the Run goroutine
@@ -344,14 +348,17 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 	}
 	table := ob.Config().Table
 	rec := reconcilerOf(cfg.Publisher)
+	log := cfg.Logger.With("component", "outbox.relay", "table", table)
 	return &Relay{
 		ob: ob, db: db, cfg: cfg, d: d, batch: cfg.BatchSize, table: table, rec: rec,
-		log:       cfg.Logger.With("component", "outbox.relay", "table", table),
-		notify:    make(chan struct{}, 1),
-		recovered: make(chan struct{}, 1),
-		stopping:  make(chan struct{}),
-		done:      make(chan struct{}),
-		started:   make(chan struct{}),
+		log:        log,
+		cycleLog:   newRepeatLog(log, slog.LevelWarn, "relay cycle failed; backing off"),
+		unavailLog: newRepeatLog(log, slog.LevelError, "the broker refuses the route (misconfigured, not authorized, or full); backing off without counting attempts"),
+		notify:     make(chan struct{}, 1),
+		recovered:  make(chan struct{}, 1),
+		stopping:   make(chan struct{}),
+		done:       make(chan struct{}),
+		started:    make(chan struct{}),
 	}, nil
 }
 
@@ -484,7 +491,9 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		case err != nil:
 			r.batch = r.cfg.BatchSize
 			wait = bo.NextBackOff()
-			r.log.Warn("relay cycle failed; backing off", "error", err, "retry_in", wait.String())
+			if !errors.Is(err, ErrUnavailable) { // logged at ERROR by unavailable
+				r.cycleLog.failed(err, "retry_in", wait.String())
+			}
 		case n == limit:
 			bo.Reset()
 			idle = r.cfg.MinPollInterval
@@ -497,6 +506,10 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 			bo.Reset()
 			wait = idle
 			idle = min(idle*2, r.cfg.PollInterval)
+		}
+		if err == nil {
+			r.cycleLog.ok()
+			r.unavailLog.ok()
 		}
 		if !poll.Stop() {
 			select {
@@ -803,7 +816,7 @@ func (r *Relay) unavailable(err error) {
 	if !errors.Is(err, ErrUnavailable) {
 		return
 	}
-	r.log.Error("the broker refuses the route (misconfigured, not authorized, or full); backing off without counting attempts", "error", err)
+	r.unavailLog.failed(err)
 	if r.cfg.OnUnavailable != nil {
 		r.cfg.OnUnavailable(err)
 	}

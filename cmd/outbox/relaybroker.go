@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -51,12 +52,15 @@ type brokerPlan struct {
 	password string
 	// natsCreds and natsNKey are the NATS credential files.
 	natsCreds, natsNKey string
+	// natsStream is the stream the relay checks at start and in /readyz
+	// (--nats-stream; "": none).
+	natsStream string
 }
 
 // flagsOf lists the flags that apply to one broker only.
 var flagsOf = map[brokerKind][]string{
 	brokerKafka:    {"client-id", "kafka-version", "compression", "sasl-mechanism", "sasl-user", "sasl-password-file", "kafka-transactional-id-prefix", "kafka-transaction-timeout"},
-	brokerNATS:     {"nats-creds-file", "nats-nkey-file"},
+	brokerNATS:     {"nats-creds-file", "nats-nkey-file", "nats-stream"},
 	brokerRabbitMQ: {"exchange"},
 }
 
@@ -80,7 +84,7 @@ func (a *app) brokerPlan(f *relayFlags, changed func(string) bool) (*brokerPlan,
 		}
 	}
 	p := &brokerPlan{kind: brokerKafka, prefix: f.topicPrefix, exchange: f.broker.exchange,
-		natsCreds: f.broker.natsCreds, natsNKey: f.broker.natsNKey}
+		natsCreds: f.broker.natsCreds, natsNKey: f.broker.natsNKey, natsStream: f.broker.natsStream}
 	switch {
 	case f.broker.url != "" && changed("brokers"):
 		return nil, usageErrorf("give the broker once: --broker (%s) or --brokers (OUTBOX_BROKERS, Kafka only), not both", envBroker)
@@ -243,9 +247,43 @@ func (a *app) connectBroker(ctx context.Context, p *brokerPlan, timeout time.Dur
 	return &brokerConn{pub: pub, close: pub.Close, attrs: attrs}, nil
 }
 
-// connectNATS connects to the NATS servers (credentials as options, never
-// in the URLs handed to nats.go) and checks JetStream.
+// connectNATS connects to the NATS servers and checks JetStream (and the
+// stream, with --nats-stream).
 func (a *app) connectNATS(ctx context.Context, p *brokerPlan, timeout time.Duration, log *slog.Logger, attrs []any) (*brokerConn, error) {
+	nc, attrs, err := a.dialNATS(p, timeout, log, attrs)
+	if err != nil {
+		return nil, err
+	}
+	prefix := p.prefix
+	pub, err := natspub.NewPublisher(natspub.Config{Conn: nc, Stream: p.natsStream, Subject: func(m relay.Message) string {
+		base := m.Topic
+		if base == "" {
+			base = prefix + m.AggregateType
+		}
+		return base + "." + natspub.SubjectToken(m.AggregateID)
+	}})
+	if err == nil {
+		err = pub.Healthy(ctx)
+	}
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("cannot use NATS JetStream at %s: %w", p.shown, err)
+	}
+	closeAll := func() error {
+		err := pub.Close()
+		nc.Close()
+		return err
+	}
+	attrs = append(attrs, "subject_prefix", prefix)
+	if p.natsStream != "" {
+		attrs = append(attrs, "stream", p.natsStream)
+	}
+	return &brokerConn{pub: pub, close: closeAll, attrs: attrs}, nil
+}
+
+// dialNATS connects to the NATS servers (credentials as options, never in
+// the URLs handed to nats.go); the caller closes the connection.
+func (a *app) dialNATS(p *brokerPlan, timeout time.Duration, log *slog.Logger, attrs []any) (*nats.Conn, []any, error) {
 	urls := make([]string, len(p.hosts))
 	for i, h := range p.hosts {
 		urls[i] = p.url.scheme + "://" + h
@@ -274,14 +312,14 @@ func (a *app) connectNATS(ctx context.Context, p *brokerPlan, timeout time.Durat
 	switch u := p.url; {
 	case p.natsCreds != "":
 		if _, err := os.Stat(p.natsCreds); err != nil {
-			return nil, fmt.Errorf("reading --nats-creds-file: %w", err)
+			return nil, nil, fmt.Errorf("reading --nats-creds-file: %w", err)
 		}
 		opts = append(opts, nats.UserCredentials(p.natsCreds))
 		attrs = append(attrs, "credentials", "creds-file")
 	case p.natsNKey != "":
 		o, err := nats.NkeyOptionFromSeed(p.natsNKey)
 		if err != nil {
-			return nil, fmt.Errorf("reading --nats-nkey-file: %w", err)
+			return nil, nil, fmt.Errorf("reading --nats-nkey-file: %w", err)
 		}
 		opts = append(opts, o)
 		attrs = append(attrs, "credentials", "nkey")
@@ -303,30 +341,9 @@ func (a *app) connectNATS(ctx context.Context, p *brokerPlan, timeout time.Durat
 	}
 	nc, err := nats.Connect(strings.Join(urls, ","), opts...)
 	if err != nil {
-		return nil, fmt.Errorf("cannot connect to NATS at %s: %w", p.shown, err)
+		return nil, nil, fmt.Errorf("cannot connect to NATS at %s: %w%s", p.shown, err, dialHint(err, nats.ErrNoServers, p.hosts, "4222"))
 	}
-	prefix := p.prefix
-	pub, err := natspub.NewPublisher(natspub.Config{Conn: nc, Subject: func(m relay.Message) string {
-		base := m.Topic
-		if base == "" {
-			base = prefix + m.AggregateType
-		}
-		return base + "." + natspub.SubjectToken(m.AggregateID)
-	}})
-	if err == nil {
-		err = pub.Healthy(ctx)
-	}
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("cannot use NATS JetStream at %s: %w", p.shown, err)
-	}
-	closeAll := func() error {
-		err := pub.Close()
-		nc.Close()
-		return err
-	}
-	attrs = append(attrs, "subject_prefix", prefix)
-	return &brokerConn{pub: pub, close: closeAll, attrs: attrs}, nil
+	return nc, attrs, nil
 }
 
 // connectRabbitMQ dials the broker and checks the exchange.
@@ -443,4 +460,24 @@ func validSubjectPrefix(prefix string) bool {
 		}
 	}
 	return true
+}
+
+// dialHint explains a client's "no servers" error (nats.go hides why): it
+// dials the first host once and returns " (dial HOST: connection refused:
+// is the server running, and is PORT its client port?)", or "" if err is
+// not noServers or the dial succeeds.
+func dialHint(err, noServers error, hosts []string, port string) string {
+	if !errors.Is(err, noServers) || len(hosts) == 0 {
+		return ""
+	}
+	c, derr := net.DialTimeout("tcp", hosts[0], 2*time.Second)
+	if derr == nil {
+		c.Close()
+		return ""
+	}
+	hint := ""
+	if errors.Is(derr, syscall.ECONNREFUSED) {
+		hint = fmt.Sprintf(": is the server running, and is that its client port (default %s)?", port)
+	}
+	return fmt.Sprintf(" (%v%s)", derr, hint)
 }

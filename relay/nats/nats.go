@@ -52,6 +52,17 @@
 // PubAck. It could guard the order, never pipeline it; the publisher
 // does not set it.
 //
+// # Provisioning the stream
+//
+// The publisher creates no stream. CreateStream (or `outbox nats stream
+// create`) makes one binding "<prefix>>" with the storage, replicas and
+// duplicate window you choose, and CheckStream (`outbox nats stream
+// check`) verifies it; both leave an existing stream with other settings
+// unchanged and name what differs (ErrStreamMismatch). Set Config.Stream
+// to the stream's name: Healthy then checks it, and a relay started
+// without it is unready from its first probe, with the command that
+// creates it in the reason (ErrStreamMissing).
+//
 // # Deduplication
 //
 // The Nats-Msg-Id header is the message ID: JetStream drops a second
@@ -78,7 +89,10 @@
 //     done, a PubAck that did not arrive in time: Publish returns one error
 //     for the batch (not relay.PublishErrors), no further message of the
 //     batch is sent, and the relay re-sends the batch later without
-//     counting an attempt.
+//     counting an attempt. While the connection is not CONNECTED, Publish
+//     sends nothing and fails at once with ErrNotConnected, naming the
+//     connection's state (nats.go would buffer the publishes and the
+//     batch would wait out AckTimeout for each).
 //   - No stream for the subject (no responders), a JetStream API error
 //     with status 403 or 404: the message's error wraps
 //     relay.ErrUnavailable; if every message failed so, Publish returns one
@@ -152,6 +166,11 @@ var (
 	ErrConfig = errors.New("outbox/nats: invalid config")
 	// ErrClosed is returned by Publish after Close.
 	ErrClosed = errors.New("outbox/nats: publisher closed")
+	// ErrNotConnected is wrapped (inside a *relay.BatchError) by Publish
+	// while the connection is not CONNECTED (reconnecting, closed): the
+	// batch fails at once, without waiting AckTimeout, and the relay
+	// re-sends it after its backoff without counting an attempt.
+	ErrNotConnected = errors.New("outbox/nats: not connected")
 	// ErrHeldBack fails a message that was not sent because an earlier
 	// message of its aggregate in the same batch failed. It is
 	// relay.ErrHeldBack (relay.PublishInOrder holds messages back), so
@@ -249,6 +268,15 @@ type Config struct {
 	// AckTimeout bounds the wait for one message's PubAck, in addition to
 	// Publish's ctx. 0: DefaultAckTimeout.
 	AckTimeout time.Duration
+	// Stream names the stream the messages are stored in (for example
+	// the one CreateStream made). Healthy then checks that it exists, so
+	// that a missing stream makes the relay unready from its first probe,
+	// with the command that creates it. Empty: Healthy checks only that
+	// JetStream answers (which subjects the relay will publish to depends
+	// on the events' Topics), and a missing stream shows at the first
+	// publish (relay.ErrUnavailable, naming the subject and the command;
+	// the relay is unready from then on).
+	Stream string
 }
 
 // Publisher is a relay.Publisher and relay.HealthChecker for NATS
@@ -314,17 +342,35 @@ func (p *Publisher) MaxRecordBytes() int {
 	return n
 }
 
-// Healthy reports whether the connection is up and JetStream answers (an
-// account info round trip). It implements relay.HealthChecker.
+// Healthy reports whether the connection is up and the stream the
+// messages go to exists (Config.Stream: its info; without it, JetStream's
+// account info: one round trip either way). It implements relay.HealthChecker. A missing stream gives an
+// error wrapping relay.ErrUnavailable and ErrStreamMissing that names the
+// command creating it, so the relay is unready at once.
 func (p *Publisher) Healthy(ctx context.Context) error {
 	if s := p.cfg.Conn.Status(); s != nats.CONNECTED {
-		return fmt.Errorf("outbox/nats: connection %s", s)
+		return fmt.Errorf("outbox/nats: the connection to the NATS server is %s", s)
 	}
 	// A denied request gets no answer but a permissions violation: end
 	// the wait for the answer when it comes.
+	what, subject, call := "JetStream account info", accountInfoSubject, func(ctx context.Context) error {
+		_, err := p.js.AccountInfo(ctx)
+		return err
+	}
+	missing := ""
+	switch {
+	case p.cfg.Stream != "":
+		sc := StreamConfig{Name: p.cfg.Stream}
+		what, subject = "stream "+p.cfg.Stream, streamInfoSubject+p.cfg.Stream
+		missing = fmt.Sprintf("no stream %s: create it with `%s` (or natspub.CreateStream)", p.cfg.Stream, sc.CreateCommand())
+		call = func(ctx context.Context) error {
+			_, err := p.js.Stream(ctx, p.cfg.Stream)
+			return err
+		}
+	}
 	ictx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	denied, stop := p.denials.watch(accountInfoSubject)
+	denied, stop := p.denials.watch(subject)
 	defer stop()
 	go func() {
 		select {
@@ -333,18 +379,24 @@ func (p *Publisher) Healthy(ctx context.Context) error {
 		case <-ictx.Done():
 		}
 	}()
-	if _, err := p.js.AccountInfo(ictx); err != nil {
+	if err := call(ictx); err != nil {
 		if cause := context.Cause(ictx); errors.Is(cause, relay.ErrUnavailable) {
 			err = cause
 		}
-		return fmt.Errorf("outbox/nats: JetStream account info: %w", classify(err))
+		if errors.Is(err, jetstream.ErrStreamNotFound) && missing != "" {
+			return fmt.Errorf("outbox/nats: %w: %w: %s", relay.ErrUnavailable, ErrStreamMissing, missing)
+		}
+		return fmt.Errorf("outbox/nats: %s: %w", what, classify(err))
 	}
 	return nil
 }
 
-// accountInfoSubject is the JetStream API subject of an account info
-// request (jetstream.New's default API prefix).
-const accountInfoSubject = "$JS.API.INFO"
+// JetStream API subjects Healthy requests (jetstream.New's default API
+// prefix).
+const (
+	accountInfoSubject = "$JS.API.INFO"
+	streamInfoSubject  = "$JS.API.STREAM.INFO."
+)
 
 // denials matches the server's permissions violations for publishes,
 // which arrive through the connection's error handler, to the publishes
@@ -453,6 +505,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) error {
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	// While nats.go reconnects, a publish would wait out AckTimeout
+	// (buffered for the reconnect): fail the batch at once instead.
+	if s := p.cfg.Conn.Status(); s != nats.CONNECTED {
+		return fmt.Errorf("outbox/nats: %w", &relay.BatchError{Err: fmt.Errorf("the connection to the NATS server is %s; nothing sent, the relay retries after its backoff: %w", s, ErrNotConnected)})
 	}
 	// One aggregate at a time, in batch order, each message after the
 	// previous one's PubAck; aggregates concurrently.
@@ -604,7 +661,7 @@ func classify(err error) error {
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
 		return fmt.Errorf("%w: %w", relay.ErrPermanent, err)
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
-		return fmt.Errorf("%w: no JetStream stream answers for the subject: %w", relay.ErrUnavailable, err)
+		return fmt.Errorf("%w: no JetStream stream stores the subject (create one binding it: `outbox nats stream create`, natspub.CreateStream): %w", relay.ErrUnavailable, err)
 	case errors.As(err, &apiErr) && (apiErr.Code == http.StatusForbidden || apiErr.Code == http.StatusNotFound):
 		return fmt.Errorf("%w: %w", relay.ErrUnavailable, err)
 	case errors.As(err, &apiErr) && apiErr.Code == http.StatusServiceUnavailable:
@@ -615,7 +672,7 @@ func classify(err error) error {
 	case errors.As(err, &apiErr):
 		return err // this message fails; the relay retries it
 	}
-	// The connection (closed, reconnecting with a full buffer, a timeout,
+	// The connection (closed, reconnecting, a timeout,
 	// a stalled async publisher): the batch as a whole.
 	return &relay.BatchError{Err: err}
 }

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/sqloutbox/outbox/relay/kafka"
+	natspub "github.com/sqloutbox/outbox/relay/nats"
+)
+
+// natsStreamFlags are the flags of `outbox nats stream create|check`.
+type natsStreamFlags struct {
+	conn       relayFlags // --broker, its credentials and TLS
+	name       string
+	prefix     string
+	storage    string
+	replicas   int
+	duplicates time.Duration
+}
+
+func (a *app) natsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:                   "nats",
+		Short:                 "Provision NATS JetStream for the relay",
+		Args:                  cobra.NoArgs,
+		RunE:                  groupRunE,
+		DisableFlagsInUseLine: true,
+	}
+	var f natsStreamFlags
+	stream := &cobra.Command{
+		Use:   "stream",
+		Short: "Create or check the JetStream stream the relay publishes into",
+		Long: `Create or check the JetStream stream that stores the relay's messages:
+subjects <--subject-prefix>> (the relay publishes to
+<prefix><aggregate type>.<aggregate id token>), --storage, --replicas and
+--duplicate-window.
+
+The duplicate window is what the relay's "no message stored twice" rests
+on: JetStream drops a message whose Nats-Msg-Id (the outbox message ID) it
+stored within the window. Size it to cover the longest time between a
+publish and its re-send: the relay's backoff (up to 30 s) plus its publish
+timeout (10 s), or, after a crash, --lease-ttl (10 s) plus the next
+owner's claim. The default, JetStream's 2 minutes, covers the relay's
+defaults with room; add your --lease-ttl if you raised it. Re-sends after a
+longer outage are stored again, and consumers deduping by the
+outbox-message-id header (the inbox) still apply them once.
+
+Both subcommands are idempotent and never change an existing stream: one
+whose settings differ is reported, setting by setting, and the command
+exits 1.`,
+		Args:                  cobra.NoArgs,
+		RunE:                  groupRunE,
+		DisableFlagsInUseLine: true,
+	}
+	pf := stream.PersistentFlags()
+	f.conn.broker.register(pf)
+	f.conn.tls.register(pf)
+	pf.StringVar(&f.name, "stream", natspub.DefaultStreamName, "stream name")
+	pf.StringVar(&f.prefix, "subject-prefix", kafka.DefaultTopicPrefix, "the relay's --topic-prefix: the stream binds this prefix followed by >")
+	pf.StringVar(&f.storage, "storage", "file", "file (survives a server restart) or memory")
+	pf.IntVar(&f.replicas, "replicas", 1, "servers storing each message (1-5; a PubAck waits for a quorum)")
+	pf.DurationVar(&f.duplicates, "duplicate-window", natspub.DefaultDuplicateWindow, "JetStream's duplicate window (see above for sizing it)")
+	stream.AddCommand(&cobra.Command{
+		Use:   "create",
+		Short: "Create the stream, or find it there with the same settings",
+		Example: `  outbox nats stream create --broker nats://127.0.0.1:4222
+  outbox nats stream create --broker nats://nats:4222 --nats-creds-file relay.creds --replicas 3 --duplicate-window 5m`,
+		Args: cobra.NoArgs,
+		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error { return a.natsStream(cmd, &f, true) }),
+	})
+	stream.AddCommand(&cobra.Command{
+		Use:     "check",
+		Short:   "Check that the stream exists with these settings (exit 1 if not, saying why)",
+		Example: `  outbox nats stream check --broker nats://127.0.0.1:4222`,
+		Args:    cobra.NoArgs,
+		RunE:    a.wrap(func(cmd *cobra.Command, _ []string) error { return a.natsStream(cmd, &f, false) }),
+	})
+	cmd.AddCommand(stream)
+	return cmd
+}
+
+func (a *app) natsStream(cmd *cobra.Command, f *natsStreamFlags, create bool) error {
+	changed := cmd.Flags().Changed
+	for _, n := range []string{"exchange"} {
+		if changed(n) {
+			return usageErrorf("--%s does not apply to `outbox nats`", n)
+		}
+	}
+	f.conn.topicPrefix = f.prefix
+	plan, err := a.brokerPlan(&f.conn, changed)
+	if err != nil {
+		return err
+	}
+	if plan.kind != brokerNATS {
+		return usageErrorf("`outbox nats` needs a NATS --broker (nats://host:4222 or tls://...), not %s", plan.shown)
+	}
+	sc := natspub.StreamConfig{Name: f.name, SubjectPrefix: f.prefix, Replicas: f.replicas, Duplicates: f.duplicates}
+	switch strings.ToLower(f.storage) {
+	case "file":
+		sc.Storage = jetstream.FileStorage
+	case "memory":
+		sc.Storage = jetstream.MemoryStorage
+	default:
+		return usageErrorf("--storage %q: want file or memory", f.storage)
+	}
+	if f.duplicates <= 0 {
+		return usageErrorf("--duplicate-window %s: want a positive duration", f.duplicates)
+	}
+	ctx, cancel := a.commandContext(cmd)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	nc, _, err := a.dialNATS(plan, a.timeout, log, nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	state := "ok"
+	if create {
+		created, err := natspub.CreateStream(ctx, nc, sc)
+		if err != nil {
+			return natsStreamError(err)
+		}
+		state = "exists"
+		if created {
+			state = "created"
+		}
+	} else if err := natspub.CheckStream(ctx, nc, sc); err != nil {
+		return natsStreamError(err)
+	}
+	subjects := sc.Subjects()[0]
+	if a.json {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetEscapeHTML(false)
+		return enc.Encode(map[string]any{
+			"stream": f.name, "state": state, "subjects": []string{subjects}, "storage": strings.ToLower(f.storage),
+			"replicas": f.replicas, "duplicate_window": f.duplicates.String()})
+	}
+	what := map[string]string{"created": "created", "exists": "already exists with these settings; nothing changed", "ok": "exists with these settings"}[state]
+	_, err = fmt.Fprintf(a.stdout, "stream %s %s: subjects %s, %s storage, %d replica(s), duplicate window %s\n",
+		f.name, what, subjects, strings.ToLower(f.storage), f.replicas, f.duplicates)
+	return err
+}
+
+// natsStreamError turns a provisioning error into the command's: an
+// invalid setting is a usage error, the rest runtime errors (exit 1).
+func natsStreamError(err error) error {
+	if errors.Is(err, natspub.ErrConfig) {
+		return &exitError{code: exitUsage, msg: err.Error()}
+	}
+	return err
+}

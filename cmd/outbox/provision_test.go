@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestNATSStreamCommands: `outbox nats stream check` names the missing
+// stream and the command that creates it (exit 1); `create` creates it,
+// then finds it unchanged; `check` passes, and fails naming each setting
+// that differs, leaving the stream as it was.
+func TestNATSStreamCommands(t *testing.T) {
+	t.Parallel()
+	nc, err := nats.Connect(natsURL(), nats.Timeout(5*time.Second))
+	if err != nil {
+		unavailable(t, "NATS at "+natsURL(), err)
+	}
+	defer nc.Close()
+	id := uniqueID()
+	stream, prefix := "OUTBOXPROV_"+id, "outboxprov-"+id+"."
+	t.Cleanup(func() {
+		js, err := jetstream.New(nc)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = js.DeleteStream(ctx, stream)
+		}
+	})
+	base := []string{"nats", "stream", "--broker", natsURL(), "--stream", stream, "--subject-prefix", prefix, "--storage", "memory"}
+	sub := func(name string, extra ...string) []string {
+		return append(append([]string{base[0], base[1], name}, base[2:]...), extra...)
+	}
+	r := expect(t, cli(t, sub("check")...), exitRuntime)
+	if !strings.Contains(r.stderr, "no stream "+stream) || !strings.Contains(r.stderr, "outbox nats stream create --broker nats://<host>:4222 --stream "+stream+" --subject-prefix "+prefix) {
+		t.Errorf("check before create: %v", r)
+	}
+	r = expect(t, cli(t, sub("create")...), exitOK)
+	if !strings.Contains(r.stdout, "stream "+stream+" created: subjects "+prefix+">, memory storage, 1 replica(s), duplicate window 2m0s") {
+		t.Errorf("create: %v", r)
+	}
+	r = expect(t, cli(t, append([]string{"--json"}, sub("create")...)...), exitOK)
+	var out struct{ State, Stream string }
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.State != "exists" || out.Stream != stream {
+		t.Errorf("create again --json: %+v, %v; %v", out, err, r)
+	}
+	expect(t, cli(t, sub("check")...), exitOK)
+	r = expect(t, cli(t, sub("check", "--duplicate-window", "5m", "--replicas", "1")...), exitRuntime)
+	if !strings.Contains(r.stderr, "stream settings differ") || !strings.Contains(r.stderr, "duplicate window 2m0s, want 5m0s") || strings.Contains(r.stderr, "replicas") {
+		t.Errorf("check with another window: %v", r)
+	}
+	r = expect(t, cli(t, sub("create", "--storage", "file")...), exitRuntime)
+	if !strings.Contains(r.stderr, "storage Memory, want File") {
+		t.Errorf("create with another storage: %v", r)
+	}
+	expect(t, cli(t, sub("check")...), exitOK) // unchanged
+}
+
+func TestNATSStreamUsageAndConnectionErrors(t *testing.T) {
+	t.Parallel()
+	free := freeAddr(t)
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"storage", []string{"nats", "stream", "create", "--broker", natsURL(), "--storage", "disk"}, exitUsage, `--storage "disk": want file or memory`},
+		{"not NATS", []string{"nats", "stream", "create", "--broker", "redis://127.0.0.1:6379/0"}, exitUsage, "needs a NATS --broker"},
+		{"no broker", []string{"nats", "stream", "check"}, exitUsage, "no broker given"},
+		{"wildcard prefix", []string{"nats", "stream", "create", "--broker", natsURL(), "--subject-prefix", "a.*."}, exitUsage, "invalid --topic-prefix"},
+		{"replicas", []string{"nats", "stream", "create", "--broker", natsURL(), "--replicas", "9"}, exitUsage, "replicas 9 outside 1..5"},
+		{"wrong port", []string{"nats", "stream", "check", "--broker", "nats://" + free}, exitRuntime, "connection refused: is the server running, and is that its client port (default 4222)?"},
+		{"group alone", []string{"nats", "stream"}, exitUsage, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			r := expect(t, cli(t, c.args...), c.code)
+			if !strings.Contains(r.stderr, c.want) {
+				t.Errorf("stderr lacks %q: %v", c.want, r)
+			}
+		})
+	}
+}
+
+// TestRelayNATSStreamMissing: `outbox relay --nats-stream` refuses to
+// start when the stream does not exist, naming the command that creates
+// it.
+func TestRelayNATSStreamMissing(t *testing.T) {
+	t.Parallel()
+	tg := sqliteTarget(t)
+	table := randomTable()
+	tg.migrate(t, table)
+	r := expect(t, cli(t, "--dsn", tg.dsn, "--table", table, "relay", "--broker", natsURL(), "--http", "", "--nats-stream", "NOSUCH_"+uniqueID()), exitRuntime)
+	if !strings.Contains(r.stderr, "stream missing") || !strings.Contains(r.stderr, "outbox nats stream create --broker nats://<host>:4222 --stream NOSUCH_") {
+		t.Errorf("relay without its stream: %v", r)
+	}
+}
