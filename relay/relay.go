@@ -288,13 +288,13 @@ type Relay struct {
 	// rec is cfg.Publisher if it is a Reconciler (reconcile.go), and
 	// recon which partitions it reconciled; recon is owned by the Run
 	// goroutine.
-	rec Reconciler
+	rec    Reconciler
+	recon  reconcileState
+	floor  claimFloor // owned by the Run goroutine (PostgreSQL)
+	batch  int        // the next claim's size; owned by the Run goroutine
+	leases *leases    // set by Run
 
 	cycleLog, unavailLog *repeatLog // the loop's failure lines, one per distinct cause
-	recon                reconcileState
-	floor                claimFloor // owned by the Run goroutine (PostgreSQL)
-	batch                int        // the next claim's size; owned by the Run goroutine
-	leases               *leases    // set by Run
 
 	running atomic.Bool // between start-up and the end of Run
 	watch   partitionWatch
