@@ -387,15 +387,23 @@ func urlErrorCause(err error) error {
 // would mangle ordinary text) by xxxxx: everywhere if it has 8 bytes or
 // more; a shorter one only where it is not part of a longer word (a
 // letter or digit on an edge where the secret has one), so that a token
-// "tok" blanks "nats://tok@host" but not the word "token".
+// "tok" blanks "nats://tok@host" but not the word "token". A URL's user
+// name followed by its redacted password ("amqp://guest:xxxxx@") is kept
+// even when the password is the same word (RabbitMQ's guest/guest): the
+// user name is not the secret there.
 func scrub(msg string, secrets []string) string {
 	for _, s := range secrets {
-		switch {
-		case len(s) >= 8:
+		if len(s) < 3 {
+			continue
+		}
+		user, mark := "://"+s+":"+redacted+"@", "://\x00user\x00:"+redacted+"@"
+		msg = strings.ReplaceAll(msg, user, mark)
+		if len(s) >= 8 {
 			msg = strings.ReplaceAll(msg, s, redacted)
-		case len(s) >= 3:
+		} else {
 			msg = replaceWord(msg, s)
 		}
+		msg = strings.ReplaceAll(msg, mark, user)
 	}
 	return msg
 }

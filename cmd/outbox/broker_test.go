@@ -959,6 +959,10 @@ func TestScrub(t *testing.T) {
 		{"tok", []string{"tok"}, "xxxxx"},
 		{"tokentok tok", []string{"tok"}, "tokentok xxxxx"},
 		{"user guest:guest@rabbit", []string{"guest"}, "user xxxxx:xxxxx@rabbit"},
+		// A redacted URL keeps its user name even if the password is the
+		// same word (guest/guest); the word elsewhere is blanked.
+		{"cannot connect to RabbitMQ at amqp://guest:xxxxx@h:5672/: guest refused", []string{"guest"}, "cannot connect to RabbitMQ at amqp://guest:xxxxx@h:5672/: xxxxx refused"},
+		{"at amqp://longpassword:xxxxx@h/ longpassword", []string{"longpassword"}, "at amqp://longpassword:xxxxx@h/ xxxxx"},
 		{"a p@ss! b", []string{"p@ss!"}, "a xxxxx b"},                           // edges that are not letters need no boundary
 		{"x@ss!x", []string{"@ss!"}, "xxxxxxx"},                                 // ... so it is blanked even glued
 		{"embeddedS3cr3tPassword", []string{"S3cr3tPassword"}, "embeddedxxxxx"}, // 8 bytes or more: everywhere

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sqloutbox/outbox/relay/kafka"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
+	"github.com/sqloutbox/outbox/relay/rabbitmq"
 )
 
 // natsStreamFlags are the flags of `outbox nats stream create|check`.
@@ -153,6 +154,110 @@ func (a *app) natsStream(cmd *cobra.Command, f *natsStreamFlags, create bool) er
 func natsStreamError(err error) error {
 	if errors.Is(err, natspub.ErrConfig) {
 		return &exitError{code: exitUsage, msg: err.Error()}
+	}
+	return err
+}
+
+// rabbitFlags are the flags of `outbox rabbitmq declare|check`.
+type rabbitFlags struct {
+	conn       relayFlags // --broker, --exchange, the password and TLS
+	queue      string
+	queueType  string
+	bindingKey string
+}
+
+func (a *app) rabbitmqCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:                   "rabbitmq",
+		Short:                 "Provision RabbitMQ for the relay",
+		Args:                  cobra.NoArgs,
+		RunE:                  groupRunE,
+		DisableFlagsInUseLine: true,
+	}
+	var f rabbitFlags
+	pf := cmd.PersistentFlags()
+	f.conn.broker.register(pf)
+	f.conn.tls.register(pf)
+	pf.StringVar(&f.queue, "queue", "", "also a durable queue bound to the exchange, so that messages are not returned as unroutable before a consumer binds its own")
+	pf.StringVar(&f.queueType, "queue-type", rabbitmq.QueueClassic, "the queue's type: classic or quorum")
+	pf.StringVar(&f.bindingKey, "binding-key", "#", "the queue's binding key (routing keys are <aggregate type>.<aggregate id word>: order.# takes the order events)")
+	cmd.AddCommand(&cobra.Command{
+		Use:   "declare",
+		Short: "Declare the durable topic exchange (and --queue), or find them there with the same settings",
+		Long: `Declare the durable topic exchange the relay publishes to (--exchange,
+default outbox.event) and, with --queue, a durable queue bound to it. The
+relay itself declares nothing. Idempotent: what exists with the same
+settings is left alone; an exchange or queue with other settings is left
+unchanged and reported with the broker's reason, which names the setting
+(exit 1).`,
+		Example: `  outbox rabbitmq declare --broker amqp://guest@127.0.0.1:5672/   # password: OUTBOX_BROKER_PASSWORD or --broker-password-file
+  outbox rabbitmq declare --broker amqp://relay@rabbit:5672/prod --exchange orders --queue billing --queue-type quorum --binding-key 'order.#'`,
+		Args: cobra.NoArgs,
+		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error { return a.rabbitTopology(cmd, &f, true) }),
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "check",
+		Short: "Check that the exchange (and --queue) exist with these settings (exit 1 if not, saying why)",
+		Long: `Check that the exchange (and --queue) exist with the settings declare
+makes. AMQP 0-9-1 cannot list bindings: the binding is not checked.`,
+		Args: cobra.NoArgs,
+		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error { return a.rabbitTopology(cmd, &f, false) }),
+	})
+	return cmd
+}
+
+func (a *app) rabbitTopology(cmd *cobra.Command, f *rabbitFlags, declare bool) error {
+	changed := cmd.Flags().Changed
+	plan, err := a.brokerPlan(&f.conn, changed)
+	if err != nil {
+		return err
+	}
+	if plan.kind != brokerRabbitMQ {
+		return usageErrorf("`outbox rabbitmq` needs a RabbitMQ --broker (amqp://user@host:5672/vhost or amqps://...), not %s", plan.shown)
+	}
+	top := rabbitmq.Topology{Exchange: plan.exchange, Queue: f.queue, QueueType: f.queueType, BindingKey: f.bindingKey}
+	if top.Exchange == "" {
+		top.Exchange = rabbitmq.DefaultExchange
+	}
+	ctx, cancel := a.commandContext(cmd)
+	defer cancel()
+	conn, err := dialRabbitMQ(plan, a.timeout)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var created []string
+	if declare {
+		created, err = rabbitmq.Declare(ctx, conn, top)
+	} else {
+		err = rabbitmq.CheckTopology(ctx, conn, top)
+	}
+	if errors.Is(err, rabbitmq.ErrConfig) {
+		return &exitError{code: exitUsage, msg: err.Error()}
+	}
+	if err != nil {
+		return err
+	}
+	if a.json {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetEscapeHTML(false)
+		out := map[string]any{"exchange": top.Exchange, "created": append([]string{}, created...)}
+		if top.Queue != "" {
+			out["queue"], out["queue_type"], out["binding_key"] = top.Queue, top.QueueType, top.BindingKey
+		}
+		return enc.Encode(out)
+	}
+	what := "exchange " + top.Exchange + " (durable, topic)"
+	if top.Queue != "" {
+		what += fmt.Sprintf(", queue %s (durable, %s) bound with %q", top.Queue, top.QueueType, top.BindingKey)
+	}
+	switch {
+	case !declare:
+		_, err = fmt.Fprintf(a.stdout, "%s: present with these settings\n", what)
+	case len(created) == 0:
+		_, err = fmt.Fprintf(a.stdout, "%s: already present with these settings; nothing changed\n", what)
+	default:
+		_, err = fmt.Fprintf(a.stdout, "%s: created %s\n", what, strings.Join(created, " and "))
 	}
 	return err
 }

@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sqloutbox/outbox/internal/testdb"
 )
 
 // TestNATSStreamCommands: `outbox nats stream check` names the missing
@@ -75,7 +79,7 @@ func TestNATSStreamUsageAndConnectionErrors(t *testing.T) {
 		{"no broker", []string{"nats", "stream", "check"}, exitUsage, "no broker given"},
 		{"wildcard prefix", []string{"nats", "stream", "create", "--broker", natsURL(), "--subject-prefix", "a.*."}, exitUsage, "invalid --topic-prefix"},
 		{"replicas", []string{"nats", "stream", "create", "--broker", natsURL(), "--replicas", "9"}, exitUsage, "replicas 9 outside 1..5"},
-		{"wrong port", []string{"nats", "stream", "check", "--broker", "nats://" + free}, exitRuntime, "connection refused: is the server running, and is that its client port (default 4222)?"},
+		{"wrong port", []string{"nats", "stream", "check", "--broker", "nats://" + free}, exitRuntime, "connection refused: is NATS running, and is that its port (default 4222)?"},
 		{"group alone", []string{"nats", "stream"}, exitUsage, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -100,4 +104,74 @@ func TestRelayNATSStreamMissing(t *testing.T) {
 	if !strings.Contains(r.stderr, "stream missing") || !strings.Contains(r.stderr, "outbox nats stream create --broker nats://<host>:4222 --stream NOSUCH_") {
 		t.Errorf("relay without its stream: %v", r)
 	}
+}
+
+// TestRabbitMQDeclareCommands: `outbox rabbitmq check` names the missing
+// exchange and the command; `declare` creates the exchange and the queue,
+// then nothing; `check` passes, and fails with the broker's reason for a
+// queue of another type. Refused credentials and a wrong port say what to
+// check.
+func TestRabbitMQDeclareCommands(t *testing.T) {
+	t.Parallel()
+	conn, err := amqp.Dial(rabbitURL())
+	if err != nil {
+		unavailable(t, "RabbitMQ at "+rabbitURL(), err)
+	}
+	defer conn.Close()
+	id := uniqueID()
+	exchange, queue := "outboxprov.x."+id, "outboxprov.q."+id
+	t.Cleanup(func() {
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(queue, false, false, false)
+			_ = ch.ExchangeDelete(exchange, false, false)
+			_ = ch.Close()
+		}
+	})
+	u, err := amqp.ParseURI(rabbitURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	password := u.Password
+	broker := fmt.Sprintf("amqp://%s@%s:%d/", u.Username, u.Host, u.Port) // the default vhost; the password through the environment
+	run := func(pw string, args ...string) result {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var out, errb testdb.SyncBuffer
+		code := runEnv(ctx, append([]string{"rabbitmq"}, args...), &out, &errb, func(k string) string {
+			if k == envBrokerPassword {
+				return pw
+			}
+			return ""
+		})
+		return result{code: code, stdout: out.String(), stderr: errb.String()}
+	}
+	base := []string{"--broker", broker, "--exchange", exchange, "--queue", queue}
+	r := expect(t, run(password, append([]string{"check"}, base...)...), exitRuntime)
+	if !strings.Contains(r.stderr, `no exchange "`+exchange+`": declare it with `+"`outbox rabbitmq declare --broker amqp://<user>@<host>:5672/<vhost> --exchange "+exchange+" --queue "+queue+"`") {
+		t.Errorf("check before declare: %v", r)
+	}
+	r = expect(t, run(password, append([]string{"declare"}, base...)...), exitOK)
+	if !strings.Contains(r.stdout, "created exchange "+exchange+" and queue "+queue) {
+		t.Errorf("declare: %v", r)
+	}
+	r = expect(t, run(password, append([]string{"declare"}, base...)...), exitOK)
+	if !strings.Contains(r.stdout, "already present with these settings; nothing changed") {
+		t.Errorf("declare again: %v", r)
+	}
+	expect(t, run(password, append([]string{"check"}, base...)...), exitOK)
+	r = expect(t, run(password, append([]string{"check", "--queue-type", "quorum"}, base...)...), exitRuntime)
+	if !strings.Contains(r.stderr, "settings differ") || !strings.Contains(r.stderr, "inequivalent arg 'x-queue-type'") {
+		t.Errorf("check of a quorum queue over a classic one: %v", r)
+	}
+	r = expect(t, run("not-the-password", append([]string{"check"}, base...)...), exitRuntime)
+	if !strings.Contains(r.stderr, "check the user in --broker and the password in OUTBOX_BROKER_PASSWORD or --broker-password-file") ||
+		strings.Contains(r.stderr, "not-the-password") {
+		t.Errorf("refused credentials: %v", r)
+	}
+	r = expect(t, run(password, "check", "--broker", "amqp://"+u.Username+"@"+freeAddr(t)+"/"), exitRuntime)
+	if !strings.Contains(r.stderr, "connection refused (is RabbitMQ running, and is that its port (default 5672)?)") {
+		t.Errorf("wrong port: %v", r)
+	}
+	expect(t, run(password, "declare", "--broker", "nats://127.0.0.1:4222"), exitUsage)
 }

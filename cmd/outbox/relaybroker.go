@@ -341,13 +341,16 @@ func (a *app) dialNATS(p *brokerPlan, timeout time.Duration, log *slog.Logger, a
 	}
 	nc, err := nats.Connect(strings.Join(urls, ","), opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("cannot connect to NATS at %s: %w%s", p.shown, err, dialHint(err, nats.ErrNoServers, p.hosts, "4222"))
+		return nil, nil, fmt.Errorf("cannot connect to NATS at %s: %w%s", p.shown, err, connectHint(brokerNATS, err, p.hosts))
 	}
 	return nc, attrs, nil
 }
 
 // connectRabbitMQ dials the broker and checks the exchange.
-func connectRabbitMQ(ctx context.Context, p *brokerPlan, timeout time.Duration, attrs []any) (*brokerConn, error) {
+// rabbitConfig is the AMQP configuration of p: the dial bounded by the
+// URL's connection_timeout, else timeout (at most 30 s); TLS; the password
+// from its file or variable.
+func rabbitConfig(p *brokerPlan, timeout time.Duration) amqp.Config {
 	dial := min(timeout, 30*time.Second)
 	if p.url.dialTimeout > 0 { // the URL's connection_timeout
 		dial = p.url.dialTimeout
@@ -356,9 +359,22 @@ func connectRabbitMQ(ctx context.Context, p *brokerPlan, timeout time.Duration, 
 	if p.password != "" {
 		cfg.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: p.url.user, Password: p.password}}
 	}
-	pub, err := rabbitmq.NewPublisher(rabbitmq.Config{URL: p.url.raw, AMQP: cfg, Exchange: p.exchange})
+	return cfg
+}
+
+// dialRabbitMQ opens a connection of its own (provisioning commands).
+func dialRabbitMQ(p *brokerPlan, timeout time.Duration) (*amqp.Connection, error) {
+	conn, err := amqp.DialConfig(p.url.raw, rabbitConfig(p, timeout))
 	if err != nil {
-		return nil, fmt.Errorf("cannot connect to RabbitMQ at %s: %w", p.shown, err)
+		return nil, fmt.Errorf("cannot connect to RabbitMQ at %s: %w%s", p.shown, err, connectHint(brokerRabbitMQ, err, p.hosts))
+	}
+	return conn, nil
+}
+
+func connectRabbitMQ(ctx context.Context, p *brokerPlan, timeout time.Duration, attrs []any) (*brokerConn, error) {
+	pub, err := rabbitmq.NewPublisher(rabbitmq.Config{URL: p.url.raw, AMQP: rabbitConfig(p, timeout), Exchange: p.exchange})
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to RabbitMQ at %s: %w%s", p.shown, err, connectHint(brokerRabbitMQ, err, p.hosts))
 	}
 	if err := pub.Healthy(ctx); err != nil {
 		_ = pub.Close()
@@ -405,7 +421,11 @@ func connectRedis(ctx context.Context, p *brokerPlan, timeout time.Duration, log
 	}
 	if err != nil {
 		_ = client.Close()
-		return nil, fmt.Errorf("cannot connect to Redis at %s: %w", p.shown, err)
+		hint := connectHint(brokerRedis, err, p.hosts)
+		if hint == "" && (strings.Contains(err.Error(), "WRONGPASS") || strings.Contains(err.Error(), "NOAUTH")) {
+			hint = connectHint(brokerRedis, amqp.ErrCredentials, nil) // the same advice
+		}
+		return nil, fmt.Errorf("cannot connect to Redis at %s: %w%s", p.shown, err, hint)
 	}
 	redisLog.Store(log) // from now on: go-redis's lines are this relay's
 	closeAll := func() error {
@@ -462,22 +482,31 @@ func validSubjectPrefix(prefix string) bool {
 	return true
 }
 
-// dialHint explains a client's "no servers" error (nats.go hides why): it
-// dials the first host once and returns " (dial HOST: connection refused:
-// is the server running, and is PORT its client port?)", or "" if err is
-// not noServers or the dial succeeds.
-func dialHint(err, noServers error, hosts []string, port string) string {
-	if !errors.Is(err, noServers) || len(hosts) == 0 {
-		return ""
+// connectHint says what to do about a failed connection to a broker of
+// kind at hosts: for a refused TCP connection (nats.go hides it behind
+// "no servers available": then it dials the first host once to learn why)
+// whether the server runs on that port; for refused credentials where the
+// user and password come from. "" if it has nothing to add.
+func connectHint(kind brokerKind, err error, hosts []string) string {
+	port := map[brokerKind]string{brokerNATS: "4222", brokerRabbitMQ: "5672", brokerRedis: "6379", brokerKafka: "9092"}[kind]
+	credentials := fmt.Sprintf(" (check the user in --broker and the password in %s or --broker-password-file)", envBrokerPassword)
+	var ae *amqp.Error
+	switch {
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, amqp.ErrCredentials), errors.Is(err, amqp.ErrSASL),
+		errors.As(err, &ae) && ae.Code == amqp.AccessRefused:
+		return credentials
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Sprintf(" (is %s running, and is that its port (default %s)?)", kind.title(), port)
+	case errors.Is(err, nats.ErrNoServers) && len(hosts) > 0:
+		c, derr := net.DialTimeout("tcp", hosts[0], 2*time.Second)
+		if derr == nil {
+			c.Close()
+			return ""
+		}
+		if errors.Is(derr, syscall.ECONNREFUSED) {
+			return fmt.Sprintf(" (%v: is %s running, and is that its port (default %s)?)", derr, kind.title(), port)
+		}
+		return fmt.Sprintf(" (%v)", derr)
 	}
-	c, derr := net.DialTimeout("tcp", hosts[0], 2*time.Second)
-	if derr == nil {
-		c.Close()
-		return ""
-	}
-	hint := ""
-	if errors.Is(derr, syscall.ECONNREFUSED) {
-		hint = fmt.Sprintf(": is the server running, and is that its client port (default %s)?", port)
-	}
-	return fmt.Sprintf(" (%v%s)", derr, hint)
+	return ""
 }

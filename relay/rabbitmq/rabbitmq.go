@@ -546,7 +546,10 @@ func (p *Publisher) exchangeOK(ctx context.Context, s *session, exchange string)
 		return nil
 	}
 	var ae *amqp.Error
-	if errors.As(err, &ae) && (ae.Code == amqp.NotFound || ae.Code == amqp.AccessRefused) {
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		return fmt.Errorf("%w: exchange %q does not exist: declare it with `%s` (or rabbitmq.Declare): %w", relay.ErrUnavailable, exchange, Topology{Exchange: exchange}.declareCommand(), err)
+	}
+	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
 		return fmt.Errorf("%w: exchange %q: %w", relay.ErrUnavailable, exchange, err)
 	}
 	return &relay.BatchError{Err: fmt.Errorf("outbox/rabbitmq: checking exchange %q: %w", exchange, err)}
@@ -701,7 +704,7 @@ func (p *Publisher) publishOne(ctx context.Context, s *session, m *relay.Message
 			relay.ErrUnavailable, ErrNacked, m.MessageID, p.exchangeOf(m), key)
 	}
 	if r, ok := s.wasReturned(m.MessageID); ok {
-		return fmt.Errorf("%w: %w: message %s to exchange %q with routing key %q: %d %s",
+		return fmt.Errorf("%w: %w: message %s to exchange %q with routing key %q: %d %s (no queue is bound for this key: bind your consumers' queues, or declare one with `outbox rabbitmq declare --queue NAME`)",
 			relay.ErrUnavailable, ErrReturned, m.MessageID, p.exchangeOf(m), key, r.ReplyCode, r.ReplyText)
 	}
 	return nil

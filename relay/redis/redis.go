@@ -117,8 +117,12 @@ const (
 	// DefaultMaxInFlight is how many aggregates may have an XADD awaiting
 	// its reply at once.
 	DefaultMaxInFlight = 256
-	// DefaultMaxMessageBytes is the default Config.MaxMessageBytes: 1 MiB.
-	DefaultMaxMessageBytes = 1 << 20
+	// DefaultMaxMessageBytes is the default Config.MaxMessageBytes:
+	// emit.DefaultMaxRecordBytes (1,048,588 bytes, Kafka's
+	// message.max.bytes), the limit Emit applies by default, as
+	// relay/rabbitmq's; far below the server's proto-max-bulk-len (512
+	// MB by default).
+	DefaultMaxMessageBytes = emit.DefaultMaxRecordBytes
 )
 
 var (
