@@ -14,7 +14,7 @@
 //
 // Setup lives in the sub-packages: driver (wrap and register the database
 // driver, migrate the table), relay (the loop that publishes) and
-// relay/kafka (the Kafka publisher). See the README for the guarantees.
+// relay/kafka (the Kafka publisher). See docs/guarantees.md for the guarantees.
 package outbox
 
 import (

@@ -283,13 +283,51 @@ func (o *Outbox) notify() {
 // table's schema must already exist. Besides the database error it
 // returns ErrSchemaTooNew or, when Config.Partitions is set and the table
 // already stores another count, ErrPartitionMismatch (wrapped; the schema
-// is migrated all the same).
+// is migrated all the same). When it created or upgraded the schema it
+// logs so at INFO on Config.Logger, naming the database, the table and the
+// versions.
 func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
+	before, verr := o.dialect.Version(ctx, db)
 	if err := o.dialect.Migrate(ctx, db); err != nil {
 		return err
 	}
-	_, err := o.PartitionCount(ctx, db)
-	return err
+	if _, err := o.PartitionCount(ctx, db); err != nil {
+		return err
+	}
+	after, aerr := o.dialect.Version(ctx, db)
+	if verr == nil && aerr == nil && after != before {
+		// Say where: a DSN without a database name writes into the
+		// driver's default one, and nothing else would tell.
+		what := "outbox schema upgraded"
+		if before == 0 {
+			what = "outbox schema created"
+		}
+		log := o.cfg.Logger
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Info(what, "database", o.databaseName(ctx, db), "table", o.cfg.Table, "dialect", string(o.cfg.Dialect), "from_version", before, "to_version", after)
+	}
+	return nil
+}
+
+// databaseName names the database db is connected to, for Migrate's log
+// line: PostgreSQL's current_database(), MySQL's DATABASE(), SQLite's main
+// file ("" in memory); "(unknown)" if the query fails.
+func (o *Outbox) databaseName(ctx context.Context, db *sql.DB) string {
+	q := map[Dialect]string{
+		Postgres: "SELECT current_database()",
+		MySQL:    "SELECT COALESCE(DATABASE(), '(none selected)')",
+		SQLite:   "SELECT file FROM pragma_database_list WHERE name = 'main'",
+	}[o.cfg.Dialect]
+	var name string
+	if q == "" || db.QueryRowContext(ctx, q).Scan(&name) != nil {
+		return "(unknown)"
+	}
+	if name == "" && o.cfg.Dialect == SQLite {
+		return "(in memory)"
+	}
+	return name
 }
 
 // DDL returns the schema as SQL statements for o's dialect and table, for
@@ -298,8 +336,10 @@ func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 // when the lease table is empty.
 func (o *Outbox) DDL() string { return o.dialect.DDL() }
 
-// Migrate creates or upgrades the outbox table described by cfg on db. It
-// is safe to run twice and from several processes at once: PostgreSQL takes
+// Migrate creates or upgrades the outbox table described by cfg on db, and
+// logs at INFO (Config.Logger) which database and table it created or
+// upgraded, from which version to which (nothing when it changed
+// nothing). It is safe to run twice and from several processes at once: PostgreSQL takes
 // a transaction-scoped advisory lock and applies DDL in that transaction;
 // MySQL/MariaDB hold GET_LOCK on one connection and run idempotent
 // statements (their DDL commits implicitly); SQLite runs under BEGIN

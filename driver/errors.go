@@ -23,7 +23,7 @@ import (
 // A reuse is caught only while the earlier row is still in the table:
 // once retention (relay.Retention) or a delete-on-publish setup removed it,
 // the same ID commits again and consumers deduplicate it (at-least-once
-// delivery; see the README's Guarantees).
+// delivery; see docs/guarantees.md).
 type DuplicateIDError struct {
 	// ID is the reused message ID; empty if the database did not say which
 	// of the transaction's IDs it was and the lookup after the rollback

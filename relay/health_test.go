@@ -303,9 +303,21 @@ func TestProgressAndDurationsInLogs(t *testing.T) {
 		}
 		return false
 	})
-	for _, k := range []string{"published", "backlog", "oldest_pending_age", "interval"} {
+	for _, k := range []string{"published", "backlog", "oldest_pending_age", "interval", "publishing", "rate_per_second"} {
 		if _, ok := progress[k]; !ok {
-			t.Errorf("progress line lacks %s: %v", k, progress)
+			t.Fatalf("progress line lacks %s: %v", k, progress)
+		}
+	}
+	// The rate is over the time spent publishing, not over the interval.
+	published, rate := progress["published"].(float64), progress["rate_per_second"].(float64)
+	busy, err1 := time.ParseDuration(progress["publishing"].(string))
+	interval, err2 := time.ParseDuration(progress["interval"].(string))
+	if err1 != nil || err2 != nil || rate <= 0 || rate < published/interval.Seconds() {
+		t.Errorf("rate_per_second %v for %v published in %v of publishing over %v: want the rate over the publishing time", rate, published, busy, interval)
+	}
+	if busy >= 10*time.Millisecond { // rounded to the millisecond: compare where that is precise
+		if want := published / busy.Seconds(); rate < 0.9*want || rate > 1.1*want {
+			t.Errorf("rate_per_second %v, want about %v (%v in %v)", rate, want, published, busy)
 		}
 	}
 	lines := logs.lines()

@@ -157,8 +157,10 @@ type Config struct {
 	// QueryTimeout if that is longer; it must exceed PublishTimeout.
 	StallTimeout time.Duration
 	// ProgressInterval is how often a relay that has work logs a progress
-	// line at INFO ("relay progress": published since the last line,
-	// backlog, oldest pending age); an idle relay logs nothing. Default
+	// line at INFO ("relay progress": published since the last line, the
+	// time spent claiming and publishing them ("publishing") and the rate
+	// over that time, backlog, oldest pending age); an idle relay logs
+	// nothing. Default
 	// DefaultProgressInterval; negative disables the line.
 	ProgressInterval time.Duration
 	// LeaseTTL is how long a partition lease lasts without renewal, by the
@@ -698,6 +700,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 			r.cfg.Observer.Published(msgs[i], took)
 		}
 		r.health.published.Add(int64(len(msgs)))
+		r.health.busy.Add(int64(took))
 		if r.rec != nil {
 			// A Reconciler's broker keeps only the last publish's record per
 			// partition: this batch is marked before the next one is
@@ -779,6 +782,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		}
 	}
 	r.health.published.Add(int64(len(sent)))
+	r.health.busy.Add(int64(took))
 	if err := r.markSent(ctx, sent); err != nil {
 		if r.rec != nil {
 			r.unreconcile(sent)

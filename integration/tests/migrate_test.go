@@ -1,9 +1,13 @@
 package tests
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -272,4 +276,74 @@ func TestMigrateAddsRelayMode(t *testing.T) {
 			t.Fatalf("after the second Migrate: version %d, %v; want %d", v, err, mode)
 		}
 	})
+}
+
+// TestMigrateSaysWhere: Migrate logs at INFO which database and table it
+// created the schema in (a DSN without a database name writes into the
+// driver's default one, and nothing else would say so), and nothing when
+// the schema is already up to date.
+func TestMigrateSaysWhere(t *testing.T) {
+	t.Parallel()
+	forEachTarget(t, func(t *testing.T, tg testdb.Target) {
+		e := testdb.New(t, tg, driver.Config{})
+		ctx := testCtx(t, time.Minute)
+		var logs syncLines
+		cfg := driver.Config{Dialect: tg.Dialect, Table: e.Table + "_fresh", Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
+		want := map[driver.Dialect]string{driver.Postgres: "SELECT current_database()", driver.MySQL: "SELECT DATABASE()", driver.SQLite: "SELECT file FROM pragma_database_list WHERE name = 'main'"}[tg.Dialect]
+		var db sql.NullString
+		if err := e.RelayDB.QueryRowContext(ctx, want).Scan(&db); err != nil {
+			t.Fatal(err)
+		}
+		_, latest, err := driver.SchemaVersion(ctx, e.RelayDB, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := driver.Migrate(ctx, e.RelayDB, cfg); err != nil {
+			t.Fatal(err)
+		}
+		lines := logs.lines(t)
+		if len(lines) != 1 || lines[0]["msg"] != "outbox schema created" || lines[0]["level"] != "INFO" ||
+			lines[0]["table"] != cfg.Table || lines[0]["from_version"] != 0.0 || lines[0]["to_version"] != float64(latest) {
+			t.Fatalf("log after creating: %v", lines)
+		}
+		if got := lines[0]["database"]; db.Valid && got != db.String {
+			t.Errorf("database %v, want %q", got, db.String)
+		}
+		if err := driver.Migrate(ctx, e.RelayDB, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if lines := logs.lines(t); len(lines) != 1 {
+			t.Errorf("Migrate of an up-to-date schema logged: %v", lines[1:])
+		}
+	})
+}
+
+// syncLines collects JSON log lines.
+type syncLines struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *syncLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLines) lines(t *testing.T) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range bytes.Split(bytes.TrimSpace(l.b.Bytes()), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal(line, &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		out = append(out, m)
+	}
+	return out
 }
