@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -126,20 +125,18 @@ func (a *app) natsStream(cmd *cobra.Command, f *natsStreamFlags, create bool) er
 	if create {
 		created, err := natspub.CreateStream(ctx, nc, sc)
 		if err != nil {
-			return natsStreamError(err)
+			return configUsage(err, natspub.ErrConfig)
 		}
 		state = "exists"
 		if created {
 			state = "created"
 		}
 	} else if err := natspub.CheckStream(ctx, nc, sc); err != nil {
-		return natsStreamError(err)
+		return configUsage(err, natspub.ErrConfig)
 	}
 	subjects := sc.Subjects()[0]
 	if a.json {
-		enc := json.NewEncoder(a.stdout)
-		enc.SetEscapeHTML(false)
-		return enc.Encode(map[string]any{
+		return writeJSON(a.stdout, map[string]any{
 			"stream": f.name, "state": state, "subjects": []string{subjects}, "storage": strings.ToLower(f.storage),
 			"replicas": f.replicas, "duplicate_window": f.duplicates.String()})
 	}
@@ -149,10 +146,11 @@ func (a *app) natsStream(cmd *cobra.Command, f *natsStreamFlags, create bool) er
 	return err
 }
 
-// natsStreamError turns a provisioning error into the command's: an
-// invalid setting is a usage error, the rest runtime errors (exit 1).
-func natsStreamError(err error) error {
-	if errors.Is(err, natspub.ErrConfig) {
+// configUsage turns a provisioning error into the command's: one
+// wrapping configErr (an invalid setting) is a usage error (exit 2), the
+// rest runtime errors (exit 1).
+func configUsage(err, configErr error) error {
+	if errors.Is(err, configErr) {
 		return &exitError{code: exitUsage, msg: err.Error()}
 	}
 	return err
@@ -232,20 +230,15 @@ func (a *app) rabbitTopology(cmd *cobra.Command, f *rabbitFlags, declare bool) e
 	} else {
 		err = rabbitmq.CheckTopology(ctx, conn, top)
 	}
-	if errors.Is(err, rabbitmq.ErrConfig) {
-		return &exitError{code: exitUsage, msg: err.Error()}
-	}
 	if err != nil {
-		return err
+		return configUsage(err, rabbitmq.ErrConfig)
 	}
 	if a.json {
-		enc := json.NewEncoder(a.stdout)
-		enc.SetEscapeHTML(false)
 		out := map[string]any{"exchange": top.Exchange, "created": append([]string{}, created...)}
 		if top.Queue != "" {
 			out["queue"], out["queue_type"], out["binding_key"] = top.Queue, top.QueueType, top.BindingKey
 		}
-		return enc.Encode(out)
+		return writeJSON(a.stdout, out)
 	}
 	what := "exchange " + top.Exchange + " (durable, topic)"
 	if top.Queue != "" {

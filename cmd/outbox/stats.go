@@ -12,10 +12,12 @@ import (
 	"github.com/sqloutbox/outbox/relay"
 )
 
-// writeJSON writes v as indented JSON and a newline.
+// writeJSON writes v as indented JSON and a newline, with <, > and &
+// as they are (subjects such as "outbox.event.>").
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
 }
 

@@ -1,13 +1,12 @@
 package tests
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -287,7 +286,7 @@ func TestMigrateSaysWhere(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg testdb.Target) {
 		e := testdb.New(t, tg, driver.Config{})
 		ctx := testCtx(t, time.Minute)
-		var logs syncLines
+		var logs testdb.SyncBuffer
 		cfg := driver.Config{Dialect: tg.Dialect, Table: e.Table + "_fresh", Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
 		want := map[driver.Dialect]string{driver.Postgres: "SELECT current_database()", driver.MySQL: "SELECT DATABASE()", driver.SQLite: "SELECT file FROM pragma_database_list WHERE name = 'main'"}[tg.Dialect]
 		var db sql.NullString
@@ -301,7 +300,7 @@ func TestMigrateSaysWhere(t *testing.T) {
 		if err := driver.Migrate(ctx, e.RelayDB, cfg); err != nil {
 			t.Fatal(err)
 		}
-		lines := logs.lines(t)
+		lines := jsonLines(t, &logs)
 		if len(lines) != 1 || lines[0]["msg"] != "outbox schema created" || lines[0]["level"] != "INFO" ||
 			lines[0]["table"] != cfg.Table || lines[0]["from_version"] != 0.0 || lines[0]["to_version"] != float64(latest) {
 			t.Fatalf("log after creating: %v", lines)
@@ -312,35 +311,22 @@ func TestMigrateSaysWhere(t *testing.T) {
 		if err := driver.Migrate(ctx, e.RelayDB, cfg); err != nil {
 			t.Fatal(err)
 		}
-		if lines := logs.lines(t); len(lines) != 1 {
+		if lines := jsonLines(t, &logs); len(lines) != 1 {
 			t.Errorf("Migrate of an up-to-date schema logged: %v", lines[1:])
 		}
 	})
 }
 
-// syncLines collects JSON log lines.
-type syncLines struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLines) lines(t *testing.T) []map[string]any {
+// jsonLines parses the JSON log lines written to b.
+func jsonLines(t *testing.T, b *testdb.SyncBuffer) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, line := range bytes.Split(bytes.TrimSpace(l.b.Bytes()), []byte("\n")) {
-		if len(line) == 0 {
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		if line == "" {
 			continue
 		}
 		var m map[string]any
-		if err := json.Unmarshal(line, &m); err != nil {
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
 			t.Fatalf("log line %q: %v", line, err)
 		}
 		out = append(out, m)
