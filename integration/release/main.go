@@ -40,7 +40,10 @@
 // repository with GOWORK=off and no replace: go gets the root module,
 // relay/nats, inbox/kafka and otel, builds a program that imports them,
 // go installs cmd/outbox at the version and runs its --version, which
-// must print that version. It fails if any module of go.work is not
+// must print that version. FirstEvents (TestRelease, or -first-events)
+// then builds there, from the release alone, a program that publishes 100
+// events to each of Kafka (in-process), NATS, RabbitMQ and Redis and
+// consumes them through the inbox. It fails if any module of go.work is not
 // releasable: a replace directive to a directory outside the release, a
 // module path that does not match its directory (the tag would not find
 // it), a go.mod that go.work does not list, a cycle, or a module that
@@ -60,6 +63,7 @@ import (
 func main() {
 	version := flag.String("version", "", "the release version, vX.Y.Z (required)")
 	apply := flag.Bool("apply", false, "rewrite the working tree's go.mod and go.sum files for the release commit (default: check in a copy)")
+	first := flag.Bool("first-events", false, "also build the first-events program against the release and run it against the local NATS, RabbitMQ and Redis (and an in-process Kafka broker)")
 	out := flag.String("out", "", "directory for the module proxy tree (default: a temporary directory, removed at exit)")
 	flag.Parse()
 	if *version == "" || flag.NArg() > 0 {
@@ -77,6 +81,14 @@ func main() {
 	if err := rel.Check(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "release check:", err)
 		os.Exit(1)
+	}
+	if *first {
+		out, err := rel.FirstEvents(ctx)
+		fmt.Fprint(os.Stderr, out)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "release first events:", err)
+			os.Exit(1)
+		}
 	}
 	fmt.Println("tags:")
 	for _, t := range rel.Tags() {
