@@ -76,7 +76,7 @@ func TestRelayNATSTLS(t *testing.T) {
 		other := newTestPKI(t)
 		checkRefused(t, "outbox: cannot connect to NATS at tls://relay:xxxxx@"+host, []string{password, "Wr0ng-password"},
 			refusal{"UntrustedCA", withPass, "certificate signed by unknown authority", []string{"--tls-ca-file", other.caFile, "--tls-cert-file", pki.certFile, "--tls-key-file", pki.keyFile}},
-			refusal{"WrongPassword", "tls://" + user + ":Wr0ng-password@" + host, "uthorization", tlsArgs},
+			refusal{"WrongPassword", "tls://" + user + ":Wr0ng-password@" + host, "uthorization Violation (check the user in --broker and the password in OUTBOX_BROKER_PASSWORD or --broker-password-file)", tlsArgs},
 			refusal{"NoClientCertificate", withPass, "", []string{"--tls-ca-file", pki.caFile}},
 		)
 	})
@@ -140,7 +140,7 @@ func TestRelayRedisTLS(t *testing.T) {
 		other := newTestPKI(t)
 		checkRefused(t, "outbox: cannot connect to Redis at rediss://default:xxxxx@"+addr+"/0", []string{password, "Wr0ng-password"},
 			refusal{"UntrustedCA", withPass, "certificate signed by unknown authority", []string{"--tls-ca-file", other.caFile, "--tls-cert-file", pki.certFile, "--tls-key-file", pki.keyFile}},
-			refusal{"WrongPassword", "rediss://default:Wr0ng-password@" + addr + "/0", "WRONGPASS", tlsArgs},
+			refusal{"WrongPassword", "rediss://default:Wr0ng-password@" + addr + "/0", "(check the user in --broker and the password in OUTBOX_BROKER_PASSWORD or --broker-password-file)", tlsArgs},
 			// Any reason: with TLS 1.3 the server's alert (certificate
 			// required) races the client's first write (connection reset).
 			refusal{"NoClientCertificate", withPass, "", []string{"--tls-ca-file", pki.caFile}},
