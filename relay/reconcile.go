@@ -78,8 +78,9 @@ const (
 // the group at once; a crashed relay's membership expires after LeaseTTL),
 // then start the relays in the new mode. A relay that finds a mismatch
 // later (a relay whose membership lapsed, for example one paused past its
-// lease, came back in another mode) logs it as an error at every
-// heartbeat; it does not stop.
+// lease, came back in another mode) logs it as an error at the heartbeat
+// that finds it (again whenever the other instance changes); it does not
+// stop.
 var ErrModeMismatch = errors.New("outbox/relay: a relay in another delivery mode runs on this table")
 
 // modeOf is the delivery mode a relay with Reconciler rec stores.
