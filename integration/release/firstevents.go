@@ -17,8 +17,8 @@ import (
 // (NATS: natspub.CreateStream; RabbitMQ: rabbitmq.Declare with a queue;
 // Kafka: the in-process broker of outboxtest/kafkatest with the topic),
 // relays them, and consumes them through the inbox (Kafka: inboxkafka.Runner;
-// the others: the broker's client and inbox.Handle with the message ID
-// header). It prints "<broker> <effects>" per broker and exits 1 unless
+// the others: the broker's client, inbox.MessageFromHeaders and
+// inbox.Handle, as docs/inbox.md shows). It prints "<broker> <effects>" per broker and exits 1 unless
 // each has 100 effects, one per message ID. Names carry a run ID, so that
 // runs on shared servers never meet.
 const firstEventsMain = `package main
@@ -94,7 +94,7 @@ func oneBroker(ctx context.Context, name, id string, via func(context.Context, s
 	if err := ob.Migrate(ctx, db); err != nil {
 		return 0, err
 	}
-	if _, err := db.ExecContext(ctx, "CREATE TABLE effects (message_id TEXT PRIMARY KEY)"); err != nil {
+	if _, err := db.ExecContext(ctx, "CREATE TABLE effects (message_id TEXT PRIMARY KEY, payload TEXT NOT NULL)"); err != nil {
 		return 0, err
 	}
 	for i := 0; i < events; i++ {
@@ -132,17 +132,18 @@ func oneBroker(ctx context.Context, name, id string, via func(context.Context, s
 	return n, err
 }
 
-// effects counts the consumer's effects.
+// effects counts the consumer's effects that carry their event's
+// payload (never empty here: the event's number).
 func effects(ctx context.Context, db *sql.DB) (int, error) {
 	var n int
-	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM effects").Scan(&n)
+	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM effects WHERE payload <> ''").Scan(&n)
 	return n, err
 }
 
 // applyThroughInbox is the handler every consumer runs: the effect, in the
 // inbox's transaction.
 func applyThroughInbox(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
-	_, err := tx.ExecContext(ctx, "INSERT INTO effects (message_id) VALUES (?)", msg.ID)
+	_, err := tx.ExecContext(ctx, "INSERT INTO effects (message_id, payload) VALUES (?, ?)", msg.ID, string(msg.Payload))
 	return err
 }
 
@@ -244,8 +245,15 @@ func viaNATS(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (rela
 				return 0, err
 			}
 			for m := range batch.Messages() {
-				h := m.Headers()
-				if err := handleAll(ctx, db, in, inbox.Message{ID: h.Get("outbox-message-id"), AggregateType: h.Get("outbox-aggregate-type"), AggregateID: h.Get("outbox-aggregate-id"), Payload: m.Data()}); err != nil {
+				h := map[string]string{}
+				for k := range m.Headers() {
+					h[k] = m.Headers().Get(k)
+				}
+				msg, err := inbox.MessageFromHeaders(h, m.Data())
+				if err != nil {
+					return 0, err
+				}
+				if err := handleAll(ctx, db, in, msg); err != nil {
 					return 0, err
 				}
 			}
@@ -297,8 +305,17 @@ func viaRabbitMQ(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (
 			case <-ctx.Done():
 				return 0, ctx.Err()
 			case d := <-deliveries:
-				h := func(k string) string { s, _ := d.Headers[k].(string); return s }
-				if err := handleAll(ctx, db, in, inbox.Message{ID: h("outbox-message-id"), AggregateType: h("outbox-aggregate-type"), AggregateID: h("outbox-aggregate-id"), Payload: d.Body}); err != nil {
+				h := map[string]string{}
+				for k, v := range d.Headers {
+					if s, ok := v.(string); ok {
+						h[k] = s
+					}
+				}
+				msg, err := inbox.MessageFromHeaders(h, d.Body)
+				if err != nil {
+					return 0, err
+				}
+				if err := handleAll(ctx, db, in, msg); err != nil {
 					return 0, err
 				}
 				if err := d.Ack(false); err != nil {
@@ -337,8 +354,18 @@ func viaRedis(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (rel
 			}
 			for _, m := range res[0].Messages {
 				last = m.ID
-				f := func(k string) string { s, _ := m.Values[k].(string); return s }
-				if err := handleAll(ctx, db, in, inbox.Message{ID: f("outbox-message-id"), AggregateType: f("outbox-aggregate-type"), AggregateID: f("outbox-aggregate-id"), Payload: []byte(f("payload"))}); err != nil {
+				h := map[string]string{}
+				for k, v := range m.Values {
+					if s, ok := v.(string); ok && k != redispub.PayloadField {
+						h[k] = s
+					}
+				}
+				payload, _ := m.Values[redispub.PayloadField].(string)
+				msg, err := inbox.MessageFromHeaders(h, []byte(payload))
+				if err != nil {
+					return 0, err
+				}
+				if err := handleAll(ctx, db, in, msg); err != nil {
 					return 0, err
 				}
 			}
