@@ -87,19 +87,10 @@ exits 1.`,
 }
 
 func (a *app) natsStream(cmd *cobra.Command, f *natsStreamFlags, create bool) error {
-	changed := cmd.Flags().Changed
-	for _, n := range []string{"exchange"} {
-		if changed(n) {
-			return usageErrorf("--%s does not apply to `outbox nats`", n)
-		}
-	}
 	f.conn.topicPrefix = f.prefix
-	plan, err := a.brokerPlan(&f.conn, changed)
+	plan, err := a.provisionPlan(cmd, &f.conn, brokerNATS, "`outbox nats` needs a NATS --broker (nats://host:4222 or tls://...)")
 	if err != nil {
 		return err
-	}
-	if plan.kind != brokerNATS {
-		return usageErrorf("`outbox nats` needs a NATS --broker (nats://host:4222 or tls://...), not %s", plan.shown)
 	}
 	sc := natspub.StreamConfig{Name: f.name, SubjectPrefix: f.prefix, Replicas: f.replicas, Duplicates: f.duplicates}
 	switch strings.ToLower(f.storage) {
@@ -144,6 +135,21 @@ func (a *app) natsStream(cmd *cobra.Command, f *natsStreamFlags, create bool) er
 	_, err = fmt.Fprintf(a.stdout, "stream %s %s: subjects %s, %s storage, %d replica(s), duplicate window %s\n",
 		f.name, what, subjects, strings.ToLower(f.storage), f.replicas, f.duplicates)
 	return err
+}
+
+// provisionPlan checks a provisioning command's broker flags as the relay
+// does (brokerPlan: credentials, TLS, another broker's flags refused) and
+// that --broker names a broker of kind; otherwise a usage error saying
+// need.
+func (a *app) provisionPlan(cmd *cobra.Command, f *relayFlags, kind brokerKind, need string) (*brokerPlan, error) {
+	plan, err := a.brokerPlan(f, cmd.Flags().Changed)
+	if err != nil {
+		return nil, err
+	}
+	if plan.kind != kind {
+		return nil, usageErrorf("%s, not %s", need, plan.shown)
+	}
+	return plan, nil
 }
 
 // configUsage turns a provisioning error into the command's: one
@@ -205,13 +211,9 @@ makes. AMQP 0-9-1 cannot list bindings: the binding is not checked.`,
 }
 
 func (a *app) rabbitTopology(cmd *cobra.Command, f *rabbitFlags, declare bool) error {
-	changed := cmd.Flags().Changed
-	plan, err := a.brokerPlan(&f.conn, changed)
+	plan, err := a.provisionPlan(cmd, &f.conn, brokerRabbitMQ, "`outbox rabbitmq` needs a RabbitMQ --broker (amqp://user@host:5672/vhost or amqps://...)")
 	if err != nil {
 		return err
-	}
-	if plan.kind != brokerRabbitMQ {
-		return usageErrorf("`outbox rabbitmq` needs a RabbitMQ --broker (amqp://user@host:5672/vhost or amqps://...), not %s", plan.shown)
 	}
 	top := rabbitmq.Topology{Exchange: plan.exchange, Queue: f.queue, QueueType: f.queueType, BindingKey: f.bindingKey}
 	if top.Exchange == "" {

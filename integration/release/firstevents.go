@@ -60,7 +60,7 @@ func main() {
 	failed := false
 	for _, b := range []struct {
 		name string
-		run  func(ctx context.Context, id string, db *sql.DB, ob *driver.Outbox) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error)
+		run  func(ctx context.Context, id string, db *sql.DB) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error)
 	}{{"kafka", viaKafka}, {"nats", viaNATS}, {"rabbitmq", viaRabbitMQ}, {"redis", viaRedis}} {
 		n, err := oneBroker(ctx, b.name, id, b.run)
 		fmt.Println(b.name, n, err)
@@ -75,7 +75,7 @@ func main() {
 
 // oneBroker: a SQLite file of its own, the schema, 100 events, a relay to
 // the broker, and the consumer through the inbox until 100 effects.
-func oneBroker(ctx context.Context, name, id string, via func(context.Context, string, *sql.DB, *driver.Outbox) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error)) (int, error) {
+func oneBroker(ctx context.Context, name, id string, via func(context.Context, string, *sql.DB) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error)) (int, error) {
 	ob, err := driver.Register("outbox-sqlite-"+name, &sqlite.Driver{}, driver.Config{Dialect: driver.SQLite})
 	if err != nil {
 		return 0, err
@@ -112,7 +112,7 @@ func oneBroker(ctx context.Context, name, id string, via func(context.Context, s
 			return 0, err
 		}
 	}
-	pub, consume, err := via(ctx, id, db, ob)
+	pub, consumeAll, err := via(ctx, id, db)
 	if err != nil {
 		return 0, err
 	}
@@ -122,7 +122,7 @@ func oneBroker(ctx context.Context, name, id string, via func(context.Context, s
 	}
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	n, err := consume(ctx, db)
+	n, err := consumeAll(ctx, db)
 	if serr := r.Stop(ctx); err == nil {
 		err = serr
 	}
@@ -170,13 +170,19 @@ func untilAll(ctx context.Context, db *sql.DB) (int, error) {
 	}
 }
 
-// handleAll applies msgs through the inbox.
-func handleAll(ctx context.Context, db *sql.DB, in *inbox.Inbox, msg inbox.Message) error {
-	_, err := in.Handle(ctx, db, msg, func(ctx context.Context, tx *sql.Tx) error { return applyThroughInbox(ctx, tx, msg) })
+// consume applies one received message through the inbox: its Message
+// from the relay's headers (docs/inbox.md), then the effect in Handle's
+// transaction.
+func consume(ctx context.Context, db *sql.DB, in *inbox.Inbox, headers map[string]string, payload []byte) error {
+	msg, err := inbox.MessageFromHeaders(headers, payload)
+	if err != nil {
+		return err
+	}
+	_, err = in.Handle(ctx, db, msg, func(ctx context.Context, tx *sql.Tx) error { return applyThroughInbox(ctx, tx, msg) })
 	return err
 }
 
-func viaKafka(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error) {
+func viaKafka(ctx context.Context, id string, db *sql.DB) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error) {
 	kb, err := kafkatest.Start(kafkatest.Topics(4, "outbox.event.order"))
 	if err != nil {
 		return nil, nil, err
@@ -206,7 +212,7 @@ func viaKafka(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (rel
 	}, nil
 }
 
-func viaNATS(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error) {
+func viaNATS(ctx context.Context, id string, db *sql.DB) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error) {
 	nc, err := nats.Connect(envOr("FIRST_NATS", "nats://127.0.0.1:4222"), nats.MaxReconnects(-1))
 	if err != nil {
 		return nil, nil, err
@@ -249,11 +255,7 @@ func viaNATS(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (rela
 				for k := range m.Headers() {
 					h[k] = m.Headers().Get(k)
 				}
-				msg, err := inbox.MessageFromHeaders(h, m.Data())
-				if err != nil {
-					return 0, err
-				}
-				if err := handleAll(ctx, db, in, msg); err != nil {
+				if err := consume(ctx, db, in, h, m.Data()); err != nil {
 					return 0, err
 				}
 			}
@@ -264,7 +266,7 @@ func viaNATS(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (rela
 	}, nil
 }
 
-func viaRabbitMQ(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error) {
+func viaRabbitMQ(ctx context.Context, id string, db *sql.DB) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error) {
 	url := envOr("FIRST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
 	conn, err := amqp.Dial(url)
 	if err != nil {
@@ -311,11 +313,7 @@ func viaRabbitMQ(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (
 						h[k] = s
 					}
 				}
-				msg, err := inbox.MessageFromHeaders(h, d.Body)
-				if err != nil {
-					return 0, err
-				}
-				if err := handleAll(ctx, db, in, msg); err != nil {
+				if err := consume(ctx, db, in, h, d.Body); err != nil {
 					return 0, err
 				}
 				if err := d.Ack(false); err != nil {
@@ -326,7 +324,7 @@ func viaRabbitMQ(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (
 	}, nil
 }
 
-func viaRedis(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error) {
+func viaRedis(ctx context.Context, id string, db *sql.DB) (relay.Publisher, func(context.Context, *sql.DB) (int, error), error) {
 	client := redis.NewClient(&redis.Options{Addr: envOr("FIRST_REDIS", "127.0.0.1:6379"), ContextTimeoutEnabled: true, MaxRetries: -1})
 	key := "first:" + id + ":order"
 	pub, err := redispub.NewPublisher(redispub.Config{Client: client, Stream: func(m relay.Message) string { return "first:" + id + ":" + m.AggregateType }})
@@ -361,11 +359,7 @@ func viaRedis(ctx context.Context, id string, db *sql.DB, _ *driver.Outbox) (rel
 					}
 				}
 				payload, _ := m.Values[redispub.PayloadField].(string)
-				msg, err := inbox.MessageFromHeaders(h, []byte(payload))
-				if err != nil {
-					return 0, err
-				}
-				if err := handleAll(ctx, db, in, msg); err != nil {
+				if err := consume(ctx, db, in, h, []byte(payload)); err != nil {
 					return 0, err
 				}
 			}

@@ -237,12 +237,7 @@ func TestMigrateAddsRelayMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mode := 0
-		for _, m := range d.Migrations() {
-			if m.Name == "relay_mode" {
-				mode = m.Version
-			}
-		}
+		mode := migrationVersion(d, "relay_mode")
 		if mode == 0 || mode != d.LatestVersion() {
 			t.Fatalf("relay_mode migration is version %d, latest %d", mode, d.LatestVersion())
 		}
@@ -332,4 +327,14 @@ func jsonLines(t *testing.T, b *testdb.SyncBuffer) []map[string]any {
 		out = append(out, m)
 	}
 	return out
+}
+
+// migrationVersion is the version of d's migration named name (0: none).
+func migrationVersion(d *dialect.Dialect, name string) int {
+	for _, m := range d.Migrations() {
+		if m.Name == name {
+			return m.Version
+		}
+	}
+	return 0
 }

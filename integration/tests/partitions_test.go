@@ -355,12 +355,7 @@ func TestMigrateStoresPartitionCount(t *testing.T) {
 				// (PostgreSQL's version 6, and the relay mode version on
 				// every dialect, come after the meta table's and are
 				// applied again with it.)
-				latest, meta := d.LatestVersion(), 0
-				for _, m := range d.Migrations() {
-					if m.Name == "meta" {
-						meta = m.Version
-					}
-				}
+				latest, meta := d.LatestVersion(), migrationVersion(d, "meta")
 				mustExec(t, e.RelayDB, "DROP TABLE "+e.Table+"_meta")
 				mustExec(t, e.RelayDB, "ALTER TABLE "+e.Table+"_relay DROP COLUMN mode") // the relay mode version comes after meta on every dialect
 				mustExec(t, e.RelayDB, d.Bind("DELETE FROM "+e.Table+"_migrations WHERE version >= ?"), meta)
