@@ -309,11 +309,12 @@ func TestProgressAndDurationsInLogs(t *testing.T) {
 		}
 	}
 	// The rate is over the time spent publishing, not over the interval.
+	// (Not bounded by the interval's rate: under load a batch claimed
+	// before the interval began can make the publishing time the longer.)
 	published, rate := progress["published"].(float64), progress["rate_per_second"].(float64)
-	busy, err1 := time.ParseDuration(progress["publishing"].(string))
-	interval, err2 := time.ParseDuration(progress["interval"].(string))
-	if err1 != nil || err2 != nil || rate <= 0 || rate < published/interval.Seconds() {
-		t.Errorf("rate_per_second %v for %v published in %v of publishing over %v: want the rate over the publishing time", rate, published, busy, interval)
+	busy, err := time.ParseDuration(progress["publishing"].(string))
+	if err != nil || rate <= 0 {
+		t.Errorf("rate_per_second %v for %v published in %v (%v): want the rate over the publishing time", rate, published, busy, err)
 	}
 	if busy >= 10*time.Millisecond { // rounded to the millisecond: compare where that is precise
 		if want := published / busy.Seconds(); rate < 0.9*want || rate > 1.1*want {

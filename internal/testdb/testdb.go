@@ -24,6 +24,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -256,6 +257,12 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 	ctx := context.Background()
 	e := &Env{Target: target}
 	cfg.Dialect = target.Dialect
+	if cfg.Logger == nil {
+		// Quiet: Migrate's "outbox schema created" line for every test's
+		// table would bury the test output (a test that reads the log
+		// passes its own Logger).
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	base := cfg.Table
 	if base == "" {
 		base = driver.DefaultTable
