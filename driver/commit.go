@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/sqlerr"
 	"github.com/sqloutbox/outbox/partition"
 )
 
@@ -36,7 +37,7 @@ func (o *Outbox) commit(t *tx) error {
 	if err != nil {
 		if rbErr := t.parent.Rollback(); rbErr != nil {
 			err = errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
-		} else if isUniqueViolation(err) {
+		} else if sqlerr.UniqueViolation(err) {
 			err = o.duplicateID(ctx, t.c, events, err)
 		}
 		return fmt.Errorf("%w: %w", ErrWriteEvents, err)

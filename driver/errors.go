@@ -12,6 +12,7 @@ import (
 
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/sqlerr"
 )
 
 // DuplicateIDError is the commit hook's error when an event's ID is
@@ -52,65 +53,11 @@ func (e *DuplicateIDError) Is(target error) bool { return target == emit.ErrDupl
 // Unwrap returns the driver's error.
 func (e *DuplicateIDError) Unwrap() error { return e.Err }
 
-// walkErrors calls f on err and every error it wraps (Unwrap() error and
-// Unwrap() []error), depth first, until f returns true.
-func walkErrors(err error, f func(error) bool) bool {
-	for err != nil {
-		if f(err) {
-			return true
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				if walkErrors(e, f) {
-					return true
-				}
-			}
-			return false
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		default:
-			return false
-		}
-	}
-	return false
-}
-
-// isUniqueViolation reports whether err holds a driver's unique-violation
-// error, recognised without importing any driver (driver/ must not: a
-// driver's own test suite run through the wrapper would form an import
-// cycle): SQLSTATE 23505 through SQLState() (lib/pq's *pq.Error, pgx's
-// *pgconn.PgError), error number 1062 ER_DUP_ENTRY in the Number field of
-// go-sql-driver/mysql's *MySQLError (it offers no method), and extended
-// result code 2067 SQLITE_CONSTRAINT_UNIQUE through Code() (modernc's
-// *sqlite.Error). The only unique key the event INSERT can violate is the
-// message ID's (id is generated), so any of these means a reused ID.
-func isUniqueViolation(err error) bool {
-	return walkErrors(err, func(e error) bool {
-		if s, ok := e.(interface{ SQLState() string }); ok && s.SQLState() == "23505" {
-			return true
-		}
-		if c, ok := e.(interface{ Code() int }); ok && c.Code() == 2067 {
-			return true
-		}
-		v := reflect.ValueOf(e)
-		if v.Kind() == reflect.Pointer {
-			v = v.Elem()
-		}
-		if v.Kind() == reflect.Struct && v.Type().Name() == "MySQLError" {
-			if n := v.FieldByName("Number"); n.IsValid() && n.CanUint() && n.Uint() == 1062 {
-				return true
-			}
-		}
-		return false
-	})
-}
-
 // errorTexts returns the messages of err's chain and any Detail field
 // (lib/pq and pgx put "Key (message_id)=(...) already exists." there).
 func errorTexts(err error) string {
 	var b strings.Builder
-	walkErrors(err, func(e error) bool {
+	sqlerr.Walk(err, func(e error) bool {
 		b.WriteString(e.Error())
 		v := reflect.ValueOf(e)
 		if v.Kind() == reflect.Pointer {

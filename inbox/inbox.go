@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/sqlerr"
 )
 
 // DefaultTable is the inbox table's default name.
@@ -46,6 +49,11 @@ var (
 	// The transaction was rolled back: neither the effect nor the inbox row
 	// was committed.
 	ErrHandler = errors.New("inbox: handler failed")
+	// ErrHandlerPanic wraps the value of a handler panic that Handle,
+	// HandleBatch, Retry or ServeRequests recovered (with ErrHandler: the
+	// transaction was rolled back, as for a handler error). The stack is
+	// logged at ERROR.
+	ErrHandlerPanic = errors.New("inbox: handler panicked")
 	// ErrInvalidFilter: Retry or Skip with a ParkedFilter that selects
 	// nothing explicitly (no ID, no AggregateID, All not set), or a
 	// negative Limit.
@@ -57,7 +65,11 @@ var (
 	ErrNothingMatched = errors.New("inbox: no parked message matched")
 	// ErrSchemaTooNew: the inbox table was migrated by a newer build.
 	ErrSchemaTooNew = errors.New("inbox: schema is newer than this build")
-	// ErrSchemaMissing: Check found no migrated inbox table.
+	// ErrSchemaMissing: Check found no migrated inbox table, or a
+	// statement of Handle, HandleBatch, Park, Retry, Skip, ListParked,
+	// RequestRetry or ServeRequests found its table missing (SQLSTATE
+	// 42P01, MySQL error 1146, SQLite "no such table"); the driver's
+	// error is wrapped too.
 	ErrSchemaMissing = errors.New("inbox: inbox table is missing or not migrated")
 	// ErrSchemaOutdated: Check found the table at an older version than
 	// this build needs; run Migrate.
@@ -318,25 +330,42 @@ func causeText(err error) string {
 // answer Duplicate without a transaction; it is marked after the commit.
 // While an earlier message of the same consumer and aggregate is parked or
 // held, msg is stored as held, fn does not run, and Handle returns Held
-// (Retry runs it later, in order). Two deliveries of one message at once
-// apply it once: the second waits on the unique key and then returns
-// Duplicate (or applies, if the first rolled back).
+// (Retry runs it later, in order).
+//
+// Concurrent deliveries of one message apply it once: the others wait on
+// the unique key and then return Duplicate, or, if the one they waited for
+// rolled back (its handler failed), one of them applies it. On MySQL and
+// MariaDB, three or more waiters released by that rollback can deadlock
+// each other on the key (InnoDB error 1213, which rolls the loser's whole
+// transaction back, before its fn ran); Handle retries such a transaction,
+// up to DeadlockRetries times, so the caller sees Duplicate or Applied, not
+// the deadlock (TestConcurrentDeliveriesAfterAFailure: 1 applied, the rest
+// duplicates, on every dialect). PostgreSQL's deadlock and serialization
+// failures (SQLSTATE 40P01, 40001) in the inbox's own statements are
+// retried the same way.
 //
 // fn's error rolls everything back (the effect and the inbox row, so a
 // redelivery applies the message) and is returned wrapped with ErrHandler
 // (errors.Is matches both); the Outcome is then 0. fn must not commit or
-// roll back tx. An invalid msg returns ErrInvalidMessage before anything
-// is written; a database error is returned wrapped, and the message
-// counts as not processed (a redelivery decides).
+// roll back tx. A panic in fn is recovered: the transaction is rolled
+// back, the stack logged at ERROR, and Handle returns an error wrapping
+// ErrHandler and ErrHandlerPanic, like a handler error (the runners retry
+// it, then park it).
 //
-// A panic in fn rolls the transaction back and goes on. On SQLite give db
-// one connection (db.SetMaxOpenConns(1)), as for the outbox: SQLite has
-// one writer, and a transaction that read first cannot always wait for it.
+// Errors: a nil db or fn returns ErrInvalidConfig; an invalid msg
+// ErrInvalidMessage, before anything is written; an inbox table that does
+// not exist ErrSchemaMissing (run Migrate); any other database error is
+// returned wrapped, and the message counts as not processed (a redelivery
+// decides).
+//
+// On SQLite give db one connection (db.SetMaxOpenConns(1)), as for the
+// outbox: SQLite has one writer, and a transaction that read first cannot
+// always wait for it.
 //
 // The held check assumes one aggregate's messages are handled one at a
-// time, in order (the Kafka runner does so per partition): a message
-// handled concurrently with the Park of an earlier one of its aggregate
-// may be applied instead of held.
+// time, in order (the runners do so per partition): a message handled
+// concurrently with the Park of an earlier one of its aggregate may be
+// applied instead of held.
 func (in *Inbox) Handle(ctx context.Context, db *sql.DB, msg Message, fn func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
 	if db == nil || fn == nil {
 		return 0, fmt.Errorf("%w: Handle needs a *sql.DB and a handler", ErrInvalidConfig)
@@ -358,7 +387,20 @@ func (in *Inbox) Handle(ctx context.Context, db *sql.DB, msg Message, fn func(ct
 		}
 	}
 	start := time.Now()
-	out, err := in.handle(ctx, db, msg, fn)
+	var out Outcome
+	var err error
+	for try := 1; ; try++ {
+		out, err = in.handle(ctx, db, msg, fn)
+		if err == nil || errors.Is(err, ErrHandler) || !sqlerr.Deadlock(err) || try > DeadlockRetries || ctx.Err() != nil {
+			break
+		}
+		in.stats.deadlocks.Add(1)
+		in.log.Debug("inbox transaction rolled back by a deadlock; retrying", "message_id", msg.ID, "try", try, "error", err)
+		if !sleepCtx(ctx, deadlockPause(try)) {
+			break
+		}
+	}
+	err = in.storeErr(err)
 	switch {
 	case err != nil:
 		if errors.Is(err, ErrHandler) {
@@ -477,13 +519,63 @@ func (in *Inbox) handle(ctx context.Context, db *sql.DB, msg Message, fn func(ct
 
 // run runs fn in tx, where msg's inbox row is recorded, and commits.
 func (in *Inbox) run(ctx context.Context, tx *sql.Tx, msg Message, fn func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
-	if err := fn(ctx, tx); err != nil {
-		return 0, fmt.Errorf("%w: message %q: %w", ErrHandler, msg.ID, err)
+	if err, _ := in.call(msg, func() error { return fn(ctx, tx) }); err != nil {
+		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("inbox: message %q: commit: %w", msg.ID, err)
 	}
 	return Applied, nil
+}
+
+// DeadlockRetries is how many times Handle and HandleBatch run a
+// transaction again that the database rolled back to break a deadlock in
+// the inbox's own statements, after 1-2 ms, then 2-4 ms, and so on.
+const DeadlockRetries = 5
+
+func deadlockPause(try int) time.Duration {
+	base := time.Duration(try) * time.Millisecond
+	return base + rand.N(base)
+}
+
+// sleepCtx waits d or until ctx ends; false if ctx ended.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// call runs a handler for msg, recovering a panic into an error wrapping
+// ErrHandlerPanic (the stack is logged). It returns the handler's error
+// wrapped with ErrHandler, and the handler's own error (the cause Retry
+// stores).
+func (in *Inbox) call(msg Message, f func() error) (wrapped, cause error) {
+	defer func() {
+		if v := recover(); v != nil {
+			in.log.Error("inbox handler panicked; its transaction is rolled back", "message_id", msg.ID,
+				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			cause = fmt.Errorf("%w: %v", ErrHandlerPanic, v)
+			wrapped = fmt.Errorf("%w: message %q: %w", ErrHandler, msg.ID, cause)
+		}
+	}()
+	if err := f(); err != nil {
+		return fmt.Errorf("%w: message %q: %w", ErrHandler, msg.ID, err), err
+	}
+	return nil, nil
+}
+
+// storeErr marks a database error that found the inbox table missing with
+// ErrSchemaMissing; other errors are returned as they are.
+func (in *Inbox) storeErr(err error) error {
+	if err == nil || errors.Is(err, ErrHandler) || errors.Is(err, ErrSchemaMissing) || !sqlerr.UndefinedTable(err) {
+		return err
+	}
+	return fmt.Errorf("%w: table %s (run Migrate or apply DDL): %w", ErrSchemaMissing, in.cfg.Table, err)
 }
 
 // recordedOutcome is Handle's answer for a message recorded before with
@@ -516,7 +608,7 @@ func nilIfEmpty(b []byte) any {
 
 // counters are an Inbox's running totals.
 type counters struct {
-	applied, duplicates, held, handlerErrors, parked, retried, skipped, filterHits, filterErrors atomic.Uint64
+	applied, duplicates, held, handlerErrors, parked, retried, skipped, filterHits, filterErrors, deadlocks atomic.Uint64
 }
 
 // Stats are an Inbox's running totals since New, for tests and status
@@ -540,6 +632,10 @@ type Stats struct {
 	// FilterHits: duplicates the Filter answered; FilterErrors: Seen or
 	// Mark calls that failed (the table decided).
 	FilterHits, FilterErrors uint64
+	// Deadlocks: transactions the database rolled back to break a
+	// deadlock (or a serialization conflict) in the inbox's own
+	// statements, which Handle or HandleBatch then ran again.
+	Deadlocks uint64
 }
 
 // Stats returns the running totals.
@@ -547,5 +643,6 @@ func (in *Inbox) Stats() Stats {
 	c := &in.stats
 	return Stats{Applied: c.applied.Load(), Duplicates: c.duplicates.Load(), Held: c.held.Load(),
 		HandlerErrors: c.handlerErrors.Load(), Parked: c.parked.Load(), Retried: c.retried.Load(),
-		Skipped: c.skipped.Load(), FilterHits: c.filterHits.Load(), FilterErrors: c.filterErrors.Load()}
+		Skipped: c.skipped.Load(), FilterHits: c.filterHits.Load(), FilterErrors: c.filterErrors.Load(),
+		Deadlocks: c.deadlocks.Load()}
 }

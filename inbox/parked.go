@@ -102,11 +102,11 @@ func (in *Inbox) ParkAfter(ctx context.Context, db *sql.DB, msg Message, cause e
 	c := causeText(cause)
 	res, err := db.ExecContext(ctx, in.s.q("insert_stored"), in.storedArgs(msg, statusParked, c, attempts)...)
 	if err != nil {
-		return fmt.Errorf("inbox: parking message %q: %w", msg.ID, err)
+		return in.storeErr(fmt.Errorf("inbox: parking message %q: %w", msg.ID, err))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return fmt.Errorf("inbox: parking message %q: %w", msg.ID, err)
+		return in.storeErr(fmt.Errorf("inbox: parking message %q: %w", msg.ID, err))
 	}
 	if n == 0 {
 		var cv any
@@ -115,10 +115,10 @@ func (in *Inbox) ParkAfter(ctx context.Context, db *sql.DB, msg Message, cause e
 		}
 		res, err := db.ExecContext(ctx, in.s.q("park_update"), cv, attempts, nilIfEmpty(msg.Key), encodeHeaders(msg.Headers), nilIfEmpty(msg.Payload), in.cfg.Consumer, msg.ID)
 		if err != nil {
-			return fmt.Errorf("inbox: parking message %q: %w", msg.ID, err)
+			return in.storeErr(fmt.Errorf("inbox: parking message %q: %w", msg.ID, err))
 		}
 		if n, err = res.RowsAffected(); err != nil {
-			return fmt.Errorf("inbox: parking message %q: %w", msg.ID, err)
+			return in.storeErr(fmt.Errorf("inbox: parking message %q: %w", msg.ID, err))
 		}
 		if n == 0 {
 			return nil // processed or skipped meanwhile: nothing to park
@@ -169,19 +169,19 @@ func (in *Inbox) ListParked(ctx context.Context, db *sql.DB, f ParkedFilter) ([]
 	w, args := f.where()
 	rows, err := db.QueryContext(ctx, in.s.q("stored", w, " ORDER BY id LIMIT "+strconv.Itoa(f.Limit)), append([]any{in.cfg.Consumer}, args...)...)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: listing parked messages: %w", err)
+		return nil, in.storeErr(fmt.Errorf("inbox: listing parked messages: %w", err))
 	}
 	defer rows.Close()
 	out := []Parked{}
 	for rows.Next() {
 		p, _, err := in.scanParked(rows)
 		if err != nil {
-			return nil, fmt.Errorf("inbox: listing parked messages: %w", err)
+			return nil, in.storeErr(fmt.Errorf("inbox: listing parked messages: %w", err))
 		}
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("inbox: listing parked messages: %w", err)
+		return nil, in.storeErr(fmt.Errorf("inbox: listing parked messages: %w", err))
 	}
 	return out, nil
 }
@@ -189,11 +189,15 @@ func (in *Inbox) ListParked(ctx context.Context, db *sql.DB, f ParkedFilter) ([]
 // Skip marks the consumer's parked messages that match f as skipped: they
 // count as processed from then on (a redelivery is a Duplicate; retention
 // deletes them like processed rows) and their handler never runs. Held
-// messages behind them stay held, in order, until Retry runs them (Skip
-// releases the aggregate for Retry; it does not run anything). It returns
-// how many it marked, ErrInvalidFilter for a filter that names nothing
-// (see ParkedFilter.All), or ErrNothingMatched when no parked message
-// matched.
+// messages behind them stay held, in order, until the consumer runs them:
+// in the same transaction Skip records a retry request for each skipped
+// message's aggregate (see RequestRetry), which a running runner
+// (inboxkafka and the other inbox runners) serves within its
+// RequestInterval with its own handler, releasing the aggregate. A consumer
+// without a runner calls ServeRequests or Retry itself. It returns how
+// many it marked, ErrInvalidFilter for a filter that names nothing (see
+// ParkedFilter.All), ErrNothingMatched when no parked message matched,
+// ErrSchemaMissing without the tables, or the database error, wrapped.
 func (in *Inbox) Skip(ctx context.Context, db *sql.DB, f ParkedFilter) (int, error) {
 	if db == nil {
 		return 0, fmt.Errorf("%w: Skip needs a *sql.DB", ErrInvalidConfig)
@@ -202,9 +206,18 @@ func (in *Inbox) Skip(ctx context.Context, db *sql.DB, f ParkedFilter) (int, err
 		return 0, err
 	}
 	w, args := f.where()
-	res, err := db.ExecContext(ctx, in.s.q("skip", w), append([]any{in.cfg.Consumer}, args...)...)
+	args = append([]any{in.cfg.Consumer}, args...)
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: skipping parked messages: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	if _, err := tx.ExecContext(ctx, in.s.q("request_insert", " AND status = 2 AND (aggregate_type <> '' OR aggregate_id <> '')", w, in.s.ignoreConflict()), args...); err != nil {
+		return 0, in.storeErr(fmt.Errorf("inbox: skipping parked messages: requesting the release of their aggregates: %w", err))
+	}
+	res, err := tx.ExecContext(ctx, in.s.q("skip", w), args...)
+	if err != nil {
+		return 0, in.storeErr(fmt.Errorf("inbox: skipping parked messages: %w", err))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -212,6 +225,9 @@ func (in *Inbox) Skip(ctx context.Context, db *sql.DB, f ParkedFilter) (int, err
 	}
 	if n == 0 {
 		return 0, ErrNothingMatched
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("inbox: skipping parked messages: commit: %w", err)
 	}
 	in.stats.skipped.Add(uint64(n))
 	return int(n), nil
@@ -254,7 +270,7 @@ func (in *Inbox) Retry(ctx context.Context, db *sql.DB, f ParkedFilter, fn func(
 	w, args := f.where()
 	rows, err := db.QueryContext(ctx, in.s.q("stored_keys", w, " ORDER BY id"), append([]any{in.cfg.Consumer}, args...)...)
 	if err != nil {
-		return 0, fmt.Errorf("inbox: retry: finding parked messages: %w", err)
+		return 0, in.storeErr(fmt.Errorf("inbox: retry: finding parked messages: %w", err))
 	}
 	var keys []aggKey
 	seen := map[aggKey]bool{}
@@ -263,7 +279,7 @@ func (in *Inbox) Retry(ctx context.Context, db *sql.DB, f ParkedFilter, fn func(
 		var id int64
 		if err := rows.Scan(&id, &k.typ, &k.id); err != nil {
 			rows.Close()
-			return 0, fmt.Errorf("inbox: retry: finding parked messages: %w", err)
+			return 0, in.storeErr(fmt.Errorf("inbox: retry: finding parked messages: %w", err))
 		}
 		if k.typ == "" && k.id == "" {
 			k.row = id
@@ -275,7 +291,7 @@ func (in *Inbox) Retry(ctx context.Context, db *sql.DB, f ParkedFilter, fn func(
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("inbox: retry: finding parked messages: %w", err)
+		return 0, in.storeErr(fmt.Errorf("inbox: retry: finding parked messages: %w", err))
 	}
 	if len(keys) == 0 {
 		return 0, ErrNothingMatched
@@ -361,9 +377,8 @@ func (in *Inbox) retryOne(ctx context.Context, db *sql.DB, id int64, msg Message
 	if status != statusParked && status != statusHeld {
 		return false, nil
 	}
-	if ferr := fn(tctx, tx, msg); ferr != nil {
+	if herr, ferr := in.call(msg, func() error { return fn(tctx, tx, msg) }); herr != nil {
 		_ = tx.Rollback()
-		herr := fmt.Errorf("%w: message %q: %w", ErrHandler, msg.ID, ferr)
 		in.stats.handlerErrors.Add(1)
 		in.obs.HandlerFailed(msg, herr)
 		if _, err := db.ExecContext(ctx, in.s.q("retry_failed"), causeText(ferr), id); err != nil {

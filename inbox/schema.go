@@ -88,6 +88,9 @@ type tmpl struct{ s *schema }
 
 func (t tmpl) Table() string { return t.s.qualify(t.s.base) }
 
+// Requests is the retry-request table, <table>_requests.
+func (t tmpl) Requests() string { return t.s.qualify(t.s.base + "_requests") }
+
 func (t tmpl) Index(suffix string) string {
 	if t.s.dialect == driver.SQLite && t.s.sch != "" {
 		return t.s.quote(t.s.sch) + "." + t.s.quote(t.s.base+"_"+suffix)
@@ -130,6 +133,13 @@ func (t tmpl) Micros(col string) string {
 		return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + col + ")"
 	}
 	return col
+}
+
+func (t tmpl) FromDual() string {
+	if t.s.dialect == driver.MySQL {
+		return " FROM DUAL"
+	}
+	return ""
 }
 
 func (t tmpl) InsertIgnore() string {
@@ -237,6 +247,12 @@ func (s *schema) q(name string, extra ...string) string {
 	if len(extra) > 0 {
 		text += strings.Join(extra, "")
 	}
+	return s.placeholders(text)
+}
+
+// placeholders renders text's ? placeholders for the dialect ($1, $2, ...
+// on PostgreSQL).
+func (s *schema) placeholders(text string) string {
 	if s.dialect != driver.Postgres {
 		return text
 	}
@@ -271,6 +287,15 @@ func splitStatements(text string) []string {
 		}
 	}
 	return out
+}
+
+// ignoreConflict ends an INSERT ... SELECT that skips rows whose key is
+// taken (MySQL's INSERT IGNORE is in the statement's head instead).
+func (s *schema) ignoreConflict() string {
+	if s.dialect == driver.MySQL {
+		return ""
+	}
+	return " ON CONFLICT DO NOTHING"
 }
 
 func (s *schema) migrationsTable() string { return s.qualify(s.base + "_migrations") }

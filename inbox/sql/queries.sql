@@ -69,3 +69,43 @@ SELECT id, aggregate_type, aggregate_id FROM {{.Table}} WHERE consumer = ? AND s
 INSERT INTO {{.Table}} (consumer, message_id, status, aggregate_type, aggregate_id, topic, kafka_partition, kafka_offset, created_at, updated_at, processed_at)
 SELECT CAST(? AS TEXT), CAST(? AS TEXT), 1, CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS INTEGER), CAST(? AS BIGINT), {{.Now}}, {{.Now}}, {{.Now}}
 WHERE NOT EXISTS (SELECT 1 FROM {{.Table}} WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND status IN (2, 3)){{.OnConflict}}
+
+-- name: request_insert
+-- A retry request for each aggregate (or, without one, each message) of the
+-- stored rows the appended filter selects.
+{{.InsertIgnore}} INTO {{.Requests}} (consumer, aggregate_type, aggregate_id, message_id, requested_at)
+SELECT DISTINCT consumer, aggregate_type, aggregate_id, CASE WHEN aggregate_type = '' AND aggregate_id = '' THEN message_id ELSE '' END, {{.Now}}
+FROM {{.Table}} WHERE consumer = ?
+
+-- name: requests_pending
+SELECT aggregate_type, aggregate_id, message_id FROM {{.Requests}} WHERE consumer = ? ORDER BY requested_at LIMIT 100
+
+-- name: request_delete
+DELETE FROM {{.Requests}} WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND message_id = ?
+
+-- name: aggregate_first
+SELECT status FROM {{.Table}} WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND status IN (2, 3) ORDER BY id LIMIT 1
+
+-- name: stored_count
+SELECT COUNT(*) FROM {{.Table}} WHERE consumer = ? AND status IN (2, 3)
+
+-- name: batch_insert_head
+-- HandleBatch's dedupe rows, written together: this head, then one
+-- batch_insert_row per message.
+{{.InsertIgnore}} INTO {{.Table}} (consumer, message_id, status, aggregate_type, aggregate_id, topic, kafka_partition, kafka_offset, created_at, updated_at, processed_at) VALUES
+
+-- name: batch_insert_row
+(?, ?, 1, ?, ?, ?, ?, ?, {{.Now}}, {{.Now}}, {{.Now}})
+
+-- name: batch_held_probe
+-- One per distinct aggregate of a batch, joined with UNION ALL: each is the
+-- held query's index probe (no IN list of tuples, whose plan MariaDB may
+-- turn into a scan of the consumer's whole history); # is the aggregate's
+-- number in the batch.
+SELECT #{{.FromDual}} WHERE EXISTS (SELECT 1 FROM {{.Table}} WHERE consumer = ? AND aggregate_type = ? AND aggregate_id = ? AND status IN (2, 3))
+
+-- name: batch_status
+SELECT message_id, status FROM {{.Table}} WHERE consumer = ? AND message_id IN
+
+-- name: batch_delete
+DELETE FROM {{.Table}} WHERE consumer = ? AND message_id IN

@@ -1,0 +1,385 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/sqlerr"
+)
+
+// MaxBatch is the most messages HandleBatch takes at once. It is
+// PostgreSQL's per-backend cache of subtransaction IDs,
+// PGPROC_MAX_CACHED_SUBXIDS = 64 (src/include/storage/proc.h): a
+// transaction with more savepoints that wrote overflows it, and while it
+// runs every other session's snapshots must look subtransactions up in
+// pg_subtrans, a slowdown of the whole server. It also keeps the batch's
+// lists of message IDs well under MariaDB's eq_range_index_dive_limit
+// (200), above which its optimizer estimates an IN list from statistics
+// and may choose a scan.
+const MaxBatch = 64
+
+// BatchResult is what HandleBatch did with one message.
+type BatchResult struct {
+	// Outcome is Applied, Duplicate or Held when the message's outcome is
+	// stored, and 0 when it is not: then handle the message again, alone
+	// (Handle), in order after the messages before it.
+	Outcome Outcome
+	// Err, with Outcome 0, says why: the handler's error (wrapping
+	// ErrHandler; the handler's changes were rolled back to its savepoint,
+	// the other messages' committed) or ErrInvalidMessage. nil with
+	// Outcome 0: not tried in this batch, because an earlier message of
+	// its aggregate was not applied in it (it failed, or is held, or was in
+	// flight elsewhere), so applying this one would break the aggregate's
+	// order.
+	Err error
+}
+
+// HandleBatch applies several messages, in order, in one transaction: the
+// batched form of Handle for a runner's partition (Kafka consumers,
+// MassTransit and Wolverine batch the same way). One commit for the batch
+// instead of one per message is where the throughput comes from: a
+// partition handled one message per transaction is bounded by 1 / (commit
+// latency).
+//
+// In the transaction (begun with a fresh outbox emit scope, as Handle's):
+//   - the dedupe rows of every message are written together, in one
+//     multi-row INSERT that skips the ones recorded before; those are
+//     looked up in one query (processed or skipped: Duplicate; parked or
+//     held: Held);
+//   - each new message's fn runs inside its own savepoint: a failure rolls
+//     back to it (that handler's changes only), and the message's dedupe
+//     row is deleted before the commit, so the other messages commit and
+//     the failed one counts as not processed (Outcome 0, Err set);
+//   - the aggregate of a message that is not applied in the batch (it
+//     failed, or was recorded as parked or held, or was in flight in
+//     another transaction) is blocked for the rest of the batch: its later
+//     messages are not tried (Outcome 0, Err nil), so that the caller
+//     handles them alone after it, in order;
+//   - one commit.
+//
+// Before the transaction, one query (one index probe per distinct
+// aggregate of the batch) finds the aggregates held behind a parked
+// message; their messages are left to the caller (Outcome 0, Err nil) and
+// Handle stores them held. So a caller handles every message with Outcome
+// 0, in order, with Handle (the runners do, with their retries and
+// parking); every other result is final. Acknowledge the batch once every
+// message has an outcome.
+//
+// msgs holds 1 to MaxBatch messages (more: ErrInvalidConfig, nothing
+// written). An error (the database failed, the commit failed; a missing
+// table is ErrSchemaMissing) means no message of the batch is stored: the
+// caller may run the batch again or handle its messages alone. A deadlock
+// in the inbox's own statements is retried as in Handle. A panic in fn is
+// recovered into that message's Err (ErrHandlerPanic), as in Handle. The
+// Filter is not asked (the batch's INSERT is the check) but is marked for
+// each message applied. The held rule is Handle's: one aggregate's
+// messages are handled by one caller at a time, in order.
+func (in *Inbox) HandleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn func(ctx context.Context, tx *sql.Tx, msg Message) error) ([]BatchResult, error) {
+	switch {
+	case db == nil || fn == nil:
+		return nil, fmt.Errorf("%w: HandleBatch needs a *sql.DB and a handler", ErrInvalidConfig)
+	case len(msgs) == 0 || len(msgs) > MaxBatch:
+		return nil, fmt.Errorf("%w: HandleBatch takes 1 to %d messages, got %d", ErrInvalidConfig, MaxBatch, len(msgs))
+	}
+	start := time.Now()
+	var res []BatchResult
+	var err error
+	for try := 1; ; try++ {
+		res, err = in.handleBatch(ctx, db, msgs, fn)
+		if err == nil || !sqlerr.Deadlock(err) || try > DeadlockRetries || ctx.Err() != nil {
+			break
+		}
+		in.stats.deadlocks.Add(1)
+		in.log.Debug("inbox batch rolled back by a deadlock; retrying", "messages", len(msgs), "try", try, "error", err)
+		if !sleepCtx(ctx, deadlockPause(try)) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, in.storeErr(err)
+	}
+	for i, r := range res {
+		m := msgs[i]
+		switch {
+		case r.Outcome == Applied:
+			in.stats.applied.Add(1)
+			in.obs.Applied(m, time.Since(start))
+			in.mark(ctx, m.ID)
+		case r.Outcome == Duplicate:
+			in.stats.duplicates.Add(1)
+			in.obs.Duplicate(m)
+			in.mark(ctx, m.ID)
+		case r.Outcome == Held:
+			in.stats.held.Add(1)
+			in.obs.Held(m)
+		case errors.Is(r.Err, ErrHandler):
+			in.stats.handlerErrors.Add(1)
+			in.obs.HandlerFailed(m, r.Err)
+		}
+	}
+	return res, nil
+}
+
+// aggOf is a message's aggregate key ("" for none: never blocked).
+func aggOf(m Message) string {
+	if !m.held() {
+		return ""
+	}
+	return strconv.Itoa(len(m.AggregateType)) + ":" + m.AggregateType + m.AggregateID
+}
+
+func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn func(ctx context.Context, tx *sql.Tx, msg Message) error) ([]BatchResult, error) {
+	res := make([]BatchResult, len(msgs))
+	// blocked: an aggregate's messages after this index are not tried.
+	blocked := map[string]int{}
+	block := func(i int) {
+		if k := aggOf(msgs[i]); k != "" {
+			if _, ok := blocked[k]; !ok {
+				blocked[k] = i
+			}
+		}
+	}
+	isBlocked := func(i int) bool {
+		at, ok := blocked[aggOf(msgs[i])]
+		return ok && at < i && aggOf(msgs[i]) != ""
+	}
+	var valid []int
+	for i, m := range msgs {
+		if err := validate(m); err != nil {
+			res[i].Err = err
+			continue
+		}
+		valid = append(valid, i)
+	}
+	if err := in.batchHeld(ctx, db, msgs, valid, blocked); err != nil {
+		return nil, err
+	}
+	var cand []int // valid, not behind a held aggregate, first of its ID
+	ids := map[string]bool{}
+	for _, i := range valid {
+		if !isBlocked(i) && !ids[msgs[i].ID] {
+			ids[msgs[i].ID] = true
+			cand = append(cand, i)
+		}
+		// A second copy of a message in the batch is left to Handle,
+		// after the first: a Duplicate, or applied if the first failed.
+	}
+	if len(cand) == 0 {
+		return res, nil
+	}
+	tctx := outbox.NewContext(ctx)
+	tx, err := db.BeginTx(tctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: batch: begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+
+	status := map[string]int{} // recorded before: message ID -> status
+	inserted := map[string]bool{}
+	if in.s.dialect == driver.MySQL {
+		// No RETURNING on MySQL 8.0: read what is recorded (a consistent
+		// read: no locks), insert the rest, and insist that every one of
+		// them was inserted.
+		if err := in.batchStatus(tctx, tx, msgs, cand, status); err != nil {
+			return nil, err
+		}
+		var rest []int
+		for _, i := range cand {
+			if _, ok := status[msgs[i].ID]; !ok {
+				rest = append(rest, i)
+			}
+		}
+		if len(rest) > 0 {
+			q, args := in.batchInsert(msgs, rest, "")
+			r, err := tx.ExecContext(tctx, q, args...)
+			if err != nil {
+				return nil, fmt.Errorf("inbox: batch: recording: %w", err)
+			}
+			if n, err := r.RowsAffected(); err != nil {
+				return nil, fmt.Errorf("inbox: batch: recording: %w", err)
+			} else if int(n) != len(rest) {
+				// Recorded meanwhile by another delivery (committed after
+				// this transaction's snapshot): leave the batch to Handle.
+				return make([]BatchResult, len(msgs)), nil
+			}
+			for _, i := range rest {
+				inserted[msgs[i].ID] = true
+			}
+		}
+	} else {
+		q, args := in.batchInsert(msgs, cand, " RETURNING message_id")
+		rows, err := tx.QueryContext(tctx, q, args...)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: batch: recording: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("inbox: batch: recording: %w", err)
+			}
+			inserted[id] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("inbox: batch: recording: %w", err)
+		}
+		if len(inserted) < len(cand) {
+			if err := in.batchStatus(tctx, tx, msgs, cand, status); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	const sp = "inbox_message"
+	var undo []int // inserted, then not applied: their rows are deleted
+	for _, i := range cand {
+		m := msgs[i]
+		if !inserted[m.ID] {
+			if st, ok := status[m.ID]; ok {
+				res[i].Outcome = recordedOutcome(st)
+				if res[i].Outcome == Held {
+					block(i)
+				}
+			} else {
+				// Neither inserted nor recorded: a duplicate of an earlier
+				// message of this batch, or another transaction's, in
+				// flight. Handle decides.
+				block(i)
+			}
+			continue
+		}
+		if isBlocked(i) {
+			undo = append(undo, i)
+			continue
+		}
+		if _, err := tx.ExecContext(tctx, "SAVEPOINT "+sp); err != nil {
+			return nil, fmt.Errorf("inbox: batch: savepoint: %w", err)
+		}
+		if herr, _ := in.call(m, func() error { return fn(tctx, tx, m) }); herr != nil {
+			if _, err := tx.ExecContext(tctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
+				return nil, fmt.Errorf("inbox: batch: rolling back message %q to its savepoint: %w", m.ID, err)
+			}
+			res[i].Err = herr
+			block(i)
+			undo = append(undo, i)
+		} else {
+			res[i].Outcome = Applied
+		}
+		if _, err := tx.ExecContext(tctx, "RELEASE SAVEPOINT "+sp); err != nil {
+			return nil, fmt.Errorf("inbox: batch: releasing a savepoint: %w", err)
+		}
+	}
+	if len(undo) > 0 {
+		args := []any{in.cfg.Consumer}
+		for _, i := range undo {
+			args = append(args, msgs[i].ID)
+		}
+		if _, err := tx.ExecContext(tctx, in.s.q("batch_delete", inList(len(undo))), args...); err != nil {
+			return nil, fmt.Errorf("inbox: batch: deleting the rows of messages not applied: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("inbox: batch: commit: %w", err)
+	}
+	return res, nil
+}
+
+// inList is " (?, ?, ...)" with n placeholders.
+func inList(n int) string {
+	return " (" + strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
+}
+
+// batchInsert is the multi-row dedupe INSERT of msgs[idx], with tail.
+func (in *Inbox) batchInsert(msgs []Message, idx []int, tail string) (string, []any) {
+	var b strings.Builder
+	b.WriteString(in.s.queries["batch_insert_head"])
+	args := make([]any, 0, 7*len(idx))
+	for k, i := range idx {
+		if k > 0 {
+			b.WriteString(", ")
+		} else {
+			b.WriteString(" ")
+		}
+		b.WriteString(in.s.queries["batch_insert_row"])
+		m := msgs[i]
+		args = append(args, in.cfg.Consumer, m.ID, m.AggregateType, m.AggregateID, m.Topic, m.Partition, m.Offset)
+	}
+	if in.s.dialect != driver.MySQL {
+		b.WriteString(" ON CONFLICT (consumer, message_id) DO NOTHING")
+	}
+	b.WriteString(tail)
+	return in.s.placeholders(b.String()), args
+}
+
+// batchStatus reads the recorded status of msgs[idx] into status.
+func (in *Inbox) batchStatus(ctx context.Context, tx *sql.Tx, msgs []Message, idx []int, status map[string]int) error {
+	args := []any{in.cfg.Consumer}
+	for _, i := range idx {
+		args = append(args, msgs[i].ID)
+	}
+	rows, err := tx.QueryContext(ctx, in.s.q("batch_status", inList(len(idx))), args...)
+	if err != nil {
+		return fmt.Errorf("inbox: batch: reading recorded messages: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var st int
+		if err := rows.Scan(&id, &st); err != nil {
+			return fmt.Errorf("inbox: batch: reading recorded messages: %w", err)
+		}
+		status[id] = st
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("inbox: batch: reading recorded messages: %w", err)
+	}
+	return nil
+}
+
+// batchHeld blocks (index -1) the aggregates of msgs[idx] that are held
+// behind a parked message.
+func (in *Inbox) batchHeld(ctx context.Context, db *sql.DB, msgs []Message, idx []int, blocked map[string]int) error {
+	var parts []string
+	var args []any
+	var keys []string
+	seen := map[string]bool{}
+	for _, i := range idx {
+		k := aggOf(msgs[i])
+		if k == "" || seen[k] {
+			continue
+		}
+		seen[k] = true
+		parts = append(parts, strings.Replace(in.s.queries["batch_held_probe"], "#", strconv.Itoa(len(keys)), 1))
+		args = append(args, in.cfg.Consumer, msgs[i].AggregateType, msgs[i].AggregateID)
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	rows, err := db.QueryContext(ctx, in.s.placeholders(strings.Join(parts, " UNION ALL ")), args...)
+	if err != nil {
+		return fmt.Errorf("inbox: batch: hold check: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var n int
+		if err := rows.Scan(&n); err != nil {
+			return fmt.Errorf("inbox: batch: hold check: %w", err)
+		}
+		if n >= 0 && n < len(keys) {
+			blocked[keys[n]] = -1
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("inbox: batch: hold check: %w", err)
+	}
+	return nil
+}
