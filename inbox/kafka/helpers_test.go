@@ -303,8 +303,10 @@ func consumerChild() int {
 		return 2
 	}
 	defer events.Close()
+	batch, _ := strconv.Atoi(os.Getenv("INBOXKAFKA_BATCH"))
 	r, err := inboxkafka.NewRunner(inboxkafka.Config{
-		Brokers: strings.Split(os.Getenv("INBOXKAFKA_BROKERS"), ","), Group: os.Getenv("INBOXKAFKA_GROUP"),
+		BatchSize: batch,
+		Brokers:   strings.Split(os.Getenv("INBOXKAFKA_BROKERS"), ","), Group: os.Getenv("INBOXKAFKA_GROUP"),
 		Topics: []string{os.Getenv("INBOXKAFKA_TOPIC")}, Inbox: in, DB: db,
 		Handler: ledgerHandler(d, os.Getenv("INBOXKAFKA_LEDGER")), Backoff: fastRetry,
 		Observer: fileObserver{events}, Logger: quietLogger(), CommitInterval: 100 * time.Millisecond,

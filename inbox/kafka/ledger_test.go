@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,12 +53,17 @@ func ledgerProof(t *testing.T, tg testdb.Target) {
 	group := randomName("g-")
 	brokers := strings.Join(b.Addrs(), ",")
 
-	n := 0
+	n, consumers := 0, 0
 	consumer := func(failpoints string) *child {
 		n++
+		// Every other consumer applies batches of 16 records
+		// (Config.BatchSize): both modes share the group, the kills and
+		// the proof.
+		consumers++
+		batch := 16 * ((consumers + 1) % 2)
 		events := filepath.Join(dir, fmt.Sprintf("events-%d", n))
 		eventFiles = append(eventFiles, events)
-		c := startChild(t, fmt.Sprintf("consumer %d (%s)", n, failpoints), "consumer",
+		c := startChild(t, fmt.Sprintf("consumer %d (%s, batch %d)", n, failpoints, batch), "consumer", "INBOXKAFKA_BATCH="+strconv.Itoa(batch),
 			"INBOXKAFKA_DIALECT="+string(tg.Dialect), "INBOXKAFKA_DSN="+cons.env.DSN,
 			"INBOXKAFKA_INBOX="+cons.itable, "INBOXKAFKA_CONSUMER="+cons.cname, "INBOXKAFKA_LEDGER="+cons.ledger,
 			"INBOXKAFKA_BROKERS="+brokers, "INBOXKAFKA_GROUP="+group, "INBOXKAFKA_TOPIC="+topic,

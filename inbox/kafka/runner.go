@@ -51,6 +51,12 @@ const (
 	DefaultAttemptTimeout = 30 * time.Second
 	// DefaultStopTimeout bounds the final offset commit at shutdown.
 	DefaultStopTimeout = 10 * time.Second
+	// DefaultBatchLinger is how long a partition's worker waits for more
+	// records when BatchSize is set and fewer than BatchSize are waiting.
+	DefaultBatchLinger = time.Millisecond
+	// DefaultRequestInterval is how often the runner serves retry requests
+	// (inbox.Inbox.ServeRequests: `outbox inbox parked skip` and `retry`).
+	DefaultRequestInterval = 5 * time.Second
 )
 
 // Errors.
@@ -63,8 +69,9 @@ var (
 	// record after the first attempt.
 	ErrPermanent = errors.New("inboxkafka: permanent handler error")
 	// ErrHandlerPanic wraps the value of a recovered handler panic; it
-	// counts as a handler error (retried, then parked).
-	ErrHandlerPanic = errors.New("inboxkafka: handler panicked")
+	// counts as a handler error (retried, then parked). It is
+	// inbox.ErrHandlerPanic: the inbox recovers the panic.
+	ErrHandlerPanic = inbox.ErrHandlerPanic
 	// ErrStarted is returned by Run when the runner already ran.
 	ErrStarted = errors.New("inboxkafka: Run already called")
 )
@@ -162,6 +169,24 @@ type Config struct {
 	// no transactions (the relay's default mode) both levels read the same
 	// records at the same time.
 	ReadUncommitted bool
+	// BatchSize, from 2 to inbox.MaxBatch (64), applies up to that many
+	// records of a partition in one transaction (inbox.Inbox.HandleBatch:
+	// each handler in a savepoint, one commit), which multiplies a
+	// partition's throughput (BENCHMARKS.md "Inbox"). A record whose
+	// handler fails in a batch, and the later records of its aggregate in
+	// that batch, are then handled one at a time with the usual retries
+	// and parking. Default 0: one record per transaction.
+	BatchSize int
+	// BatchLinger is how long a worker waits for more records when fewer
+	// than BatchSize are waiting (latency traded for larger batches at low
+	// rates). Default DefaultBatchLinger; ignored without BatchSize.
+	BatchLinger time.Duration
+	// RequestInterval is how often the runner serves the inbox's retry
+	// requests with its Handler (inbox.Inbox.ServeRequests): `outbox inbox
+	// parked skip` requests the release of the held messages behind a
+	// skipped one, `outbox inbox parked retry` a retry. Default
+	// DefaultRequestInterval; negative: never (call Retry yourself).
+	RequestInterval time.Duration
 	// Kgo are extra franz-go client options (TLS, SASL, client ID, fetch
 	// sizes, another balancer). They are applied after the runner's
 	// defaults (seed brokers, cooperative-sticky balancer, start offset at
@@ -199,6 +224,12 @@ func (c Config) withDefaults() Config {
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
 	}
+	if c.BatchLinger == 0 {
+		c.BatchLinger = DefaultBatchLinger
+	}
+	if c.RequestInterval == 0 {
+		c.RequestInterval = DefaultRequestInterval
+	}
 	return c
 }
 
@@ -223,6 +254,9 @@ type Stats struct {
 	Invalid int64
 	// Commits: successful offset commits.
 	Commits int64
+	// Batches: transactions of several records committed with BatchSize
+	// (inbox.Inbox.HandleBatch); Applied counts their records too.
+	Batches int64
 }
 
 // Runner consumes Config.Topics as a member of Config.Group and applies
@@ -240,7 +274,7 @@ type Runner struct {
 
 	commitMu sync.Mutex // serializes commits with revocations
 
-	applied, duplicates, held, parked, handlerErrs, storeErrs, invalid, commits atomic.Int64
+	applied, duplicates, held, parked, handlerErrs, storeErrs, invalid, commits, batches atomic.Int64
 }
 
 type tp struct {
@@ -252,7 +286,8 @@ type tp struct {
 // wrapping ErrInvalidConfig for a missing Brokers, Group, Topics, Inbox, DB
 // or Handler, a negative MaxAttempts, CommitInterval below
 // MinCommitInterval, a negative MaxBufferedRecords or an unknown
-// OnFailure, and kgo's error (wrapped) for options it rejects
+// OnFailure, a BatchSize above inbox.MaxBatch or a negative BatchLinger,
+// and kgo's error (wrapped) for options it rejects
 // (kgo.ValidateOpts). It does not connect: Run does.
 func NewRunner(cfg Config) (*Runner, error) {
 	cfg = cfg.withDefaults()
@@ -269,6 +304,10 @@ func NewRunner(cfg Config) (*Runner, error) {
 		return nil, fmt.Errorf("%w: MaxBufferedRecords %d is below 1", ErrInvalidConfig, cfg.MaxBufferedRecords)
 	case cfg.OnFailure != ParkAndHold && cfg.OnFailure != SkipAfterPark:
 		return nil, fmt.Errorf("%w: unknown OnFailure %d", ErrInvalidConfig, cfg.OnFailure)
+	case cfg.BatchSize < 0 || cfg.BatchSize > inbox.MaxBatch:
+		return nil, fmt.Errorf("%w: BatchSize %d, want 0 to %d", ErrInvalidConfig, cfg.BatchSize, inbox.MaxBatch)
+	case cfg.BatchLinger < 0:
+		return nil, fmt.Errorf("%w: negative BatchLinger %s", ErrInvalidConfig, cfg.BatchLinger)
 	}
 	for _, t := range cfg.Topics {
 		if t == "" {
@@ -311,6 +350,7 @@ func (r *Runner) Stats() Stats {
 		Applied: r.applied.Load(), Duplicates: r.duplicates.Load(), Held: r.held.Load(),
 		Parked: r.parked.Load(), HandlerErrors: r.handlerErrs.Load(),
 		StoreErrors: r.storeErrs.Load(), Invalid: r.invalid.Load(), Commits: r.commits.Load(),
+		Batches: r.batches.Load(),
 	}
 }
 
@@ -324,29 +364,57 @@ func (r *Runner) Stats() Stats {
 // admin endpoint of the consumer); the held messages that arrive while it
 // runs are the inbox's concern (see inbox.Inbox.Retry).
 func (r *Runner) Retry(ctx context.Context, f inbox.ParkedFilter) (int, error) {
-	return r.cfg.Inbox.Retry(ctx, r.cfg.DB, f, func(ctx context.Context, tx *sql.Tx, msg inbox.Message) (err error) {
-		defer func() {
-			if v := recover(); v != nil {
-				err = fmt.Errorf("%w: %v", ErrHandlerPanic, v)
-			}
-		}()
-		return r.cfg.Handler(ctx, tx, msg)
-	})
+	return r.cfg.Inbox.Retry(ctx, r.cfg.DB, f, r.cfg.Handler)
 }
 
-// Run creates the Kafka client, joins the group and processes records
-// until ctx is cancelled. Then it
+// serveRequests serves the inbox's retry requests every RequestInterval
+// until ctx ends.
+func (r *Runner) serveRequests(ctx context.Context) {
+	if r.cfg.RequestInterval < 0 {
+		return
+	}
+	t := time.NewTicker(r.cfg.RequestInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := r.cfg.Inbox.ServeRequests(ctx, r.cfg.DB, r.cfg.Handler)
+		if n > 0 {
+			r.log.Info("retry requests served", "applied", n)
+		}
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("serving retry requests", "applied", n, "err", err)
+		}
+	}
+}
+
+// Run checks the inbox schema (inbox.Inbox.Check), creates the Kafka
+// client, joins the group and processes records until ctx is cancelled.
+// Then it
 // stops every worker (a handler in progress finishes), commits the offsets
 // of every finished record (bounded by DefaultStopTimeout), leaves the
 // group, and returns nil. Broker and database errors during the run are
 // logged and retried; they do not end Run. It returns ErrStarted if called
-// twice, or kgo's error (wrapped) if the client cannot be created. The
+// twice; the schema's error (inbox.ErrSchemaMissing, ErrSchemaOutdated or
+// ErrSchemaTooNew, wrapped) without starting, so that a consumer deployed
+// before its migration fails at once instead of retrying every record (a
+// database that cannot be reached at start is logged, and retried like
+// any outage); or kgo's error (wrapped) if the client cannot be created. The
 // client is closed when Run returns; a Runner is not reusable.
 func (r *Runner) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return ErrStarted
 	}
 	r.runCtx = context.WithoutCancel(ctx)
+	if err := r.cfg.Inbox.Check(ctx, r.cfg.DB); err != nil {
+		if errors.Is(err, inbox.ErrSchemaMissing) || errors.Is(err, inbox.ErrSchemaOutdated) || errors.Is(err, inbox.ErrSchemaTooNew) {
+			return fmt.Errorf("inboxkafka: %w", err)
+		}
+		r.log.Warn("inbox schema not checked at start; the database is retried", "err", err)
+	}
 	cl, err := kgo.NewClient(r.opts...)
 	if err != nil {
 		return fmt.Errorf("inboxkafka: creating the Kafka client: %w", err)
@@ -358,6 +426,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	go func() {
 		defer close(commitDone)
 		r.committer(commitCtx, cl)
+	}()
+	requestsDone := make(chan struct{})
+	go func() {
+		defer close(requestsDone)
+		r.serveRequests(commitCtx)
 	}()
 
 	for ctx.Err() == nil {
@@ -380,6 +453,7 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	stopCommitter()
 	<-commitDone
+	<-requestsDone
 	r.commitMu.Lock()
 	ws := r.take(nil)
 	stopAll(ws)
@@ -640,23 +714,87 @@ func (w *worker) next() (*kgo.Record, bool) {
 
 func (w *worker) run() {
 	defer close(w.done)
+	if w.r.cfg.BatchSize >= 2 {
+		w.runBatches()
+		return
+	}
 	for {
 		rec, ok := w.next()
 		if !ok {
 			return
 		}
-		if !w.r.process(w, rec) {
+		if !w.r.process(w, rec, 0, nil) {
 			return
 		}
 		failpoint.Inject(fpAfterStore)
+		w.finish(rec)
+	}
+}
+
+// finish makes rec's offset committable and reports the lag.
+func (w *worker) finish(rec *kgo.Record) {
+	w.mu.Lock()
+	w.finished = rec
+	lag := w.hw - rec.Offset - 1
+	w.mu.Unlock()
+	if lag < 0 {
+		lag = 0
+	}
+	w.r.cfg.Observer.Lag(rec.Topic, rec.Partition, lag)
+}
+
+// nextBatch returns up to BatchSize records, waiting for one and then, if
+// fewer are queued, up to BatchLinger for more; false once stopped.
+func (w *worker) nextBatch() ([]*kgo.Record, bool) {
+	first, ok := w.next()
+	if !ok {
+		return nil, false
+	}
+	batch := []*kgo.Record{first}
+	var linger <-chan time.Time
+	for len(batch) < w.r.cfg.BatchSize {
 		w.mu.Lock()
-		w.finished = rec
-		lag := w.hw - rec.Offset - 1
-		w.mu.Unlock()
-		if lag < 0 {
-			lag = 0
+		n := min(len(w.queue), w.r.cfg.BatchSize-len(batch))
+		batch = append(batch, w.queue[:n]...)
+		clear(w.queue[:n])
+		w.queue = w.queue[n:]
+		if w.paused && len(w.queue) <= w.r.cfg.MaxBufferedRecords/2 {
+			w.paused = false
+			w.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 		}
-		w.r.cfg.Observer.Lag(rec.Topic, rec.Partition, lag)
+		w.mu.Unlock()
+		if len(batch) == w.r.cfg.BatchSize {
+			break
+		}
+		if linger == nil {
+			t := time.NewTimer(w.r.cfg.BatchLinger)
+			defer t.Stop()
+			linger = t.C
+		}
+		select {
+		case <-w.wake:
+			continue
+		case <-linger:
+		case <-w.stop:
+		}
+		break
+	}
+	return batch, true
+}
+
+// runBatches is run with BatchSize: each batch through
+// inbox.Inbox.HandleBatch, then the records it left one at a time.
+func (w *worker) runBatches() {
+	for {
+		batch, ok := w.nextBatch()
+		if !ok {
+			return
+		}
+		if !w.r.processBatch(w, batch) {
+			return
+		}
+		failpoint.Inject(fpAfterStore)
+		w.finish(batch[len(batch)-1])
 	}
 }
 
@@ -680,7 +818,10 @@ func (w *worker) wait(d time.Duration) bool {
 // before an outcome could be stored (a database outage, or retries
 // interrupted by a revocation): the record stays uncommitted and its next
 // owner (or this one after a restart) gets it again.
-func (r *Runner) process(w *worker, rec *kgo.Record) bool {
+//
+// tried and lastErr are the attempts already made (in a batch) and the
+// last one's error.
+func (r *Runner) process(w *worker, rec *kgo.Record, tried int, lastErr error) bool {
 	msg := Message(rec)
 	ctx := r.runCtx
 	if r.cfg.ContextFor != nil {
@@ -688,8 +829,10 @@ func (r *Runner) process(w *worker, rec *kgo.Record) bool {
 	}
 	retry := r.cfg.Backoff()
 	var storeWait backoff.BackOff
-	attempt := 0
-	var lastErr error
+	attempt := tried
+	if tried > 0 && (attempt >= r.cfg.MaxAttempts || errors.Is(lastErr, ErrPermanent)) {
+		return r.park(w, rec, msg, attempt, lastErr)
+	}
 	for {
 		attempt++
 		var herr error
@@ -755,6 +898,73 @@ func (r *Runner) process(w *worker, rec *kgo.Record) bool {
 		}
 	}
 	return r.park(w, rec, msg, attempt, lastErr)
+}
+
+// processBatch stores the outcome of every record of batch: the batch
+// through HandleBatch (retried while the inbox fails), then each record it
+// left, in order, through process. It returns false, as process does, if
+// the worker was stopped first.
+func (r *Runner) processBatch(w *worker, batch []*kgo.Record) bool {
+	msgs := make([]inbox.Message, len(batch))
+	for i, rec := range batch {
+		msgs[i] = Message(rec)
+	}
+	ctx := r.runCtx
+	byID := make(map[string]*kgo.Record, len(batch))
+	if r.cfg.ContextFor != nil {
+		for i, rec := range batch {
+			byID[msgs[i].ID] = rec
+		}
+	}
+	fn := func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+		if rec := byID[m.ID]; rec != nil {
+			ctx = r.cfg.ContextFor(ctx, rec)
+		}
+		return r.cfg.Handler(ctx, tx, m)
+	}
+	var storeWait backoff.BackOff
+	for {
+		start := time.Now()
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if r.cfg.AttemptTimeout > 0 {
+			actx, cancel = context.WithTimeout(ctx, r.cfg.AttemptTimeout)
+		}
+		res, err := r.cfg.Inbox.HandleBatch(actx, r.cfg.DB, msgs, fn)
+		cancel()
+		if err != nil {
+			r.storeErrs.Add(1)
+			if storeWait == nil {
+				storeWait = r.cfg.Backoff()
+			}
+			r.log.Warn("inbox failed; retrying the batch", "topic", batch[0].Topic, "partition", batch[0].Partition,
+				"offset", batch[0].Offset, "records", len(batch), "err", err)
+			if !w.wait(storeWait.NextBackOff()) {
+				return false
+			}
+			continue
+		}
+		dur := time.Since(start)
+		r.batches.Add(1)
+		for i, rec := range batch {
+			o := res[i]
+			if o.Outcome != 0 {
+				r.count(o.Outcome)
+				r.cfg.Observer.Processed(Result{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
+					Outcome: o.Outcome, Attempts: 1, Duration: dur})
+				continue
+			}
+			tried := 0
+			if errors.Is(o.Err, inbox.ErrHandler) {
+				tried = 1
+				r.handlerErrs.Add(1)
+				r.cfg.Observer.AttemptFailed(rec.Topic, rec.Partition, 1, o.Err)
+			}
+			if !r.process(w, rec, tried, o.Err) {
+				return false
+			}
+		}
+		return true
+	}
 }
 
 // park parks msg with the number of failed attempts (retrying the

@@ -66,6 +66,8 @@ func TestNewRunnerRejectsBadConfig(t *testing.T) {
 		"CommitInterval": func(c *inboxkafka.Config) { c.CommitInterval = time.Nanosecond },
 		"Buffered":       func(c *inboxkafka.Config) { c.MaxBufferedRecords = -1 },
 		"Policy":         func(c *inboxkafka.Config) { c.OnFailure = 7 },
+		"BatchSize":      func(c *inboxkafka.Config) { c.BatchSize = inbox.MaxBatch + 1 },
+		"BatchLinger":    func(c *inboxkafka.Config) { c.BatchLinger = -time.Millisecond },
 	} {
 		cfg := ok
 		mod(&cfg)
@@ -87,11 +89,44 @@ func TestNewRunnerRejectsBadConfig(t *testing.T) {
 	}
 }
 
+// TestRunRefusesWithoutTheSchema: Run checks the inbox table first and
+// returns ErrSchemaMissing at once, instead of retrying every record
+// against a table that is not there.
+func TestRunRefusesWithoutTheSchema(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 1)
+	c := newConsumerDB(t, pgx)
+	in, err := inbox.New(inbox.Config{Dialect: c.env.Target.Dialect, Table: c.env.Q("not_migrated"), Consumer: "c", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) { cfg.Inbox = in })
+	err = r.Run(testCtx(t, 30*time.Second))
+	if !errors.Is(err, inbox.ErrSchemaMissing) {
+		t.Fatalf("Run = %v, want ErrSchemaMissing", err)
+	}
+}
+
 // TestRunnerAppliesInOrderPerPartition: every record applied once, each
 // partition's offsets handled strictly in order, each aggregate's seqs in
 // order, and the offsets committed up to the end.
 func TestRunnerAppliesInOrderPerPartition(t *testing.T) {
 	t.Parallel()
+	forBatchSizes(t, testRunnerAppliesInOrderPerPartition)
+}
+
+// forBatchSizes runs a test with one record per transaction and with
+// batches (Config.BatchSize 8).
+func forBatchSizes(t *testing.T, f func(t *testing.T, batch int)) {
+	for _, n := range []int{0, 8} {
+		t.Run(fmt.Sprintf("batch%d", n), func(t *testing.T) {
+			t.Parallel()
+			f(t, n)
+		})
+	}
+}
+
+func testRunnerAppliesInOrderPerPartition(t *testing.T, batch int) {
 	b, topic := startBroker(t, 4)
 	c := newConsumerDB(t, pgx)
 	want := produce(t, b.Addrs(), topic, 12, 25)
@@ -100,6 +135,7 @@ func TestRunnerAppliesInOrderPerPartition(t *testing.T) {
 	var outOfOrder []string
 	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
 	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+		cfg.BatchSize = batch
 		cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
 			mu.Lock()
 			if last, ok := lastOffset[m.Partition]; ok && m.Offset != last+1 {
@@ -124,9 +160,16 @@ func TestRunnerAppliesInOrderPerPartition(t *testing.T) {
 	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool {
 		return committedTotal(t, ctx, b.Addrs(), r, topic) == 12*25
 	})
-	if st := r.Stats(); st.Applied != 12*25 || st.Duplicates != 0 || st.HandlerErrors != 0 {
+	st := r.Stats()
+	if st.Applied != 12*25 || st.Duplicates != 0 || st.HandlerErrors != 0 {
 		t.Fatalf("stats %+v", st)
 	}
+	// Batched: fewer transactions than records (the records were all
+	// produced before the runner started).
+	if batch > 0 && (st.Batches == 0 || st.Batches >= st.Applied) || batch == 0 && st.Batches != 0 {
+		t.Fatalf("stats %+v: batches for BatchSize %d", st, batch)
+	}
+	t.Logf("%d records in %d batches", st.Applied, st.Batches)
 }
 
 var groupOf sync.Map // *Runner -> group, for committedTotal
@@ -219,6 +262,10 @@ func TestRunnerCommitsOnlyAfterTheTransaction(t *testing.T) {
 // error.
 func TestRunnerRetriesThenParksThenHolds(t *testing.T) {
 	t.Parallel()
+	forBatchSizes(t, testRunnerRetriesThenParksThenHolds)
+}
+
+func testRunnerRetriesThenParksThenHolds(t *testing.T, batch int) {
 	b, topic := startBroker(t, 2)
 	c := newConsumerDB(t, pgx)
 	want := produce(t, b.Addrs(), topic, 4, 5)
@@ -232,6 +279,7 @@ func TestRunnerRetriesThenParksThenHolds(t *testing.T) {
 	}
 	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
 		cfg.MaxAttempts = 3
+		cfg.BatchSize = batch
 		cfg.Observer = m
 		cfg.Inbox = c.observed(t, m)
 		cfg.Handler = func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
