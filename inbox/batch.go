@@ -53,10 +53,16 @@ type BatchResult struct {
 //     multi-row INSERT that skips the ones recorded before; those are
 //     looked up in one query (processed or skipped: Duplicate; parked or
 //     held: Held);
-//   - each new message's fn runs inside its own savepoint: a failure rolls
-//     back to it (that handler's changes only), and the message's dedupe
-//     row is deleted before the commit, so the other messages commit and
-//     the failed one counts as not processed (Outcome 0, Err set);
+//   - each new message's fn runs, in order. The first run of a batch sets
+//     no savepoints (they cost a round trip per message, as much as a
+//     one-statement handler: BENCHMARKS.md "Batched inbox"). If a handler
+//     fails, that transaction is rolled back and the batch runs again with
+//     each fn inside its own savepoint: a failure then rolls back to it
+//     (that handler's changes only) and the message's dedupe row is
+//     deleted before the commit, so the other messages commit and the
+//     failed one counts as not processed (Outcome 0, Err set). So a batch
+//     with a failure runs the handlers before it twice, in two
+//     transactions of which one commits, as a redelivery would;
 //   - the aggregate of a message that is not applied in the batch (it
 //     failed, or was recorded as parked or held, or was in flight in
 //     another transaction) is blocked for the rest of the batch: its later
@@ -91,8 +97,14 @@ func (in *Inbox) HandleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn
 	start := time.Now()
 	var res []BatchResult
 	var err error
+	isolate := false
 	for try := 1; ; try++ {
-		res, err = in.handleBatch(ctx, db, msgs, fn)
+		res, err = in.handleBatch(ctx, db, msgs, fn, isolate)
+		if errors.Is(err, errIsolate) {
+			isolate = true
+			try--
+			continue
+		}
 		if err == nil || !sqlerr.Deadlock(err) || try > DeadlockRetries || ctx.Err() != nil {
 			break
 		}
@@ -135,7 +147,11 @@ func aggOf(m Message) string {
 	return strconv.Itoa(len(m.AggregateType)) + ":" + m.AggregateType + m.AggregateID
 }
 
-func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn func(ctx context.Context, tx *sql.Tx, msg Message) error) ([]BatchResult, error) {
+// errIsolate: a handler failed in a batch run without savepoints; the
+// transaction is rolled back and the batch run again with them.
+var errIsolate = errors.New("inbox: a handler failed; run the batch with savepoints")
+
+func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn func(ctx context.Context, tx *sql.Tx, msg Message) error, isolate bool) ([]BatchResult, error) {
 	res := make([]BatchResult, len(msgs))
 	// blocked: an aggregate's messages after this index are not tried.
 	blocked := map[string]int{}
@@ -260,6 +276,13 @@ func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn
 			undo = append(undo, i)
 			continue
 		}
+		if !isolate {
+			if herr, _ := in.call(m, func() error { return fn(tctx, tx, m) }); herr != nil {
+				return nil, errIsolate
+			}
+			res[i].Outcome = Applied
+			continue
+		}
 		if _, err := tx.ExecContext(tctx, "SAVEPOINT "+sp); err != nil {
 			return nil, fmt.Errorf("inbox: batch: savepoint: %w", err)
 		}
@@ -273,28 +296,20 @@ func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn
 		} else {
 			res[i].Outcome = Applied
 		}
-		if _, err := tx.ExecContext(tctx, "RELEASE SAVEPOINT "+sp); err != nil {
-			return nil, fmt.Errorf("inbox: batch: releasing a savepoint: %w", err)
-		}
+		// No RELEASE: the next SAVEPOINT of the same name replaces this
+		// one (MySQL) or nests above it (PostgreSQL, SQLite; ROLLBACK TO
+		// goes to the newest), and the commit ends them all: a round trip
+		// fewer per message.
 	}
-	if len(undo) > 0 {
-		args := []any{in.cfg.Consumer}
-		for _, i := range undo {
-			args = append(args, msgs[i].ID)
-		}
-		if _, err := tx.ExecContext(tctx, in.s.q("batch_delete", inList(len(undo))), args...); err != nil {
-			return nil, fmt.Errorf("inbox: batch: deleting the rows of messages not applied: %w", err)
+	for _, i := range undo { // the rare path: one unique-key DELETE each
+		if _, err := tx.ExecContext(tctx, in.s.q("batch_delete"), in.cfg.Consumer, msgs[i].ID); err != nil {
+			return nil, fmt.Errorf("inbox: batch: deleting the row of message %q, not applied: %w", msgs[i].ID, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("inbox: batch: commit: %w", err)
 	}
 	return res, nil
-}
-
-// inList is " (?, ?, ...)" with n placeholders.
-func inList(n int) string {
-	return " (" + strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
 }
 
 // batchInsert is the multi-row dedupe INSERT of msgs[idx], with tail.
@@ -321,11 +336,13 @@ func (in *Inbox) batchInsert(msgs []Message, idx []int, tail string) (string, []
 
 // batchStatus reads the recorded status of msgs[idx] into status.
 func (in *Inbox) batchStatus(ctx context.Context, tx *sql.Tx, msgs []Message, idx []int, status map[string]int) error {
-	args := []any{in.cfg.Consumer}
+	args := make([]any, 0, 2*len(idx))
+	parts := make([]string, 0, len(idx))
 	for _, i := range idx {
-		args = append(args, msgs[i].ID)
+		args = append(args, in.cfg.Consumer, msgs[i].ID)
+		parts = append(parts, in.s.queries["batch_status"])
 	}
-	rows, err := tx.QueryContext(ctx, in.s.q("batch_status", inList(len(idx))), args...)
+	rows, err := tx.QueryContext(ctx, in.s.placeholders(strings.Join(parts, " UNION ALL ")), args...)
 	if err != nil {
 		return fmt.Errorf("inbox: batch: reading recorded messages: %w", err)
 	}

@@ -103,3 +103,88 @@ func benchHandle(b *testing.B, ctx context.Context, db *sql.DB, in *inbox.Inbox,
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 	}
 }
+
+// BenchmarkHandleBatch measures HandleBatch against the same handler
+// statements in one plain transaction per batch, batches of 64 messages
+// (inbox.MaxBatch) on one connection, as BenchmarkHandleOverhead does for
+// Handle (BENCH_TARGET as there). Reported per message.
+//
+//	go test -run '^$' -bench HandleBatch -count 3 ./inbox/
+func BenchmarkHandleBatch(b *testing.B) {
+	tg := testdb.Target{Name: "pgx", Dialect: driver.Postgres}
+	switch benchTarget() {
+	case "mysql", "mysql-interpolate":
+		tg = testdb.Target{Name: "mysql", Dialect: driver.MySQL}
+	case "sqlite":
+		tg = testdb.Target{Name: "sqlite", Dialect: driver.SQLite}
+	}
+	e := testdb.New(b, tg, driver.Config{})
+	ctx := context.Background()
+	db := e.RelayDB
+	db.SetMaxOpenConns(1)
+	effects := e.Q("bench_effects")
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+effects+" (id VARCHAR(100) PRIMARY KEY, n INTEGER NOT NULL)"); err != nil {
+		b.Fatal(err)
+	}
+	in, err := inbox.New(inbox.Config{Dialect: tg.Dialect, Table: e.Q("inbox_message"), Consumer: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := in.Migrate(ctx, db); err != nil {
+		b.Fatal(err)
+	}
+	insert := fmt.Sprintf("INSERT INTO %s (id, n) VALUES (%s, 1)", effects, e.Placeholder(1))
+	const size = inbox.MaxBatch
+	seq := 0
+	b.Run("plain-tx", func(b *testing.B) {
+		for b.Loop() {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for range size {
+				seq++
+				if _, err := tx.ExecContext(ctx, insert, fmt.Sprintf("p-%d", seq)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := tx.Commit(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "msgs/s")
+	})
+	run := func(aggregates bool) func(b *testing.B) {
+		return func(b *testing.B) {
+			msgs := make([]inbox.Message, size)
+			fn := func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+				_, err := tx.ExecContext(ctx, insert, m.ID)
+				return err
+			}
+			for b.Loop() {
+				for i := range msgs {
+					seq++
+					id := fmt.Sprintf("i-%d", seq)
+					msgs[i] = inbox.Message{ID: id, Topic: "outbox.event.order", Offset: int64(seq)}
+					if aggregates {
+						msgs[i].AggregateType, msgs[i].AggregateID = "order", fmt.Sprintf("o-%d", seq%40)
+					}
+				}
+				res, err := in.HandleBatch(ctx, db, msgs, fn)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, r := range res {
+					if r.Outcome != inbox.Applied {
+						b.Fatal(r)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "msgs/s")
+		}
+	}
+	// 40 aggregates in a batch of 64: the hold probe asks about 40.
+	b.Run("inbox", run(true))
+	// Without aggregates there is no hold probe.
+	b.Run("inbox-no-aggregate", run(false))
+}
