@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/redis/go-redis/v9 v9.23.0
+	github.com/sony/gobreaker/v2 v2.4.0
 	github.com/sqloutbox/outbox v0.0.0
 	github.com/sqloutbox/outbox/inbox v0.0.0
 )

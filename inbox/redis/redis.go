@@ -15,10 +15,21 @@
 // duplicate, never a second effect. Redis never decides that a message is
 // new.
 //
-// An outage costs what the client's timeouts allow: Handle waits for Seen
-// (and, after the commit, Mark) to fail before it goes on, so give the
-// client short dial, read and write timeouts (say 50-200 ms) and few
-// retries; the table then decides at the price of those timeouts.
+// # Outages: a circuit breaker
+//
+// Without a guard an outage costs every message what the client's timeouts
+// and retries allow: Handle waits for Seen (and, after the commit, Mark) to
+// fail before it goes on, and go-redis v9's defaults retry a refused dial
+// (DialerRetries 5, MaxRetries 3): up to 1.65 s per Handle against a
+// closed port. So the Filter runs every call through a circuit breaker
+// (github.com/sony/gobreaker/v2): after DefaultTripAfter consecutive
+// failures it opens, and for DefaultCooldown every Seen and Mark fails at
+// once with ErrUnavailable, without touching the network (the table
+// decides, as for any filter error); then one call probes Redis, and a
+// success closes the breaker. An outage thus costs the tripping calls,
+// then one probe per cooldown. WithBreaker changes both numbers. Short
+// client timeouts (say 50-200 ms) still bound the tripping calls and the
+// probes.
 //
 // It lives in its own module (github.com/sqloutbox/outbox/inbox/redis) so
 // that inbox users without Redis do not download go-redis.
@@ -32,6 +43,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/sqloutbox/outbox/inbox"
 )
@@ -46,16 +58,32 @@ const (
 	// table, at the cost of a transaction. Longer than the window is
 	// harmless (a key only ever says "processed").
 	DefaultExpiry = 24 * time.Hour
+	// DefaultTripAfter is how many consecutive failed Seen or Mark calls
+	// open the circuit breaker.
+	DefaultTripAfter = 3
+	// DefaultCooldown is how long the open breaker answers ErrUnavailable
+	// before one call probes Redis again.
+	DefaultCooldown = 5 * time.Second
 )
 
-// ErrInvalidConfig is returned by New for a nil client or an invalid option.
-var ErrInvalidConfig = errors.New("inboxredis: invalid config")
+var (
+	// ErrInvalidConfig is returned by New for a nil client or an invalid
+	// option.
+	ErrInvalidConfig = errors.New("inboxredis: invalid config")
+	// ErrUnavailable is Seen's and Mark's error while the circuit breaker
+	// is open (Redis failed DefaultTripAfter times in a row): nothing was
+	// sent; the inbox asks the table.
+	ErrUnavailable = errors.New("inboxredis: Redis unavailable (circuit breaker open)")
+)
 
 // Filter implements inbox.Filter on Redis. It is safe for concurrent use.
 type Filter struct {
-	client redis.UniversalClient
-	prefix string
-	expiry time.Duration
+	client    redis.UniversalClient
+	prefix    string
+	expiry    time.Duration
+	tripAfter uint32
+	cooldown  time.Duration
+	cb        *gobreaker.CircuitBreaker[struct{}]
 }
 
 var _ inbox.Filter = (*Filter)(nil)
@@ -88,6 +116,19 @@ func WithExpiry(d time.Duration) Option {
 	}
 }
 
+// WithBreaker sets the circuit breaker's trip count (consecutive failures,
+// at least 1; default DefaultTripAfter) and its cooldown (at least 1 ms;
+// default DefaultCooldown).
+func WithBreaker(tripAfter int, cooldown time.Duration) Option {
+	return func(f *Filter) error {
+		if tripAfter < 1 || cooldown < time.Millisecond {
+			return fmt.Errorf("%w: breaker trips after %d failures with a cooldown of %v, want at least 1 and 1ms", ErrInvalidConfig, tripAfter, cooldown)
+		}
+		f.tripAfter, f.cooldown = uint32(tripAfter), cooldown
+		return nil
+	}
+}
+
 // New returns a Filter on client (a *redis.Client, *redis.ClusterClient or
 // *redis.Ring). It does not contact Redis. It returns ErrInvalidConfig
 // (wrapped) for a nil client or an invalid option.
@@ -95,14 +136,36 @@ func New(client redis.UniversalClient, opts ...Option) (*Filter, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidConfig)
 	}
-	f := &Filter{client: client, prefix: DefaultPrefix, expiry: DefaultExpiry}
+	f := &Filter{client: client, prefix: DefaultPrefix, expiry: DefaultExpiry, tripAfter: DefaultTripAfter, cooldown: DefaultCooldown}
 	for _, o := range opts {
 		if err := o(f); err != nil {
 			return nil, err
 		}
 	}
+	f.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        "inboxredis",
+		MaxRequests: 1,
+		Timeout:     f.cooldown,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= f.tripAfter },
+		// A caller's cancelled context says nothing about Redis.
+		IsExcluded: func(err error) bool { return errors.Is(err, context.Canceled) },
+	})
 	return f, nil
 }
+
+// call runs op through the breaker; an open (or busy half-open) breaker
+// is ErrUnavailable.
+func (f *Filter) call(op func() error) error {
+	_, err := f.cb.Execute(func() (struct{}, error) { return struct{}{}, op() })
+	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+		return ErrUnavailable
+	}
+	return err
+}
+
+// Open reports whether the circuit breaker is open or half-open (Redis
+// failed lately), for a status page.
+func (f *Filter) Open() bool { return f.cb.State() != gobreaker.StateClosed }
 
 // Key returns the Redis key of (consumer, id).
 func (f *Filter) Key(consumer, id string) string {
@@ -110,10 +173,14 @@ func (f *Filter) Key(consumer, id string) string {
 }
 
 // Seen reports whether the key of (consumer, id) exists (one EXISTS). An
-// error (Redis unreachable, timed out) is returned as is, wrapped: the
-// inbox then asks the table.
+// error (Redis unreachable, timed out) is returned wrapped, and
+// ErrUnavailable while the breaker is open: the inbox then asks the table.
 func (f *Filter) Seen(ctx context.Context, consumer, id string) (bool, error) {
-	n, err := f.client.Exists(ctx, f.Key(consumer, id)).Result()
+	var n int64
+	err := f.call(func() (err error) {
+		n, err = f.client.Exists(ctx, f.Key(consumer, id)).Result()
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("inboxredis: EXISTS: %w", err)
 	}
@@ -121,8 +188,9 @@ func (f *Filter) Seen(ctx context.Context, consumer, id string) (bool, error) {
 }
 
 // Mark sets the key of (consumer, id) with the expiry (one SET ... EX).
+// Its error is wrapped; ErrUnavailable while the breaker is open.
 func (f *Filter) Mark(ctx context.Context, consumer, id string) error {
-	if err := f.client.Set(ctx, f.Key(consumer, id), "1", f.expiry).Err(); err != nil {
+	if err := f.call(func() error { return f.client.Set(ctx, f.Key(consumer, id), "1", f.expiry).Err() }); err != nil {
 		return fmt.Errorf("inboxredis: SET: %w", err)
 	}
 	return nil

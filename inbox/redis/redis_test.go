@@ -121,12 +121,12 @@ type env struct {
 	ph      func(int) string
 }
 
-func newEnv(t *testing.T, tg testdb.Target, c *redis.Client, p string) *env {
+func newEnv(t *testing.T, tg testdb.Target, c *redis.Client, p string, opts ...inboxredis.Option) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	e := testdb.New(t, tg, driver.Config{})
-	f, err := inboxredis.New(c, inboxredis.WithPrefix(p))
+	f, err := inboxredis.New(c, append([]inboxredis.Option{inboxredis.WithPrefix(p)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,8 @@ func TestRedisOutage(t *testing.T) {
 	c := client(t, px.Addr())
 	direct := client(t, redisAddr())
 	p := prefix(t, direct)
-	v := newEnv(t, testdb.Target{Name: "pgx", Dialect: driver.Postgres}, c, p)
+	// A breaker that never trips here (TestBreakerBoundsAnOutage tests it).
+	v := newEnv(t, testdb.Target{Name: "pgx", Dialect: driver.Postgres}, c, p, inboxredis.WithBreaker(1000, time.Millisecond))
 	out, err := v.in.Handle(v.ctx, v.db, inbox.Message{ID: "m-1"}, v.apply("m-1"))
 	must(t, out, err, inbox.Applied)
 
@@ -276,4 +277,55 @@ func TestRedisOutage(t *testing.T) {
 	if st := v.in.Stats(); st.FilterHits != 1 {
 		t.Fatalf("stats %+v: want one filter hit after Redis returned", st)
 	}
+}
+
+// TestBreakerBoundsAnOutage: a client with go-redis's default retries
+// (DialerRetries 5, MaxRetries 3) against a refusing Redis. After
+// DefaultTripAfter failed calls the breaker opens: Seen and Mark fail with
+// ErrUnavailable and no connection is even attempted (the proxy's refused
+// count stands still over 20 more messages), while the table keeps
+// deciding. With a short cooldown, a probe after Redis returns closes it.
+func TestBreakerBoundsAnOutage(t *testing.T) {
+	t.Parallel()
+	client(t, redisAddr()) // skip without Redis
+	px, err := faultproxy.Start(redisAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	defaults := func(o *redis.Options) { o.MaxRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 0, 0, 0, 0 }
+	c := client(t, px.Addr(), defaults)
+	p := prefix(t, client(t, redisAddr()))
+	v := newEnv(t, testdb.Target{Name: "pgx", Dialect: driver.Postgres}, c, p, inboxredis.WithBreaker(inboxredis.DefaultTripAfter, time.Hour))
+	px.Refuse(true)
+	for i := 0; !v.f.Open(); i++ {
+		if i == inboxredis.DefaultTripAfter {
+			t.Fatalf("breaker still closed after %d failed messages", i)
+		}
+		out, err := v.in.Handle(v.ctx, v.db, inbox.Message{ID: fmt.Sprintf("trip-%d", i)}, v.apply(fmt.Sprintf("trip-%d", i)))
+		must(t, out, err, inbox.Applied)
+	}
+	refused := px.Refused.Load()
+	for i := 0; i < 20; i++ {
+		id := fmt.Sprintf("open-%d", i)
+		out, err := v.in.Handle(v.ctx, v.db, inbox.Message{ID: id}, v.apply(id))
+		must(t, out, err, inbox.Applied)
+	}
+	if _, err := v.f.Seen(v.ctx, "shipping", "x"); !errors.Is(err, inboxredis.ErrUnavailable) {
+		t.Fatalf("Seen with the breaker open = %v, want ErrUnavailable", err)
+	}
+	if n := px.Refused.Load(); n != refused {
+		t.Fatalf("%d connection attempts while the breaker was open, want 0", n-refused)
+	}
+
+	// Recovery, on a filter with a short cooldown.
+	w := newEnv(t, testdb.Target{Name: "pgx", Dialect: driver.Postgres}, c, p, inboxredis.WithBreaker(1, 20*time.Millisecond))
+	if _, err := w.f.Seen(w.ctx, "shipping", "x"); err == nil || !w.f.Open() {
+		t.Fatalf("Seen through a refusing proxy = %v, open %v; want an error and the breaker open", err, w.f.Open())
+	}
+	px.Refuse(false)
+	testdb.Eventually(t, w.ctx, "the breaker closed after Redis returned", func() bool {
+		_, err := w.f.Seen(w.ctx, "shipping", "x")
+		return err == nil && !w.f.Open()
+	})
 }
