@@ -52,7 +52,7 @@ func (f *inboxFlags) filter(action string) (inbox.ParkedFilter, error) {
 		}
 		pf.AggregateType, pf.AggregateID = typ, id
 	}
-	if action == "skip" {
+	if action == "skip" || action == "retry" {
 		n := 0
 		for _, set := range []bool{f.id != "", f.aggregate != "", f.all} {
 			if set {
@@ -79,14 +79,18 @@ inbox/kafka). The inbox lives in the consumer's database: give its DSN.`,
 	}
 	parked := &cobra.Command{
 		Use:   "parked",
-		Short: "List or skip parked messages (the inbox's dead letters) and the held ones behind them",
-		Long: `List or skip parked messages: messages whose handler failed every attempt
-and that the consumer parked. While a message is parked, the same
+		Short: "List, skip or request a retry of parked messages (the inbox's dead letters) and the held ones behind them",
+		Long: `List, skip or retry parked messages: messages whose handler failed every
+attempt and that the consumer parked. While a message is parked, the same
 consumer's later messages of its aggregate are stored as held (not
 applied), so the aggregate's order is kept.
 
 Retrying runs the consumer's own handler, which this command does not
-have: retry from the consumer, with inbox.Inbox.Retry and its handler.`,
+have: 'retry' (and 'skip', for the held messages behind what it skips)
+records a retry request in the inbox's <table>_requests table, and the
+running consumer's runner serves it with its handler within its
+RequestInterval (5 s by default; inbox.Inbox.ServeRequests for a consumer
+without a runner).`,
 		Args:                  cobra.NoArgs,
 		RunE:                  groupRunE,
 		DisableFlagsInUseLine: true,
@@ -116,8 +120,10 @@ have: retry from the consumer, with inbox.Inbox.Retry and its handler.`,
 		Short: "Mark parked messages skipped: never applied; a redelivery is a duplicate",
 		Long: `Mark the selected parked messages skipped: their handler never runs, a
 redelivery is a duplicate, and retention deletes them like processed rows.
-Held messages behind them stay held, in order, until the consumer retries
-them. Select with exactly one of --id, --aggregate or --all.
+The held messages behind them are released: the same transaction records
+a retry request for their aggregates, which the running consumer serves
+with its handler within its RequestInterval, in order. Select with exactly
+one of --id, --aggregate or --all.
 
 With --dry-run, lists the parked messages it would skip (at most --limit)
 and changes nothing. With --json, prints {"action", "dry_run", "count"}
@@ -131,7 +137,53 @@ and, for a dry run, "parked".`,
 	sf.register(skip, true)
 	skip.Flags().BoolVar(&dryRun, "dry-run", false, "show what would change, change nothing")
 	parked.AddCommand(skip)
+
+	var rf inboxFlags
+	retry := &cobra.Command{
+		Use:   "retry",
+		Short: "Request a retry of parked and held messages; the running consumer runs them with its handler",
+		Long: `Record a retry request for the aggregates (or messages without one) of
+the selected parked and held messages. The consumer's runner (inboxkafka
+and the other inbox runners) serves it within its RequestInterval: it runs
+the aggregate's parked and held messages through its handler, in order,
+and stops at a failure, which stays parked. Select with exactly one of
+--id, --aggregate or --all. With --json, prints {"action", "count"}.`,
+		Example: "  outbox --dsn \"$DSN\" inbox parked retry --consumer billing --aggregate order/42",
+		Args:    cobra.NoArgs,
+		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
+			return a.inboxRetry(cmd, &rf)
+		}),
+	}
+	rf.register(retry, true)
+	parked.AddCommand(retry)
 	return cmd
+}
+
+func (a *app) inboxRetry(cmd *cobra.Command, f *inboxFlags) error {
+	pf, err := f.filter("retry")
+	if err != nil {
+		return err
+	}
+	ctx, cancel := a.commandContext(cmd)
+	defer cancel()
+	cmd.SetContext(ctx)
+	in, db, err := a.openInbox(cmd, f)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	n, err := in.RequestRetry(ctx, db, pf)
+	if errors.Is(err, inbox.ErrNothingMatched) {
+		return &exitError{code: exitRuntime, msg: "retry: no parked or held message matched; nothing was requested (see 'outbox inbox parked list')"}
+	}
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return writeJSON(a.stdout, map[string]any{"action": "retry", "count": n})
+	}
+	fmt.Fprintf(a.stdout, "requested a retry of %d aggregate(s) or message(s); the running consumer runs them with its handler within its request interval\n", n)
+	return nil
 }
 
 // openInbox validates the inbox configuration, connects and checks the
@@ -260,7 +312,7 @@ func (a *app) inboxSkip(cmd *cobra.Command, f *inboxFlags, dryRun bool) error {
 	if a.json {
 		return writeJSON(a.stdout, map[string]any{"action": "skip", "dry_run": false, "count": n})
 	}
-	fmt.Fprintf(a.stdout, "skipped %d parked message(s); held messages behind them stay held until the consumer retries them\n", n)
+	fmt.Fprintf(a.stdout, "skipped %d parked message(s); the running consumer runs the held messages behind them within its request interval\n", n)
 	return nil
 }
 

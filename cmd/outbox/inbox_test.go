@@ -28,8 +28,9 @@ func parkedList(t *testing.T, args ...string) parkedOut {
 	return out
 }
 
-// TestInboxParked: `outbox inbox parked list|skip` on a consumer's inbox
-// with two parked messages, one held behind the first.
+// TestInboxParked: `outbox inbox parked list|skip|retry` on a consumer's
+// inbox with two parked messages, one held behind the first; the retry
+// request is served by the consumer (inbox.ServeRequests).
 func TestInboxParked(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg dbTarget) {
 		table := randomTable()
@@ -45,7 +46,7 @@ func TestInboxParked(t *testing.T) {
 		}
 		if tg.dialect != driver.SQLite {
 			t.Cleanup(func() {
-				for _, s := range []string{"", "_migrations"} {
+				for _, s := range []string{"", "_migrations", "_requests"} {
 					_, _ = db.Exec("DROP TABLE IF EXISTS " + table + s)
 				}
 			})
@@ -87,6 +88,25 @@ func TestInboxParked(t *testing.T) {
 		}
 		if out, err := in.Handle(ctx, db, msg("m3", "2"), func(context.Context, *sql.Tx) error { return nil }); err != nil || out != inbox.Duplicate {
 			t.Fatalf("a skipped message redelivered: %v, %v", out, err)
+		}
+
+		// retry: a request the consumer serves with its handler.
+		r = expect(t, cli(t, append(base, "retry", "--consumer", "billing", "--inbox-table", table, "--aggregate", "order/1", "--json")...), 0)
+		if !strings.Contains(r.stdout, `"count":1`) && !strings.Contains(r.stdout, `"count": 1`) {
+			t.Fatalf("retry --json:\n%s", r.stdout)
+		}
+		expect(t, cli(t, append(base, "retry", "--consumer", "billing", "--inbox-table", table, "--id", "nope")...), exitRuntime)
+		expect(t, cli(t, append(base, "retry", "--consumer", "billing", "--inbox-table", table)...), exitUsage)
+		var ran []string
+		n, err := in.ServeRequests(ctx, db, func(_ context.Context, _ *sql.Tx, m inbox.Message) error {
+			ran = append(ran, m.ID)
+			return nil
+		})
+		if err != nil || n != 2 || strings.Join(ran, ",") != "m1,m2" {
+			t.Fatalf("the consumer serving the request: %d, %v, ran %v; want m1, m2", n, err, ran)
+		}
+		if l := parkedList(t, append(base, "list", "--consumer", "billing", "--inbox-table", table)...); l.Count != 0 {
+			t.Fatalf("after the retry: %+v", l)
 		}
 
 		// Usage errors and a missing table.
