@@ -710,3 +710,61 @@ func TestRunnerReadsCommittedOnly(t *testing.T) {
 		})
 	}
 }
+
+// TestRunnerServesSkipAndRetryRequests: what `outbox inbox parked skip`
+// and `retry` do from outside (inbox.Skip, inbox.RequestRetry on another
+// Inbox of the same table and consumer) the running runner serves within
+// its RequestInterval with its own handler: the held messages behind a
+// skipped one are applied in order, and a requested retry applies the
+// parked message and what it held.
+func TestRunnerServesSkipAndRetryRequests(t *testing.T) {
+	t.Parallel()
+	b, topic := startBroker(t, 1)
+	c := newConsumerDB(t, pgx)
+	want := produce(t, b.Addrs(), topic, 3, 4)
+	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	var broken atomic.Bool
+	broken.Store(true)
+	group := randomName("g-")
+	r := newRunner(t, b.Addrs(), group, topic, c, func(cfg *inboxkafka.Config) {
+		cfg.MaxAttempts = 1
+		cfg.RequestInterval = 20 * time.Millisecond
+		cfg.Handler = func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
+			if broken.Load() && (msg.AggregateID == "agg-000" || msg.AggregateID == "agg-001") && strings.Contains(string(msg.Payload), `"seq":2`) {
+				return errors.New("seq 2 fails")
+			}
+			return inner(ctx, tx, msg)
+		}
+	})
+	runRunner(t, r)
+	ctx := testCtx(t, 60*time.Second)
+	testdb.Eventually(t, ctx, "two parked, four held", func() bool { st := r.Stats(); return st.Parked == 2 && st.Held == 4 })
+	broken.Store(false)
+	// The operator skips agg-000's seq 2 and asks for agg-001's retry.
+	if n, err := c.inbox.Skip(ctx, c.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-000"}); err != nil || n != 1 {
+		t.Fatalf("Skip: %d, %v", n, err)
+	}
+	if n, err := c.inbox.RequestRetry(ctx, c.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-001"}); err != nil || n != 1 {
+		t.Fatalf("RequestRetry: %d, %v", n, err)
+	}
+	testdb.Eventually(t, ctx, "nothing parked or held", func() bool {
+		left, err := c.inbox.ListParked(ctx, c.db, inbox.ParkedFilter{})
+		return err == nil && len(left) == 0
+	})
+	var skipped []int
+	var others []ledgerRow
+	for _, row := range readLedger(t, c.db, c.ledger) {
+		if row.agg == "agg-000" {
+			skipped = append(skipped, row.seq)
+		} else {
+			others = append(others, row)
+		}
+	}
+	if fmt.Sprint(skipped) != "[1 3 4]" {
+		t.Fatalf("agg-000 applied seqs %v, want [1 3 4] (seq 2 skipped)", skipped)
+	}
+	delete(want, "agg-000")
+	if probs := checkLedger(others, want); len(probs) > 0 {
+		t.Fatalf("ledger: %v", probs)
+	}
+}
