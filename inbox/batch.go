@@ -222,8 +222,9 @@ func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn
 				return nil, fmt.Errorf("inbox: batch: recording: %w", err)
 			} else if int(n) != len(rest) {
 				// Recorded meanwhile by another delivery (committed after
-				// this transaction's snapshot): leave the batch to Handle.
-				return make([]BatchResult, len(msgs)), nil
+				// this transaction's snapshot): roll back and leave the
+				// batch to Handle (res holds only invalid messages' errors).
+				return res, nil
 			}
 			for _, i := range rest {
 				inserted[msgs[i].ID] = true
@@ -362,7 +363,8 @@ func (in *Inbox) batchStatus(ctx context.Context, tx *sql.Tx, msgs []Message, id
 }
 
 // batchHeld blocks (index -1) the aggregates of msgs[idx] that are held
-// behind a parked message.
+// behind a parked message. On PostgreSQL and SQLite one look at the
+// partial hold index first says whether anything is held at all.
 func (in *Inbox) batchHeld(ctx context.Context, db *sql.DB, msgs []Message, idx []int, blocked map[string]int) error {
 	var parts []string
 	var args []any
@@ -380,6 +382,15 @@ func (in *Inbox) batchHeld(ctx context.Context, db *sql.DB, msgs []Message, idx 
 	}
 	if len(keys) == 0 {
 		return nil
+	}
+	if in.s.dialect != driver.MySQL {
+		var one int
+		switch err := db.QueryRowContext(ctx, in.s.q("batch_any_held"), in.cfg.Consumer).Scan(&one); {
+		case errors.Is(err, sql.ErrNoRows):
+			return nil // nothing parked or held: the common case
+		case err != nil:
+			return fmt.Errorf("inbox: batch: hold check: %w", err)
+		}
 	}
 	rows, err := db.QueryContext(ctx, in.s.placeholders(strings.Join(parts, " UNION ALL ")), args...)
 	if err != nil {

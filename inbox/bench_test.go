@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sqloutbox/outbox/driver"
@@ -106,10 +108,13 @@ func benchHandle(b *testing.B, ctx context.Context, db *sql.DB, in *inbox.Inbox,
 
 // BenchmarkHandleBatch measures HandleBatch against the same handler
 // statements in one plain transaction per batch, batches of 64 messages
-// (inbox.MaxBatch) on one connection, as BenchmarkHandleOverhead does for
-// Handle (BENCH_TARGET as there). Reported per message.
+// (inbox.MaxBatch), on one connection and on 8 at once (conns=8: eight
+// partitions' workers, the runner's shape), as BenchmarkHandleOverhead does
+// for Handle (BENCH_TARGET as there). Reported per message. The plain
+// variant is the ceiling of any consumer whose handler runs one statement
+// per message: the inbox cannot be faster than its handler.
 //
-//	go test -run '^$' -bench HandleBatch -count 3 ./inbox/
+//	go test -run '^$' -bench HandleBatch -benchtime 300x -count 3 ./inbox/
 func BenchmarkHandleBatch(b *testing.B) {
 	tg := testdb.Target{Name: "pgx", Dialect: driver.Postgres}
 	switch benchTarget() {
@@ -121,7 +126,17 @@ func BenchmarkHandleBatch(b *testing.B) {
 	e := testdb.New(b, tg, driver.Config{})
 	ctx := context.Background()
 	db := e.RelayDB
-	db.SetMaxOpenConns(1)
+	if benchTarget() == "mysql-interpolate" {
+		sep := "?"
+		if strings.Contains(e.DSN, "?") {
+			sep = "&"
+		}
+		var err error
+		if db, err = sql.Open("mysql", e.DSN+sep+"interpolateParams=true"); err != nil {
+			b.Fatal(err)
+		}
+		defer db.Close()
+	}
 	effects := e.Q("bench_effects")
 	if _, err := db.ExecContext(ctx, "CREATE TABLE "+effects+" (id VARCHAR(100) PRIMARY KEY, n INTEGER NOT NULL)"); err != nil {
 		b.Fatal(err)
@@ -135,56 +150,85 @@ func BenchmarkHandleBatch(b *testing.B) {
 	}
 	insert := fmt.Sprintf("INSERT INTO %s (id, n) VALUES (%s, 1)", effects, e.Placeholder(1))
 	const size = inbox.MaxBatch
-	seq := 0
-	b.Run("plain-tx", func(b *testing.B) {
-		for b.Loop() {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			for range size {
-				seq++
-				if _, err := tx.ExecContext(ctx, insert, fmt.Sprintf("p-%d", seq)); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := tx.Commit(); err != nil {
-				b.Fatal(err)
-			}
+	var seq atomic.Int64
+	plain := func() error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
 		}
-		b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "msgs/s")
-	})
-	run := func(aggregates bool) func(b *testing.B) {
-		return func(b *testing.B) {
-			msgs := make([]inbox.Message, size)
-			fn := func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
-				_, err := tx.ExecContext(ctx, insert, m.ID)
+		defer tx.Rollback() //nolint:errcheck // no-op after Commit
+		for range size {
+			if _, err := tx.ExecContext(ctx, insert, fmt.Sprintf("p-%d", seq.Add(1))); err != nil {
 				return err
 			}
-			for b.Loop() {
-				for i := range msgs {
-					seq++
-					id := fmt.Sprintf("i-%d", seq)
-					msgs[i] = inbox.Message{ID: id, Topic: "outbox.event.order", Offset: int64(seq)}
-					if aggregates {
-						msgs[i].AggregateType, msgs[i].AggregateID = "order", fmt.Sprintf("o-%d", seq%40)
-					}
-				}
-				res, err := in.HandleBatch(ctx, db, msgs, fn)
-				if err != nil {
-					b.Fatal(err)
-				}
-				for _, r := range res {
-					if r.Outcome != inbox.Applied {
-						b.Fatal(r)
-					}
+		}
+		return tx.Commit()
+	}
+	fn := func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+		_, err := tx.ExecContext(ctx, insert, m.ID)
+		return err
+	}
+	batch := func(aggregates bool) func() error {
+		return func() error {
+			msgs := make([]inbox.Message, size)
+			for i := range msgs {
+				n := seq.Add(1)
+				msgs[i] = inbox.Message{ID: fmt.Sprintf("i-%d", n), Topic: "outbox.event.order", Offset: n}
+				if aggregates {
+					msgs[i].AggregateType, msgs[i].AggregateID = "order", fmt.Sprintf("o-%d", n%40)
 				}
 			}
-			b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "msgs/s")
+			res, err := in.HandleBatch(ctx, db, msgs, fn)
+			if err != nil {
+				return err
+			}
+			for _, r := range res {
+				if r.Outcome != inbox.Applied {
+					return fmt.Errorf("result %+v", r)
+				}
+			}
+			return nil
 		}
 	}
-	// 40 aggregates in a batch of 64: the hold probe asks about 40.
-	b.Run("inbox", run(true))
-	// Without aggregates there is no hold probe.
-	b.Run("inbox-no-aggregate", run(false))
+	for _, conns := range []int{1, 8} {
+		if conns > 1 && tg.Dialect == driver.SQLite {
+			continue
+		}
+		for _, v := range []struct {
+			name string
+			one  func() error
+		}{
+			{"plain-tx", plain},
+			// 40 aggregates in a batch of 64: the hold probe asks about 40.
+			{"inbox", batch(true)},
+			// Without aggregates there is no hold probe.
+			{"inbox-no-aggregate", batch(false)},
+		} {
+			b.Run(fmt.Sprintf("conns=%d/%s", conns, v.name), func(b *testing.B) {
+				db.SetMaxOpenConns(conns)
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				errs := make(chan error, conns)
+				b.ResetTimer()
+				for range conns {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for next.Add(1) <= int64(b.N) {
+							if err := v.one(); err != nil {
+								errs <- err
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				if err := <-errs; err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "msgs/s")
+			})
+		}
+	}
 }

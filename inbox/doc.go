@@ -20,12 +20,37 @@
 // SQLite: one SELECT just before the transaction), begins a transaction,
 // inserts the row (an INSERT that skips a duplicate key: ON CONFLICT DO
 // NOTHING, INSERT IGNORE), runs the handler only if the insert added a row, and
-// commits. Two deliveries of one message at once meet on the unique key:
-// the second waits for the first's commit and then finds the duplicate (or
-// applies, if the first rolled back). The handler's transaction carries a
+// commits. Deliveries of one message at once meet on the unique key: the
+// others wait for the first's commit and then find the duplicate, or, if
+// it rolled back, one of them applies. On MySQL/MariaDB three or more
+// waiters released by such a rollback can deadlock each other on the key
+// (InnoDB error 1213 rolls the loser back before its handler ran): Handle
+// runs that transaction again (DeadlockRetries), so the caller sees
+// Duplicate or Applied. A handler panic is recovered into an error
+// wrapping ErrHandler and ErrHandlerPanic, after the rollback, like a
+// handler error; a missing table is ErrSchemaMissing. The handler's transaction carries a
 // fresh outbox emit scope, so a handler may call outbox.Emit through an
 // outbox-wrapped *sql.DB: consume, change state and emit the next event in
 // one commit.
+//
+// # Batches
+//
+// HandleBatch applies up to MaxBatch (64) messages of a partition in one
+// transaction, the way Kafka consumers, MassTransit and Wolverine batch:
+// the held aggregates are found in one query before it (one index probe
+// per aggregate, joined with UNION ALL), the dedupe rows are written in
+// one multi-row INSERT (RETURNING tells the new ones on PostgreSQL and
+// SQLite; MySQL reads the recorded ones first), the handlers run in order,
+// and one commit ends it. A handler failure rolls the transaction back and
+// the batch runs again with a savepoint around each handler, so that the
+// failure rolls back only its own message (its dedupe row is deleted) and
+// the others commit; the later messages of a failed (or held, or in
+// flight) message's aggregate are left to the caller, who handles them
+// alone, in order (the runners do, with their retries and parking). A
+// savepoint costs a round trip, as much as a one-statement handler, which
+// is why the first run has none. MaxBatch is PostgreSQL's per-backend
+// subtransaction cache: more savepoints that wrote would overflow it and
+// slow every session's snapshots.
 //
 // # Pre-filter
 //
@@ -61,7 +86,16 @@
 // kept although the broker's offsets move on. ListParked shows parked and
 // held messages; Retry runs an aggregate's stored messages in order through
 // a handler (stopping at the first failure); Skip marks parked messages
-// skipped, so that Retry then runs the held ones behind them.
+// skipped.
+//
+// An operator's tool has no handler, so it cannot run Retry. It records a
+// retry request instead, in <table>_requests: RequestRetry for the
+// aggregates of the parked and held messages it selects (`outbox inbox
+// parked retry`), and Skip, in its own transaction, for the aggregates
+// whose parked message it skipped (`outbox inbox parked skip`), since the
+// held messages behind it still wait. The consumer serves the requests
+// with its handler: ServeRequests runs Retry for each and deletes it once
+// served; the runners call it every RequestInterval (5 s by default).
 //
 // # Retention
 //
@@ -91,7 +125,11 @@
 // every text field is validated (UTF-8 without NUL, bounded lengths)
 // before anything is written. Migrate creates it (idempotent, safe from
 // several processes at once), Check verifies it without changing anything,
-// DDL prints it for other tools. The SQL is in sql/ (embedded): numbered
+// DDL prints it for other tools. Schema version 2 adds <table>_requests
+// (consumer, aggregate type and ID, message ID for a message without an
+// aggregate, request time): a table of its own, so that a consumer's poll
+// for requests reads only pending requests, never the inbox's history.
+// The SQL is in sql/ (embedded): numbered
 // migrations per dialect and one queries.sql. The package has its own
 // small migrator (a <table>_migrations table, the outbox's locking scheme)
 // rather than the root module's internal/dialect, whose runner is bound to

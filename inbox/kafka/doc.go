@@ -39,6 +39,19 @@
 // paused at the client and resumed when its worker has caught up, so a slow
 // or failing partition neither blocks the others nor fills memory.
 //
+// # Batches
+//
+// With Config.BatchSize (2 to inbox.MaxBatch, opt-in) a worker takes up to
+// that many queued records of its partition (waiting up to BatchLinger for
+// more when fewer are queued) and applies them in one transaction with
+// inbox.Inbox.HandleBatch: one commit per batch instead of one per record,
+// which is what bounds a partition's rate (BENCHMARKS.md "Batched inbox").
+// A record whose handler failed in the batch, and the later records of its
+// aggregate in it, are then handled one at a time with the usual retries
+// and parking (the batch's try counts as the first attempt); the batch's
+// last offset becomes committable only once every record of it has an
+// outcome stored.
+//
 // # Offsets follow the database
 //
 // Auto-commit is off. A record's offset becomes committable only after its
@@ -80,9 +93,13 @@
 // records are stored as Held as they arrive (their offsets move on) until
 // the parked message is retried or skipped. [Runner.Retry] runs parked and
 // held messages through the runner's handler, in order
-// (inbox.Inbox.Retry); inbox.Inbox.Skip or `outbox inbox parked skip`
-// skips; `outbox inbox parked list` lists them. Policy [SkipAfterPark]
-// parks and then skips the message at once, so its aggregate is not held.
+// (inbox.Inbox.Retry); `outbox inbox parked list` lists them. An
+// operator's `outbox inbox parked skip` (inbox.Inbox.Skip) and `outbox
+// inbox parked retry` (inbox.Inbox.RequestRetry) record retry requests,
+// which the runner serves with its handler every Config.RequestInterval
+// (inbox.Inbox.ServeRequests): a skip releases the held records behind the
+// skipped one, in order. Policy [SkipAfterPark] parks and then skips the
+// message at once, so its aggregate is not held.
 //
 // Errors of the inbox itself (the database unreachable, a commit failing)
 // are not the handler's fault: they are retried with backoff, without
@@ -91,7 +108,11 @@
 // header that is not UTF-8, from a producer other than the relay) is
 // logged at ERROR, counted (Stats.Invalid) and passed over, the only case
 // of an offset committed without a stored outcome. A handler panic is
-// recovered and counts as a handler error wrapping [ErrHandlerPanic].
+// recovered (by the inbox) and counts as a handler error wrapping
+// [ErrHandlerPanic]. Run checks the inbox schema before it joins the
+// group and returns inbox.ErrSchemaMissing (or ErrSchemaOutdated,
+// ErrSchemaTooNew) rather than retrying every record against a table that
+// is not there.
 //
 // # Trace context
 //

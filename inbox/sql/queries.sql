@@ -97,6 +97,13 @@ SELECT COUNT(*) FROM {{.Table}} WHERE consumer = ? AND status IN (2, 3)
 -- name: batch_insert_row
 (?, ?, 1, ?, ?, ?, ?, ?, {{.Now}}, {{.Now}}, {{.Now}})
 
+-- name: batch_any_held
+-- PostgreSQL and SQLite: is anything of the consumer parked or held? An
+-- index-only scan of the partial hold index, empty unless something is
+-- parked; only then does a batch probe its aggregates one by one. (MySQL has
+-- no partial index: there this would walk the consumer's whole history.)
+SELECT 1 FROM {{.Table}} WHERE consumer = ? AND status IN (2, 3) LIMIT 1
+
 -- name: batch_held_probe
 -- One per distinct aggregate of a batch, joined with UNION ALL: each is the
 -- held query's index probe (no IN list of tuples, whose plan MariaDB may
