@@ -62,7 +62,8 @@ type BatchResult struct {
 //     deleted before the commit, so the other messages commit and the
 //     failed one counts as not processed (Outcome 0, Err set). So a batch
 //     with a failure runs the handlers before it twice, in two
-//     transactions of which one commits, as a redelivery would;
+//     transactions of which one commits, as a redelivery would; the
+//     failed handler itself runs once (the second run reuses its error);
 //   - the aggregate of a message that is not applied in the batch (it
 //     failed, or was recorded as parked or held, or was in flight in
 //     another transaction) is blocked for the rest of the batch: its later
@@ -97,11 +98,11 @@ func (in *Inbox) HandleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn
 	start := time.Now()
 	var res []BatchResult
 	var err error
-	isolate := false
+	var failed *isolateError
 	for try := 1; ; try++ {
-		res, err = in.handleBatch(ctx, db, msgs, fn, isolate)
-		if errors.Is(err, errIsolate) {
-			isolate = true
+		res, err = in.handleBatch(ctx, db, msgs, fn, failed)
+		if ie := (*isolateError)(nil); errors.As(err, &ie) {
+			failed = ie
 			try--
 			continue
 		}
@@ -147,11 +148,22 @@ func aggOf(m Message) string {
 	return strconv.Itoa(len(m.AggregateType)) + ":" + m.AggregateType + m.AggregateID
 }
 
-// errIsolate: a handler failed in a batch run without savepoints; the
-// transaction is rolled back and the batch run again with them.
-var errIsolate = errors.New("inbox: a handler failed; run the batch with savepoints")
+// isolateError: the handler of msgs[i] failed with err in a batch run
+// without savepoints; the transaction is rolled back and the batch runs
+// again with them, where msgs[i] counts as failed with err without its
+// handler running a second time (so a message's handler runs once per
+// attempt, batched or not).
+type isolateError struct {
+	i   int
+	err error
+}
 
-func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn func(ctx context.Context, tx *sql.Tx, msg Message) error, isolate bool) ([]BatchResult, error) {
+func (e *isolateError) Error() string {
+	return "inbox: a handler failed; run the batch with savepoints: " + e.err.Error()
+}
+
+func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn func(ctx context.Context, tx *sql.Tx, msg Message) error, failed *isolateError) ([]BatchResult, error) {
+	isolate := failed != nil
 	res := make([]BatchResult, len(msgs))
 	// blocked: an aggregate's messages after this index are not tried.
 	blocked := map[string]int{}
@@ -279,9 +291,16 @@ func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn
 		}
 		if !isolate {
 			if herr, _ := in.call(m, func() error { return fn(tctx, tx, m) }); herr != nil {
-				return nil, errIsolate
+				return nil, &isolateError{i: i, err: herr}
 			}
 			res[i].Outcome = Applied
+			continue
+		}
+		if i == failed.i {
+			// Failed in the run without savepoints: not run again.
+			res[i].Err = failed.err
+			block(i)
+			undo = append(undo, i)
 			continue
 		}
 		if _, err := tx.ExecContext(tctx, "SAVEPOINT "+sp); err != nil {

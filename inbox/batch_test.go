@@ -64,7 +64,11 @@ func TestHandleBatch(t *testing.T) {
 					c.before(t, b)
 				}
 				inBatch := true
+				calls := map[string]int{}
 				h := func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+					if inBatch {
+						calls[m.ID]++
+					}
 					if err := b.applyMsg("shipping")(ctx, tx, m); err != nil {
 						return err
 					}
@@ -94,6 +98,9 @@ func TestHandleBatch(t *testing.T) {
 					}
 				}
 				inBatch = false
+				if c.fail != "" && calls[c.fail] != 1 {
+					t.Fatalf("the failing handler ran %d times in the batch, want 1 (its error is reused when the batch runs again with savepoints)", calls[c.fail])
+				}
 				for i, m := range c.msgs {
 					if c.after == nil || c.after[i] == "" {
 						continue
