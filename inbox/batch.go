@@ -85,8 +85,9 @@ type BatchResult struct {
 // caller may run the batch again or handle its messages alone. A deadlock
 // in the inbox's own statements is retried as in Handle. A panic in fn is
 // recovered into that message's Err (ErrHandlerPanic), as in Handle. The
-// Filter is not asked (the batch's INSERT is the check) but is marked for
-// each message applied. The held rule is Handle's: one aggregate's
+// Filter is not asked (the batch's INSERT is the check) but is marked,
+// after the commit, for each message applied or found a duplicate: in one
+// call if it implements BatchMarker (inboxredis does), else one Mark each. The held rule is Handle's: one aggregate's
 // messages are handled by one caller at a time, in order.
 func (in *Inbox) HandleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn func(ctx context.Context, tx *sql.Tx, msg Message) error) ([]BatchResult, error) {
 	switch {
@@ -118,17 +119,18 @@ func (in *Inbox) HandleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn
 	if err != nil {
 		return nil, in.storeErr(err)
 	}
+	var marks []string
 	for i, r := range res {
 		m := msgs[i]
 		switch {
 		case r.Outcome == Applied:
 			in.stats.applied.Add(1)
 			in.obs.Applied(m, time.Since(start))
-			in.mark(ctx, m.ID)
+			marks = append(marks, m.ID)
 		case r.Outcome == Duplicate:
 			in.stats.duplicates.Add(1)
 			in.obs.Duplicate(m)
-			in.mark(ctx, m.ID)
+			marks = append(marks, m.ID)
 		case r.Outcome == Held:
 			in.stats.held.Add(1)
 			in.obs.Held(m)
@@ -137,7 +139,27 @@ func (in *Inbox) HandleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn
 			in.obs.HandlerFailed(m, r.Err)
 		}
 	}
+	in.markAll(ctx, marks)
 	return res, nil
+}
+
+// markAll marks ids in the Filter: in one call if it is a BatchMarker.
+func (in *Inbox) markAll(ctx context.Context, ids []string) {
+	f := in.cfg.Filter
+	if f == nil || len(ids) == 0 {
+		return
+	}
+	bm, ok := f.(BatchMarker)
+	if !ok {
+		for _, id := range ids {
+			in.mark(ctx, id)
+		}
+		return
+	}
+	if err := bm.MarkAll(context.WithoutCancel(ctx), in.cfg.Consumer, ids); err != nil {
+		in.stats.filterErrors.Add(1)
+		in.log.Warn("inbox filter mark failed (the table still dedupes)", "messages", len(ids), "error", err)
+	}
 }
 
 // aggOf is a message's aggregate key ("" for none: never blocked).

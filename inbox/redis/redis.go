@@ -86,7 +86,10 @@ type Filter struct {
 	cb        *gobreaker.CircuitBreaker[struct{}]
 }
 
-var _ inbox.Filter = (*Filter)(nil)
+var (
+	_ inbox.Filter      = (*Filter)(nil)
+	_ inbox.BatchMarker = (*Filter)(nil)
+)
 
 // Option configures a Filter.
 type Option func(*Filter) error
@@ -192,6 +195,28 @@ func (f *Filter) Seen(ctx context.Context, consumer, id string) (bool, error) {
 func (f *Filter) Mark(ctx context.Context, consumer, id string) error {
 	if err := f.call(func() error { return f.client.Set(ctx, f.Key(consumer, id), "1", f.expiry).Err() }); err != nil {
 		return fmt.Errorf("inboxredis: SET: %w", err)
+	}
+	return nil
+}
+
+// MarkAll sets the keys of (consumer, id) for every id, with the expiry, in
+// one pipelined round trip (inbox.HandleBatch calls it after a batch's
+// commit). Its error is wrapped; ErrUnavailable while the breaker is open.
+func (f *Filter) MarkAll(ctx context.Context, consumer string, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	err := f.call(func() error {
+		_, err := f.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, id := range ids {
+				p.Set(ctx, f.Key(consumer, id), "1", f.expiry)
+			}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("inboxredis: SET x%d: %w", len(ids), err)
 	}
 	return nil
 }

@@ -329,3 +329,33 @@ func TestBreakerBoundsAnOutage(t *testing.T) {
 		return err == nil && !w.f.Open()
 	})
 }
+
+// TestBatchMarksInOnePipeline: after HandleBatch commits, every applied
+// (and duplicate) message's key exists, written through MarkAll; a
+// redelivery is then a filter hit, without a transaction. A failed
+// message gets no key.
+func TestBatchMarksInOnePipeline(t *testing.T) {
+	t.Parallel()
+	c := client(t, redisAddr())
+	v := newEnv(t, testdb.Target{Name: "pgx", Dialect: driver.Postgres}, c, prefix(t, c))
+	msgs := []inbox.Message{{ID: "b-1"}, {ID: "b-2"}, {ID: "b-3"}}
+	res, err := v.in.HandleBatch(v.ctx, v.db, msgs, func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+		if m.ID == "b-2" {
+			return errors.New("b-2 fails")
+		}
+		return v.apply(m.ID)(ctx, tx)
+	})
+	if err != nil || res[0].Outcome != inbox.Applied || res[1].Err == nil || res[2].Outcome != inbox.Applied {
+		t.Fatalf("HandleBatch = %+v, %v", res, err)
+	}
+	for id, want := range map[string]int64{"b-1": 1, "b-2": 0, "b-3": 1} {
+		if n, _ := c.Exists(v.ctx, v.f.Key("shipping", id)).Result(); n != want {
+			t.Fatalf("%s: key exists %d, want %d", id, n, want)
+		}
+	}
+	out, err := v.in.Handle(v.ctx, v.db, inbox.Message{ID: "b-3"}, v.apply("b-3"))
+	must(t, out, err, inbox.Duplicate)
+	if st := v.in.Stats(); st.FilterHits != 1 || st.FilterErrors != 0 {
+		t.Fatalf("stats %+v: want one filter hit", st)
+	}
+}
