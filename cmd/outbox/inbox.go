@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -160,7 +161,26 @@ and stops at a failure, which stays parked. Select with exactly one of
 }
 
 func (a *app) inboxRetry(cmd *cobra.Command, f *inboxFlags) error {
-	pf, err := f.filter("retry")
+	return a.withInbox(cmd, f, "retry", func(ctx context.Context, in *inbox.Inbox, db *sql.DB, pf inbox.ParkedFilter) error {
+		n, err := in.RequestRetry(ctx, db, pf)
+		if errors.Is(err, inbox.ErrNothingMatched) {
+			return &exitError{code: exitRuntime, msg: "retry: no parked or held message matched; nothing was requested (see 'outbox inbox parked list')"}
+		}
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return writeJSON(a.stdout, map[string]any{"action": "retry", "count": n})
+		}
+		fmt.Fprintf(a.stdout, "requested a retry of %d aggregate(s) or message(s); the running consumer runs them with its handler within its request interval\n", n)
+		return nil
+	})
+}
+
+// withInbox validates the flags into a filter for action, connects, checks
+// the inbox schema and runs do under the command's context.
+func (a *app) withInbox(cmd *cobra.Command, f *inboxFlags, action string, do func(ctx context.Context, in *inbox.Inbox, db *sql.DB, pf inbox.ParkedFilter) error) error {
+	pf, err := f.filter(action)
 	if err != nil {
 		return err
 	}
@@ -172,18 +192,7 @@ func (a *app) inboxRetry(cmd *cobra.Command, f *inboxFlags) error {
 		return err
 	}
 	defer db.Close()
-	n, err := in.RequestRetry(ctx, db, pf)
-	if errors.Is(err, inbox.ErrNothingMatched) {
-		return &exitError{code: exitRuntime, msg: "retry: no parked or held message matched; nothing was requested (see 'outbox inbox parked list')"}
-	}
-	if err != nil {
-		return err
-	}
-	if a.json {
-		return writeJSON(a.stdout, map[string]any{"action": "retry", "count": n})
-	}
-	fmt.Fprintf(a.stdout, "requested a retry of %d aggregate(s) or message(s); the running consumer runs them with its handler within its request interval\n", n)
-	return nil
+	return do(ctx, in, db, pf)
 }
 
 // openInbox validates the inbox configuration, connects and checks the
@@ -234,86 +243,66 @@ func parkedToJSON(ps []inbox.Parked) []parkedJSON {
 }
 
 func (a *app) inboxList(cmd *cobra.Command, f *inboxFlags) error {
-	pf, err := f.filter("list")
-	if err != nil {
-		return err
-	}
-	ctx, cancel := a.commandContext(cmd)
-	defer cancel()
-	cmd.SetContext(ctx)
-	in, db, err := a.openInbox(cmd, f)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	ps, err := in.ListParked(ctx, db, pf)
-	if err != nil {
-		return err
-	}
-	if a.json {
-		return writeJSON(a.stdout, map[string]any{"count": len(ps), "parked": parkedToJSON(ps)})
-	}
-	if len(ps) == 0 {
-		fmt.Fprintln(a.stdout, "no parked or held messages match")
-		return nil
-	}
-	return a.printParked(ps)
-}
-
-func (a *app) inboxSkip(cmd *cobra.Command, f *inboxFlags, dryRun bool) error {
-	pf, err := f.filter("skip")
-	if err != nil {
-		return err
-	}
-	ctx, cancel := a.commandContext(cmd)
-	defer cancel()
-	cmd.SetContext(ctx)
-	in, db, err := a.openInbox(cmd, f)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if dryRun {
-		listed := pf
-		listed.All, listed.Limit = false, inbox.MaxListLimit
-		ps, err := in.ListParked(ctx, db, listed)
+	return a.withInbox(cmd, f, "list", func(ctx context.Context, in *inbox.Inbox, db *sql.DB, pf inbox.ParkedFilter) error {
+		ps, err := in.ListParked(ctx, db, pf)
 		if err != nil {
 			return err
 		}
-		var affected []inbox.Parked
-		for _, p := range ps {
-			if !p.Held {
-				affected = append(affected, p)
-			}
-		}
-		shown := affected[:min(f.limit, len(affected))]
 		if a.json {
-			return writeJSON(a.stdout, map[string]any{"action": "skip", "dry_run": true, "count": len(affected), "parked": parkedToJSON(shown)})
+			return writeJSON(a.stdout, map[string]any{"count": len(ps), "parked": parkedToJSON(ps)})
 		}
-		if len(affected) == 0 && !pf.All {
-			return &exitError{code: exitRuntime, msg: "skip: no parked message matched; nothing was changed (see 'outbox inbox parked list')"}
-		}
-		fmt.Fprintf(a.stdout, "dry run: skip would change %d parked message(s); nothing was changed\n", len(affected))
-		if len(shown) == 0 {
+		if len(ps) == 0 {
+			fmt.Fprintln(a.stdout, "no parked or held messages match")
 			return nil
 		}
-		return a.printParked(shown)
-	}
-	n, err := in.Skip(ctx, db, pf)
-	if errors.Is(err, inbox.ErrNothingMatched) {
-		if !pf.All {
-			return &exitError{code: exitRuntime, msg: "skip: no parked message matched; nothing was changed (see 'outbox inbox parked list')"}
+		return a.printParked(ps)
+	})
+}
+
+func (a *app) inboxSkip(cmd *cobra.Command, f *inboxFlags, dryRun bool) error {
+	return a.withInbox(cmd, f, "skip", func(ctx context.Context, in *inbox.Inbox, db *sql.DB, pf inbox.ParkedFilter) error {
+		if dryRun {
+			listed := pf
+			listed.All, listed.Limit = false, inbox.MaxListLimit
+			ps, err := in.ListParked(ctx, db, listed)
+			if err != nil {
+				return err
+			}
+			var affected []inbox.Parked
+			for _, p := range ps {
+				if !p.Held {
+					affected = append(affected, p)
+				}
+			}
+			shown := affected[:min(f.limit, len(affected))]
+			if a.json {
+				return writeJSON(a.stdout, map[string]any{"action": "skip", "dry_run": true, "count": len(affected), "parked": parkedToJSON(shown)})
+			}
+			if len(affected) == 0 && !pf.All {
+				return &exitError{code: exitRuntime, msg: "skip: no parked message matched; nothing was changed (see 'outbox inbox parked list')"}
+			}
+			fmt.Fprintf(a.stdout, "dry run: skip would change %d parked message(s); nothing was changed\n", len(affected))
+			if len(shown) == 0 {
+				return nil
+			}
+			return a.printParked(shown)
 		}
-		n, err = 0, nil // --all with nothing to do is no error
-	}
-	if err != nil {
-		return err
-	}
-	if a.json {
-		return writeJSON(a.stdout, map[string]any{"action": "skip", "dry_run": false, "count": n})
-	}
-	fmt.Fprintf(a.stdout, "skipped %d parked message(s); the running consumer runs the held messages behind them within its request interval\n", n)
-	return nil
+		n, err := in.Skip(ctx, db, pf)
+		if errors.Is(err, inbox.ErrNothingMatched) {
+			if !pf.All {
+				return &exitError{code: exitRuntime, msg: "skip: no parked message matched; nothing was changed (see 'outbox inbox parked list')"}
+			}
+			n, err = 0, nil // --all with nothing to do is no error
+		}
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return writeJSON(a.stdout, map[string]any{"action": "skip", "dry_run": false, "count": n})
+		}
+		fmt.Fprintf(a.stdout, "skipped %d parked message(s); the running consumer runs the held messages behind them within its request interval\n", n)
+		return nil
+	})
 }
 
 func (a *app) printParked(ps []inbox.Parked) error {
