@@ -3,6 +3,7 @@ package inboxkafka_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -138,24 +139,35 @@ func TestRebalanceNeverRunsAPartitionTwiceAtOnce(t *testing.T) {
 // (its trace headers included) and the handler runs with its context.
 func TestContextForGetsTheRecord(t *testing.T) {
 	t.Parallel()
+	forBatchSizes(t, testContextForGetsTheRecord)
+}
+
+// testContextForGetsTheRecord: three records, each with its own
+// traceparent; each handler's context carries its own record's (with
+// batches too, where one transaction runs several handlers).
+func testContextForGetsTheRecord(t *testing.T, batch int) {
 	b, topic := startBroker(t, 1)
 	c := newConsumerDB(t, pgx)
-	const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.DefaultProduceTopic(topic))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := record("agg-1", 1)
-	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "traceparent", Value: []byte(traceparent)})
 	ctx := testCtx(t, 60*time.Second)
-	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
-		t.Fatal(err)
+	const records = 3
+	for i := 1; i <= records; i++ {
+		rec := record(fmt.Sprintf("agg-%d", i), 1)
+		tp := fmt.Sprintf("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b%d-01", i)
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "traceparent", Value: []byte(tp)})
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cl.Close()
 	type key struct{}
-	got := make(chan string, 1)
+	got := make(chan [2]string, records)
 	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
 	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
+		cfg.BatchSize = batch
 		cfg.ContextFor = func(ctx context.Context, rec *kgo.Record) context.Context {
 			for _, h := range rec.Headers {
 				if h.Key == "traceparent" {
@@ -166,18 +178,20 @@ func TestContextForGetsTheRecord(t *testing.T) {
 		}
 		cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
 			v, _ := ctx.Value(key{}).(string)
-			got <- v
+			got <- [2]string{v, m.Headers["traceparent"]}
 			return inner(ctx, tx, m)
 		}
 	})
 	runRunner(t, r)
-	select {
-	case v := <-got:
-		if v != traceparent {
-			t.Fatalf("handler context carries %q, want the record's traceparent %q", v, traceparent)
+	for range records {
+		select {
+		case v := <-got:
+			if v[0] == "" || v[0] != v[1] {
+				t.Fatalf("handler context carries %q, want its record's traceparent %q", v[0], v[1])
+			}
+		case <-ctx.Done():
+			t.Fatal("handlers never ran")
 		}
-	case <-ctx.Done():
-		t.Fatal("handler never ran")
 	}
 }
 
