@@ -11,7 +11,6 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/sqlerr"
 )
 
 // MaxBatch is the most messages HandleBatch takes at once. It is
@@ -98,24 +97,19 @@ func (in *Inbox) HandleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn
 	}
 	start := time.Now()
 	var res []BatchResult
-	var err error
 	var failed *isolateError
-	for try := 1; ; try++ {
-		res, err = in.handleBatch(ctx, db, msgs, fn, failed)
-		if ie := (*isolateError)(nil); errors.As(err, &ie) {
+	err := in.retryDeadlocks(ctx, func() (err error) {
+		for {
+			res, err = in.handleBatch(ctx, db, msgs, fn, failed)
+			// A handler failed in the run without savepoints: again,
+			// with them (not a retry of the deadlock kind).
+			ie := (*isolateError)(nil)
+			if !errors.As(err, &ie) {
+				return err
+			}
 			failed = ie
-			try--
-			continue
 		}
-		if err == nil || !sqlerr.Deadlock(err) || try > DeadlockRetries || ctx.Err() != nil {
-			break
-		}
-		in.stats.deadlocks.Add(1)
-		in.log.Debug("inbox batch rolled back by a deadlock; retrying", "messages", len(msgs), "try", try, "error", err)
-		if !sleepCtx(ctx, deadlockPause(try)) {
-			break
-		}
-	}
+	})
 	if err != nil {
 		return nil, in.storeErr(err)
 	}
@@ -187,18 +181,22 @@ func (e *isolateError) Error() string {
 func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn func(ctx context.Context, tx *sql.Tx, msg Message) error, failed *isolateError) ([]BatchResult, error) {
 	isolate := failed != nil
 	res := make([]BatchResult, len(msgs))
+	aggs := make([]string, len(msgs)) // each message's aggOf, computed once
+	for i, m := range msgs {
+		aggs[i] = aggOf(m)
+	}
 	// blocked: an aggregate's messages after this index are not tried.
 	blocked := map[string]int{}
 	block := func(i int) {
-		if k := aggOf(msgs[i]); k != "" {
+		if k := aggs[i]; k != "" {
 			if _, ok := blocked[k]; !ok {
 				blocked[k] = i
 			}
 		}
 	}
 	isBlocked := func(i int) bool {
-		at, ok := blocked[aggOf(msgs[i])]
-		return ok && at < i && aggOf(msgs[i]) != ""
+		at, ok := blocked[aggs[i]]
+		return ok && at < i && aggs[i] != ""
 	}
 	var valid []int
 	for i, m := range msgs {
@@ -208,7 +206,7 @@ func (in *Inbox) handleBatch(ctx context.Context, db *sql.DB, msgs []Message, fn
 		}
 		valid = append(valid, i)
 	}
-	if err := in.batchHeld(ctx, db, msgs, valid, blocked); err != nil {
+	if err := in.batchHeld(ctx, db, msgs, aggs, valid, blocked); err != nil {
 		return nil, err
 	}
 	var cand []int // valid, not behind a held aggregate, first of its ID
@@ -406,13 +404,13 @@ func (in *Inbox) batchStatus(ctx context.Context, tx *sql.Tx, msgs []Message, id
 // batchHeld blocks (index -1) the aggregates of msgs[idx] that are held
 // behind a parked message. On PostgreSQL and SQLite one look at the
 // partial hold index first says whether anything is held at all.
-func (in *Inbox) batchHeld(ctx context.Context, db *sql.DB, msgs []Message, idx []int, blocked map[string]int) error {
+func (in *Inbox) batchHeld(ctx context.Context, db *sql.DB, msgs []Message, aggs []string, idx []int, blocked map[string]int) error {
 	var parts []string
 	var args []any
 	var keys []string
 	seen := map[string]bool{}
 	for _, i := range idx {
-		k := aggOf(msgs[i])
+		k := aggs[i]
 		if k == "" || seen[k] {
 			continue
 		}

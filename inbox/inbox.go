@@ -6,12 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/cenkalti/backoff/v4"
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
@@ -397,18 +398,10 @@ func (in *Inbox) Handle(ctx context.Context, db *sql.DB, msg Message, fn func(ct
 	}
 	start := time.Now()
 	var out Outcome
-	var err error
-	for try := 1; ; try++ {
+	err := in.retryDeadlocks(ctx, func() (err error) {
 		out, err = in.handle(ctx, db, msg, fn)
-		if err == nil || errors.Is(err, ErrHandler) || !sqlerr.Deadlock(err) || try > DeadlockRetries || ctx.Err() != nil {
-			break
-		}
-		in.stats.deadlocks.Add(1)
-		in.log.Debug("inbox transaction rolled back by a deadlock; retrying", "message_id", msg.ID, "try", try, "error", err)
-		if !sleepCtx(ctx, deadlockPause(try)) {
-			break
-		}
-	}
+		return err
+	})
 	err = in.storeErr(err)
 	switch {
 	case err != nil:
@@ -539,24 +532,33 @@ func (in *Inbox) run(ctx context.Context, tx *sql.Tx, msg Message, fn func(ctx c
 
 // DeadlockRetries is how many times Handle and HandleBatch run a
 // transaction again that the database rolled back to break a deadlock in
-// the inbox's own statements, after 1-2 ms, then 2-4 ms, and so on.
+// the inbox's own statements, after about 2 ms, then 4 ms, and so on
+// (±50 % jitter).
 const DeadlockRetries = 5
 
-func deadlockPause(try int) time.Duration {
-	base := time.Duration(try) * time.Millisecond
-	return base + rand.N(base)
-}
-
-// sleepCtx waits d or until ctx ends; false if ctx ended.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+// retryDeadlocks runs op, and runs it again (up to DeadlockRetries times,
+// with a short jittered exponential backoff) while it fails with a
+// deadlock or serialization failure that is not the handler's
+// (sqlerr.Deadlock): the database rolled the whole transaction back, so
+// running it again is safe. It returns op's last error.
+func (in *Inbox) retryDeadlocks(ctx context.Context, op func() error) error {
+	b := backoff.WithContext(backoff.WithMaxRetries(backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(2*time.Millisecond),
+		backoff.WithMultiplier(2),
+		backoff.WithRandomizationFactor(0.5),
+		backoff.WithMaxElapsedTime(0)), DeadlockRetries), ctx)
+	var last error
+	_ = backoff.RetryNotify(func() error {
+		last = op()
+		if last == nil || errors.Is(last, ErrHandler) || !sqlerr.Deadlock(last) {
+			return backoff.Permanent(last)
+		}
+		return last
+	}, b, func(err error, _ time.Duration) {
+		in.stats.deadlocks.Add(1)
+		in.log.Debug("inbox transaction rolled back by a deadlock; retrying", "error", err)
+	})
+	return last
 }
 
 // call runs a handler for msg, recovering a panic into an error wrapping
