@@ -97,6 +97,29 @@
 // with its handler: ServeRequests runs Retry for each and deletes it once
 // served; the runners call it every RequestInterval (5 s by default).
 //
+// # Runners
+//
+// Each broker has a runner in a module of its own that consumes the
+// relay's messages and calls Handle (or HandleBatch) for each, with the
+// same contract: in order per aggregate, acknowledged only after the
+// outcome is stored, retries then park (FailurePolicy, ErrPermanent), a
+// panic as an error, Check at start, retry requests served, a clean
+// shutdown. What keeps one aggregate on one consumer at a time is the
+// broker's own mechanism where it has one:
+//   - inbox/kafka (inboxkafka): a consumer group, one worker per
+//     partition;
+//   - inbox/rabbitmq (inboxrabbitmq): a queue with
+//     x-single-active-consumer;
+//   - inbox/nats (inboxnats): a durable pull consumer and a lease in a
+//     NATS KV bucket (the server here, 2.9, has no pinned consumers);
+//   - inbox/redis (inboxredis): a consumer group and a lease in Redis
+//     (a group spreads entries over its consumers whatever their
+//     aggregate).
+//
+// Inside a runner a message goes to the worker of its aggregate, so
+// different aggregates run in parallel. inbox/inboxmetrics is a
+// Prometheus Observer for any of them.
+//
 // # Retention
 //
 // Processed rows are the dedupe window: Retention deletes the consumer's

@@ -1,14 +1,13 @@
 package inboxkafka_test
 
 import (
-	"database/sql"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
+	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
 	"github.com/sqloutbox/outbox/internal/testdb"
 )
@@ -42,21 +41,9 @@ func BenchmarkRunner(b *testing.B) {
 // inbox consumer, untimed); every one is a Duplicate, no handler runs.
 func benchRunner(b *testing.B, tg testdb.Target, parts int32, batch int, replay bool) {
 	br, topic := startBroker(b, parts)
-	c := newConsumerDB(b, tg)
+	c := ledgertest.NewDB(b, tg)
 	if tg.Name == "mysql-interpolate" {
-		// go-sql-driver writing arguments into the statement text: one
-		// round trip per statement instead of prepare, execute, close.
-		sep := "?"
-		if strings.Contains(c.env.DSN, "?") {
-			sep = "&"
-		}
-		db, err := sql.Open("mysql", c.env.DSN+sep+"interpolateParams=true")
-		if err != nil {
-			b.Fatal(err)
-		}
-		db.SetMaxOpenConns(12)
-		b.Cleanup(func() { db.Close() })
-		c.db = db
+		c.Interpolate(b)
 	}
 	produce(b, br.Addrs(), topic, 64, (b.N+63)/64)
 	total := int64(64 * ((b.N + 63) / 64))

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sqloutbox/outbox/inbox"
+	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
 	"github.com/sqloutbox/outbox/internal/testdb"
 )
@@ -26,18 +27,15 @@ import (
 func TestRunnerKilledAfterStoreRedeliversAsDuplicate(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 1)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	want := produce(t, b.Addrs(), topic, 3, 10)
 	group := randomName("g-")
 	ctx := testCtx(t, 60*time.Second)
 	events := filepath.Join(t.TempDir(), "events")
-	k := startChild(t, "consumer", "consumer",
-		"INBOXKAFKA_DIALECT="+string(c.env.Target.Dialect), "INBOXKAFKA_DSN="+c.env.DSN,
-		"INBOXKAFKA_INBOX="+c.itable, "INBOXKAFKA_CONSUMER="+c.cname, "INBOXKAFKA_LEDGER="+c.ledger,
-		"INBOXKAFKA_BROKERS="+strings.Join(b.Addrs(), ","), "INBOXKAFKA_GROUP="+group, "INBOXKAFKA_TOPIC="+topic,
-		"INBOXKAFKA_EVENTS="+events, "OUTBOX_FAILPOINTS=inboxkafka/after-store=kill@12")
-	k.waitKilled(t, ctx)
-	if n := countRows(t, c.db, c.ledger); n != 12 {
+	k := ledgertest.StartChild(t, "consumer", "consumer", append(c.ChildEnv(events, 0, "inboxkafka/after-store=kill@12"),
+		kafkaEnv(b.Addrs(), group, topic)...)...)
+	k.WaitKilled(t, ctx)
+	if n := ledgertest.Count(t, c.DB, c.Ledger); n != 12 {
 		t.Fatalf("%d rows applied before the kill at the 12th stored outcome, want 12", n)
 	}
 	if off := committed(t, ctx, b.Addrs(), group, topic); off > 11 {
@@ -46,7 +44,7 @@ func TestRunnerKilledAfterStoreRedeliversAsDuplicate(t *testing.T) {
 	r := newRunner(t, b.Addrs(), group, topic, c, nil)
 	runRunner(t, r)
 	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool { return committed(t, ctx, b.Addrs(), group, topic) == 30 })
-	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
 	}
 	if st := r.Stats(); st.Duplicates < 1 || st.Applied != 18 {
@@ -62,12 +60,12 @@ func TestRebalanceNeverRunsAPartitionTwiceAtOnce(t *testing.T) {
 	t.Parallel()
 	const parts, aggs, per = 6, 24, 20
 	b, topic := startBroker(t, parts)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	group := randomName("g-")
 	ctx := testCtx(t, 90*time.Second)
 	var inFlight [parts]atomic.Int32
 	var overlaps, handled atomic.Int64
-	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	var ownersMu sync.Mutex
 	owners := map[int32]map[int]bool{} // partition -> runners that handled it
 	var handle inboxkafka.Handler
@@ -114,13 +112,13 @@ func TestRebalanceNeverRunsAPartitionTwiceAtOnce(t *testing.T) {
 	testdb.Eventually(t, ctx, "after the third joined", func() bool { return handled.Load() > 250 })
 	stop2()
 	wg.Wait()
-	testdb.Eventually(t, ctx, "every record applied", func() bool { return countRows(t, c.db, c.ledger) >= aggs*per })
+	testdb.Eventually(t, ctx, "every record applied", func() bool { return ledgertest.Count(t, c.DB, c.Ledger) >= aggs*per })
 	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool { return committed(t, ctx, b.Addrs(), group, topic) == aggs*per })
 	stop3()
 	if n := overlaps.Load(); n != 0 {
 		t.Fatalf("a partition's handler ran in two places at once %d times", n)
 	}
-	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
 	}
 	moved := 0
@@ -147,7 +145,7 @@ func TestContextForGetsTheRecord(t *testing.T) {
 // batches too, where one transaction runs several handlers).
 func testContextForGetsTheRecord(t *testing.T, batch int) {
 	b, topic := startBroker(t, 1)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.DefaultProduceTopic(topic))
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +163,7 @@ func testContextForGetsTheRecord(t *testing.T, batch int) {
 	cl.Close()
 	type key struct{}
 	got := make(chan [2]string, records)
-	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
 		cfg.BatchSize = batch
 		cfg.ContextFor = func(ctx context.Context, rec *kgo.Record) context.Context {

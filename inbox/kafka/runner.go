@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sqloutbox/outbox/inbox"
+	"github.com/sqloutbox/outbox/inbox/internal/consume"
 	"github.com/sqloutbox/outbox/internal/failpoint"
 )
 
@@ -32,12 +33,12 @@ const (
 const (
 	// DefaultMaxAttempts is how many times a record's handler is tried
 	// before the record is parked.
-	DefaultMaxAttempts = 5
+	DefaultMaxAttempts = consume.DefaultMaxAttempts
 	// DefaultRetryInitial is the backoff before the second attempt; each
 	// further one doubles, up to DefaultRetryMax, with ±20 % jitter.
-	DefaultRetryInitial = 100 * time.Millisecond
+	DefaultRetryInitial = consume.DefaultRetryInitial
 	// DefaultRetryMax caps the backoff between attempts.
-	DefaultRetryMax = 5 * time.Second
+	DefaultRetryMax = consume.DefaultRetryMax
 	// DefaultCommitInterval is how often finished offsets are committed.
 	DefaultCommitInterval = 500 * time.Millisecond
 	// MinCommitInterval is the shortest CommitInterval accepted.
@@ -48,15 +49,15 @@ const (
 	// DefaultAttemptTimeout bounds one handler attempt (its context's
 	// deadline), below franz-go's default rebalance timeout (60 s), since
 	// a revocation waits for the handler in progress.
-	DefaultAttemptTimeout = 30 * time.Second
+	DefaultAttemptTimeout = consume.DefaultAttemptTimeout
 	// DefaultStopTimeout bounds the final offset commit at shutdown.
 	DefaultStopTimeout = 10 * time.Second
 	// DefaultBatchLinger is how long a partition's worker waits for more
 	// records when BatchSize is set and fewer than BatchSize are waiting.
-	DefaultBatchLinger = time.Millisecond
+	DefaultBatchLinger = consume.DefaultBatchLinger
 	// DefaultRequestInterval is how often the runner serves retry requests
 	// (inbox.Inbox.ServeRequests: `outbox inbox parked skip` and `retry`).
-	DefaultRequestInterval = 5 * time.Second
+	DefaultRequestInterval = consume.DefaultRequestInterval
 )
 
 // Errors.
@@ -66,8 +67,9 @@ var (
 	ErrInvalidConfig = errors.New("inboxkafka: invalid config")
 	// ErrPermanent marks a handler error that retrying cannot fix (a
 	// malformed payload): a handler error wrapping it (errors.Is) parks the
-	// record after the first attempt.
-	ErrPermanent = errors.New("inboxkafka: permanent handler error")
+	// record after the first attempt. It is inbox.ErrPermanent, shared by
+	// every broker's runner.
+	ErrPermanent = inbox.ErrPermanent
 	// ErrHandlerPanic wraps the value of a recovered handler panic; it
 	// counts as a handler error (retried, then parked). It is
 	// inbox.ErrHandlerPanic: the inbox recovers the panic.
@@ -86,19 +88,20 @@ var (
 type Handler func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error
 
 // FailurePolicy says what happens to a record whose handler failed every
-// attempt (or failed with ErrPermanent).
-type FailurePolicy int
+// attempt (or failed with ErrPermanent): inbox.FailurePolicy, shared by
+// every broker's runner.
+type FailurePolicy = inbox.FailurePolicy
 
 const (
 	// ParkAndHold parks the record (inbox.Inbox.Park) and so holds its
 	// aggregate: the aggregate's later records are stored as Held, not
 	// applied, until the parked message is retried or skipped. The
 	// default; it keeps the order of every aggregate.
-	ParkAndHold FailurePolicy = iota
+	ParkAndHold = inbox.ParkAndHold
 	// SkipAfterPark parks the record, for the record of it, and skips it
 	// at once (inbox.Inbox.Skip), so its aggregate is not held and later
 	// records are applied: order is given up for that message.
-	SkipAfterPark
+	SkipAfterPark = inbox.SkipAfterPark
 )
 
 // Config configures a Runner. Brokers, Group, Topics, Inbox, DB and
@@ -203,13 +206,7 @@ func (c Config) withDefaults() Config {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.Backoff == nil {
-		c.Backoff = func() backoff.BackOff {
-			return backoff.NewExponentialBackOff(
-				backoff.WithInitialInterval(DefaultRetryInitial),
-				backoff.WithMaxInterval(DefaultRetryMax),
-				backoff.WithRandomizationFactor(0.2),
-				backoff.WithMaxElapsedTime(0))
-		}
+		c.Backoff = consume.DefaultBackoff
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -270,13 +267,14 @@ type Runner struct {
 	started atomic.Bool
 	opts    []kgo.Opt
 	runCtx  context.Context // values of Run's ctx, never cancelled
+	eng     *consume.Engine
 
 	mu      sync.Mutex // guards workers
 	workers map[tp]*worker
 
 	commitMu sync.Mutex // serializes commits with revocations
 
-	applied, duplicates, held, parked, handlerErrs, storeErrs, invalid, commits, batches atomic.Int64
+	commits atomic.Int64
 }
 
 type tp struct {
@@ -318,6 +316,9 @@ func NewRunner(cfg Config) (*Runner, error) {
 	}
 	r := &Runner{cfg: cfg, workers: map[tp]*worker{},
 		log: cfg.Logger.With("component", "inboxkafka", "group", cfg.Group)}
+	r.eng = consume.NewEngine(consume.Settings{Inbox: cfg.Inbox, DB: cfg.DB, Handler: cfg.Handler,
+		MaxAttempts: cfg.MaxAttempts, Backoff: cfg.Backoff, AttemptTimeout: cfg.AttemptTimeout, OnFailure: cfg.OnFailure,
+		BatchSize: cfg.BatchSize, BatchLinger: cfg.BatchLinger, RequestInterval: cfg.RequestInterval}, r.log, observer{cfg.Observer})
 	if m, ok := cfg.Observer.(*Metrics); ok && cfg.Inbox.Config().Observer != inbox.Observer(m) {
 		r.log.Warn("the Metrics given as Config.Observer is not the Inbox's Observer: only lag is recorded; give it to inbox.Config.Observer too")
 	}
@@ -348,11 +349,10 @@ func NewRunner(cfg Config) (*Runner, error) {
 
 // Stats returns the runner's counters so far. Safe for concurrent use.
 func (r *Runner) Stats() Stats {
+	c := r.eng.Counters()
 	return Stats{
-		Applied: r.applied.Load(), Duplicates: r.duplicates.Load(), Held: r.held.Load(),
-		Parked: r.parked.Load(), HandlerErrors: r.handlerErrs.Load(),
-		StoreErrors: r.storeErrs.Load(), Invalid: r.invalid.Load(), Commits: r.commits.Load(),
-		Batches: r.batches.Load(),
+		Applied: c.Applied, Duplicates: c.Duplicates, Held: c.Held, Parked: c.Parked, HandlerErrors: c.HandlerErrors,
+		StoreErrors: c.StoreErrors, Invalid: c.Invalid, Commits: r.commits.Load(), Batches: c.Batches,
 	}
 }
 
@@ -366,31 +366,7 @@ func (r *Runner) Stats() Stats {
 // admin endpoint of the consumer); the held messages that arrive while it
 // runs are the inbox's concern (see inbox.Inbox.Retry).
 func (r *Runner) Retry(ctx context.Context, f inbox.ParkedFilter) (int, error) {
-	return r.cfg.Inbox.Retry(ctx, r.cfg.DB, f, r.cfg.Handler)
-}
-
-// serveRequests serves the inbox's retry requests every RequestInterval
-// until ctx ends.
-func (r *Runner) serveRequests(ctx context.Context) {
-	if r.cfg.RequestInterval < 0 {
-		return
-	}
-	t := time.NewTicker(r.cfg.RequestInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		n, err := r.cfg.Inbox.ServeRequests(ctx, r.cfg.DB, r.cfg.Handler)
-		if n > 0 {
-			r.log.Info("retry requests served", "applied", n)
-		}
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("serving retry requests", "applied", n, "err", err)
-		}
-	}
+	return r.eng.Retry(ctx, f)
 }
 
 // Run checks the inbox schema (inbox.Inbox.Check), creates the Kafka
@@ -411,11 +387,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		return ErrStarted
 	}
 	r.runCtx = context.WithoutCancel(ctx)
-	if err := r.cfg.Inbox.Check(ctx, r.cfg.DB); err != nil {
-		if errors.Is(err, inbox.ErrSchemaMissing) || errors.Is(err, inbox.ErrSchemaOutdated) || errors.Is(err, inbox.ErrSchemaTooNew) {
-			return fmt.Errorf("inboxkafka: %w", err)
-		}
-		r.log.Warn("inbox schema not checked at start; the database is retried", "err", err)
+	r.eng.SetBase(ctx)
+	if err := r.eng.Check(ctx, "inboxkafka"); err != nil {
+		return err
 	}
 	cl, err := kgo.NewClient(r.opts...)
 	if err != nil {
@@ -432,7 +406,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	requestsDone := make(chan struct{})
 	go func() {
 		defer close(requestsDone)
-		r.serveRequests(commitCtx)
+		r.eng.ServeRequests(commitCtx)
 	}()
 
 	for ctx.Err() == nil {
@@ -725,7 +699,7 @@ func (w *worker) run() {
 		if !ok {
 			return
 		}
-		if !w.r.process(w, rec, 0, nil) {
+		if !w.r.eng.Process(w.stop, w.r.delivery(rec), 0, nil) {
 			return
 		}
 		failpoint.Inject(fpAfterStore)
@@ -792,7 +766,14 @@ func (w *worker) runBatches() {
 		if !ok {
 			return
 		}
-		if !w.r.processBatch(w, batch) {
+		ds := make([]*consume.Delivery, len(batch))
+		for i, rec := range batch {
+			ds[i] = w.r.delivery(rec)
+		}
+		if n, ok := w.r.eng.ProcessBatch(w.stop, ds); !ok {
+			if n > 0 {
+				w.finish(batch[n-1])
+			}
 			return
 		}
 		failpoint.Inject(fpAfterStore)
@@ -800,223 +781,26 @@ func (w *worker) runBatches() {
 	}
 }
 
-// wait sleeps d or until the worker is stopped; false if stopped.
-func (w *worker) wait(d time.Duration) bool {
-	if d == backoff.Stop || d < 0 {
-		d = DefaultRetryMax
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-w.stop:
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// process stores rec's outcome: applied, duplicate, held or parked. It
-// returns false, with nothing stored by it, if the worker was stopped
-// before an outcome could be stored (a database outage, or retries
-// interrupted by a revocation): the record stays uncommitted and its next
-// owner (or this one after a restart) gets it again.
-//
-// tried and lastErr are the attempts already made (in a batch) and the
-// last one's error.
-func (r *Runner) process(w *worker, rec *kgo.Record, tried int, lastErr error) bool {
-	msg := Message(rec)
-	ctx := r.runCtx
+// delivery adapts rec for the engine.
+func (r *Runner) delivery(rec *kgo.Record) *consume.Delivery {
+	d := &consume.Delivery{Msg: Message(rec), Ref: rec,
+		Where: []any{"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset}}
 	if r.cfg.ContextFor != nil {
-		ctx = r.cfg.ContextFor(ctx, rec)
+		d.Ctx = r.cfg.ContextFor(r.runCtx, rec)
 	}
-	retry := r.cfg.Backoff()
-	var storeWait backoff.BackOff
-	attempt := tried
-	if tried > 0 && (attempt >= r.cfg.MaxAttempts || errors.Is(lastErr, ErrPermanent)) {
-		return r.park(w, rec, msg, attempt, lastErr)
-	}
-	for {
-		attempt++
-		var herr error
-		fn := func(ctx context.Context, tx *sql.Tx) (err error) {
-			defer func() {
-				if v := recover(); v != nil {
-					err = fmt.Errorf("%w: %v", ErrHandlerPanic, v)
-				}
-				herr = err
-			}()
-			return r.cfg.Handler(ctx, tx, msg)
-		}
-		start := time.Now()
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if r.cfg.AttemptTimeout > 0 {
-			actx, cancel = context.WithTimeout(ctx, r.cfg.AttemptTimeout)
-		}
-		outcome, err := r.cfg.Inbox.Handle(actx, r.cfg.DB, msg, fn)
-		cancel()
-		dur := time.Since(start)
-		if err == nil {
-			r.count(outcome)
-			r.cfg.Observer.Processed(Result{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
-				Outcome: outcome, Attempts: attempt, Duration: dur})
-			return true
-		}
-		if errors.Is(err, inbox.ErrInvalidMessage) {
-			// Never storable (a header the inbox refuses): waiting would
-			// stop the partition forever.
-			r.invalid.Add(1)
-			r.log.Error("record cannot be stored by the inbox; passed over", "topic", rec.Topic, "partition", rec.Partition,
-				"offset", rec.Offset, "err", err)
-			r.cfg.Observer.Processed(Result{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Invalid: true, Attempts: attempt})
-			return true
-		}
-		if herr == nil && !errors.Is(err, inbox.ErrHandler) {
-			// The inbox failed, not the handler: retry without limit.
-			r.storeErrs.Add(1)
-			attempt--
-			if storeWait == nil {
-				storeWait = r.cfg.Backoff()
-			}
-			r.log.Warn("inbox failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
-			if !w.wait(storeWait.NextBackOff()) {
-				return false
-			}
-			continue
-		}
-		storeWait = nil
-		if herr == nil {
-			herr = err
-		}
-		lastErr = herr
-		r.handlerErrs.Add(1)
-		r.cfg.Observer.AttemptFailed(rec.Topic, rec.Partition, attempt, herr)
-		if attempt >= r.cfg.MaxAttempts || errors.Is(herr, ErrPermanent) {
-			break
-		}
-		r.log.Info("handler failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
-			"message_id", msg.ID, "attempt", attempt, "err", herr)
-		if !w.wait(retry.NextBackOff()) {
-			return false
-		}
-	}
-	return r.park(w, rec, msg, attempt, lastErr)
+	return d
 }
 
-// processBatch stores the outcome of every record of batch: the batch
-// through HandleBatch (retried while the inbox fails), then each record it
-// left, in order, through process. It returns false, as process does, if
-// the worker was stopped first.
-func (r *Runner) processBatch(w *worker, batch []*kgo.Record) bool {
-	msgs := make([]inbox.Message, len(batch))
-	for i, rec := range batch {
-		msgs[i] = Message(rec)
-	}
-	ctx := r.runCtx
-	byID := make(map[string]*kgo.Record, len(batch))
-	if r.cfg.ContextFor != nil {
-		for i, rec := range batch {
-			byID[msgs[i].ID] = rec
-		}
-	}
-	fn := func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
-		if rec := byID[m.ID]; rec != nil {
-			ctx = r.cfg.ContextFor(ctx, rec)
-		}
-		return r.cfg.Handler(ctx, tx, m)
-	}
-	var storeWait backoff.BackOff
-	for {
-		start := time.Now()
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if r.cfg.AttemptTimeout > 0 {
-			actx, cancel = context.WithTimeout(ctx, r.cfg.AttemptTimeout)
-		}
-		res, err := r.cfg.Inbox.HandleBatch(actx, r.cfg.DB, msgs, fn)
-		cancel()
-		if err != nil {
-			r.storeErrs.Add(1)
-			if storeWait == nil {
-				storeWait = r.cfg.Backoff()
-			}
-			r.log.Warn("inbox failed; retrying the batch", "topic", batch[0].Topic, "partition", batch[0].Partition,
-				"offset", batch[0].Offset, "records", len(batch), "err", err)
-			if !w.wait(storeWait.NextBackOff()) {
-				return false
-			}
-			continue
-		}
-		dur := time.Since(start)
-		r.batches.Add(1)
-		for i, rec := range batch {
-			o := res[i]
-			if o.Outcome != 0 {
-				r.count(o.Outcome)
-				r.cfg.Observer.Processed(Result{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
-					Outcome: o.Outcome, Attempts: 1, Duration: dur})
-				continue
-			}
-			tried := 0
-			if errors.Is(o.Err, inbox.ErrHandler) {
-				tried = 1
-				r.handlerErrs.Add(1)
-				r.cfg.Observer.AttemptFailed(rec.Topic, rec.Partition, 1, o.Err)
-			}
-			if !r.process(w, rec, tried, o.Err) {
-				return false
-			}
-		}
-		return true
-	}
+// observer reports the engine's results to the Config's Observer.
+type observer struct{ o Observer }
+
+func (o observer) Processed(d *consume.Delivery, res consume.Result) {
+	rec := d.Ref.(*kgo.Record)
+	o.o.Processed(Result{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Outcome: res.Outcome,
+		Parked: res.Parked, Invalid: res.Invalid, Attempts: res.Attempts, Duration: res.Duration})
 }
 
-// park parks msg with the number of failed attempts (retrying the
-// database without limit) and applies OnFailure.
-func (r *Runner) park(w *worker, rec *kgo.Record, msg inbox.Message, attempts int, cause error) bool {
-	wait := r.cfg.Backoff()
-	for {
-		err := r.cfg.Inbox.ParkAfter(r.runCtx, r.cfg.DB, msg, cause, attempts)
-		if err == nil && r.cfg.OnFailure == SkipAfterPark {
-			// Parked just now, by this worker, which alone handles the
-			// aggregate's partition: nothing of it is held behind it yet.
-			if _, err = r.cfg.Inbox.Skip(r.runCtx, r.cfg.DB, inbox.ParkedFilter{ID: msg.ID}); errors.Is(err, inbox.ErrNothingMatched) {
-				err = nil // processed or skipped meanwhile
-			}
-			if err != nil {
-				err = fmt.Errorf("inboxkafka: skipping parked message %q: %w", msg.ID, err)
-			}
-		}
-		if errors.Is(err, inbox.ErrInvalidMessage) {
-			// Handle accepted it, so this cannot happen; never loop on it.
-			r.log.Error("parked record cannot be stored by the inbox; passed over", "topic", rec.Topic,
-				"partition", rec.Partition, "offset", rec.Offset, "err", err)
-			r.invalid.Add(1)
-			return true
-		}
-		if err == nil {
-			break
-		}
-		r.storeErrs.Add(1)
-		r.log.Warn("parking failed; retrying", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
-		if !w.wait(wait.NextBackOff()) {
-			return false
-		}
-	}
-	r.parked.Add(1)
-	r.log.Warn("message parked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
-		"message_id", msg.ID, "aggregate_type", msg.AggregateType, "aggregate_id", msg.AggregateID,
-		"attempts", attempts, "err", cause, "skipped", r.cfg.OnFailure == SkipAfterPark)
-	r.cfg.Observer.Processed(Result{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
-		Parked: true, Attempts: attempts})
-	return true
-}
-
-func (r *Runner) count(o inbox.Outcome) {
-	switch o {
-	case inbox.Duplicate:
-		r.duplicates.Add(1)
-	case inbox.Held:
-		r.held.Add(1)
-	default:
-		r.applied.Add(1)
-	}
+func (o observer) AttemptFailed(d *consume.Delivery, attempt int, err error) {
+	rec := d.Ref.(*kgo.Record)
+	o.o.AttemptFailed(rec.Topic, rec.Partition, attempt, err)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
+	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
 	"github.com/sqloutbox/outbox/internal/faultproxy"
 	"github.com/sqloutbox/outbox/internal/testdb"
@@ -29,10 +30,10 @@ var pgx = testdb.Target{Name: "pgx", Dialect: driver.Postgres}
 
 // newRunner builds a runner on c for topic with quick test settings; mod
 // adjusts the config.
-func newRunner(t testing.TB, brokers []string, group, topic string, c *consumerDB, mod func(*inboxkafka.Config)) *inboxkafka.Runner {
+func newRunner(t testing.TB, brokers []string, group, topic string, c *ledgertest.DB, mod func(*inboxkafka.Config)) *inboxkafka.Runner {
 	t.Helper()
-	cfg := inboxkafka.Config{Brokers: brokers, Group: group, Topics: []string{topic}, Inbox: c.inbox, DB: c.db,
-		Handler: ledgerHandler(c.env.Target.Dialect, c.ledger), Backoff: fastRetry, Logger: quietLogger(),
+	cfg := inboxkafka.Config{Brokers: brokers, Group: group, Topics: []string{topic}, Inbox: c.Inbox, DB: c.DB,
+		Handler: ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger), Backoff: fastRetry, Logger: ledgertest.QuietLogger(),
 		CommitInterval: 20 * time.Millisecond, Kgo: groupSettings()}
 	if mod != nil {
 		mod(&cfg)
@@ -95,8 +96,8 @@ func TestNewRunnerRejectsBadConfig(t *testing.T) {
 func TestRunRefusesWithoutTheSchema(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 1)
-	c := newConsumerDB(t, pgx)
-	in, err := inbox.New(inbox.Config{Dialect: c.env.Target.Dialect, Table: c.env.Q("not_migrated"), Consumer: "c", Logger: quietLogger()})
+	c := ledgertest.NewDB(t, pgx)
+	in, err := inbox.New(inbox.Config{Dialect: c.Env.Target.Dialect, Table: c.Env.Q("not_migrated"), Consumer: "c", Logger: ledgertest.QuietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,12 +129,12 @@ func forBatchSizes(t *testing.T, f func(t *testing.T, batch int)) {
 
 func testRunnerAppliesInOrderPerPartition(t *testing.T, batch int) {
 	b, topic := startBroker(t, 4)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	want := produce(t, b.Addrs(), topic, 12, 25)
 	var mu sync.Mutex
 	lastOffset := map[int32]int64{}
 	var outOfOrder []string
-	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
 		cfg.BatchSize = batch
 		cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
@@ -148,8 +149,8 @@ func testRunnerAppliesInOrderPerPartition(t *testing.T, batch int) {
 	})
 	runRunner(t, r)
 	ctx := testCtx(t, 60*time.Second)
-	testdb.Eventually(t, ctx, "every record applied", func() bool { return countRows(t, c.db, c.ledger) >= 12*25 })
-	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+	testdb.Eventually(t, ctx, "every record applied", func() bool { return ledgertest.Count(t, c.DB, c.Ledger) >= 12*25 })
+	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
 	}
 	mu.Lock()
@@ -214,7 +215,7 @@ func committed(t testing.TB, ctx context.Context, brokers []string, group, topic
 func TestRunnerCommitsOnlyAfterTheTransaction(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 2)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	produce(t, b.Addrs(), topic, 4, 10)
 	group := randomName("g-")
 	adm, err := kadm.NewOptClient(kgo.SeedBrokers(b.Addrs()...))
@@ -223,7 +224,7 @@ func TestRunnerCommitsOnlyAfterTheTransaction(t *testing.T) {
 	}
 	defer adm.Close()
 	var early atomic.Int64
-	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	r := newRunner(t, b.Addrs(), group, topic, c, func(cfg *inboxkafka.Config) {
 		cfg.CommitInterval = time.Millisecond
 		cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
@@ -250,7 +251,7 @@ func TestRunnerCommitsOnlyAfterTheTransaction(t *testing.T) {
 	if n := early.Load(); n != 0 {
 		t.Fatalf("%d times an offset was committed past a record whose transaction was open", n)
 	}
-	if n := countRows(t, c.db, c.ledger); n != 40 {
+	if n := ledgertest.Count(t, c.DB, c.Ledger); n != 40 {
 		t.Fatalf("%d ledger rows, want 40", n)
 	}
 }
@@ -267,9 +268,9 @@ func TestRunnerRetriesThenParksThenHolds(t *testing.T) {
 
 func testRunnerRetriesThenParksThenHolds(t *testing.T, batch int) {
 	b, topic := startBroker(t, 2)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	want := produce(t, b.Addrs(), topic, 4, 5)
-	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	var attempts sync.Map
 	var failures atomic.Int64
 	reg := prometheus.NewRegistry()
@@ -281,7 +282,7 @@ func testRunnerRetriesThenParksThenHolds(t *testing.T, batch int) {
 		cfg.MaxAttempts = 3
 		cfg.BatchSize = batch
 		cfg.Observer = m
-		cfg.Inbox = c.observed(t, m)
+		cfg.Inbox = c.Observed(t, m)
 		cfg.Handler = func(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
 			n, _ := attempts.LoadOrStore(msg.ID, new(atomic.Int64))
 			n.(*atomic.Int64).Add(1)
@@ -311,9 +312,9 @@ func testRunnerRetriesThenParksThenHolds(t *testing.T, batch int) {
 	if st.HandlerErrors != 7 || failures.Load() != 7 || st.Held != 6 || st.Applied != 11 {
 		t.Fatalf("stats %+v, handler failures %d", st, failures.Load())
 	}
-	rows := readLedger(t, c.db, c.ledger)
+	rows := ledgertest.Read(t, c.DB, c.Ledger)
 	want["agg-000"], want["agg-001"], want["agg-002"] = 1, 2, 3
-	if probs := checkLedger(rows, want); len(probs) > 0 {
+	if probs := ledgertest.Check(rows, want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
 	}
 	for name, v := range map[string]float64{
@@ -350,7 +351,7 @@ func counterValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
 func TestMetricsLagAndDuration(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 2)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	produce(t, b.Addrs(), topic, 16, 2)
 	reg := prometheus.NewRegistry()
 	m, err := inboxkafka.NewMetrics(reg, "g")
@@ -365,7 +366,7 @@ func TestMetricsLagAndDuration(t *testing.T) {
 	}
 	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
 		cfg.Observer = m
-		cfg.Inbox = c.observed(t, m)
+		cfg.Inbox = c.Observed(t, m)
 	})
 	runRunner(t, r)
 	ctx := testCtx(t, 60*time.Second)
@@ -413,9 +414,9 @@ func TestMetricsLagAndDuration(t *testing.T) {
 func TestRunnerSkipAfterParkDoesNotHold(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 1)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	produce(t, b.Addrs(), topic, 2, 4)
-	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
 		cfg.OnFailure = inboxkafka.SkipAfterPark
 		cfg.MaxAttempts = 2
@@ -432,7 +433,7 @@ func TestRunnerSkipAfterParkDoesNotHold(t *testing.T) {
 	if st := r.Stats(); st.Held != 0 || st.HandlerErrors != 2 {
 		t.Fatalf("stats %+v", st)
 	}
-	parked, err := c.inbox.ListParked(ctx, c.db, inbox.ParkedFilter{})
+	parked, err := c.Inbox.ListParked(ctx, c.DB, inbox.ParkedFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -448,9 +449,9 @@ func TestRunnerSkipAfterParkDoesNotHold(t *testing.T) {
 func TestRunnerParkedThenRetried(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 1)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	want := produce(t, b.Addrs(), topic, 2, 5)
-	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	var broken atomic.Bool
 	broken.Store(true)
 	group := randomName("g-")
@@ -469,7 +470,7 @@ func TestRunnerParkedThenRetried(t *testing.T) {
 	if st := r.Stats(); st.Parked != 1 || st.Held != 2 || st.Applied != 7 {
 		t.Fatalf("stats %+v", st)
 	}
-	parked, err := c.inbox.ListParked(ctx, c.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-001"})
+	parked, err := c.Inbox.ListParked(ctx, c.DB, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-001"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,10 +482,10 @@ func TestRunnerParkedThenRetried(t *testing.T) {
 	if err != nil || n != 3 {
 		t.Fatalf("Retry: %d, %v", n, err)
 	}
-	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
 	}
-	if left, err := c.inbox.ListParked(ctx, c.db, inbox.ParkedFilter{}); err != nil || len(left) != 0 {
+	if left, err := c.Inbox.ListParked(ctx, c.DB, inbox.ParkedFilter{}); err != nil || len(left) != 0 {
 		t.Fatalf("after Retry: %+v, %v", left, err)
 	}
 }
@@ -495,7 +496,7 @@ func TestRunnerParkedThenRetried(t *testing.T) {
 func TestRunnerPassesOverInvalidRecords(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 1)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.DefaultProduceTopic(topic))
 	if err != nil {
 		t.Fatal(err)
@@ -525,9 +526,9 @@ func TestRunnerAttemptTimeout(t *testing.T) {
 	t.Parallel()
 	const timeout = 2 * time.Second
 	b, topic := startBroker(t, 1)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	produce(t, b.Addrs(), topic, 1, 3)
-	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	var hung atomic.Int64 // attempts at the hung record that ended by the timeout
 	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
 		cfg.MaxAttempts = 2
@@ -558,14 +559,14 @@ func TestRunnerAttemptTimeout(t *testing.T) {
 func TestRunnerBackpressure(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 2)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	want := produce(t, b.Addrs(), topic, 8, 40)
 	group := randomName("g-")
 	r := newRunner(t, b.Addrs(), group, topic, c, func(cfg *inboxkafka.Config) { cfg.MaxBufferedRecords = 3 })
 	runRunner(t, r)
 	ctx := testCtx(t, 60*time.Second)
 	testdb.Eventually(t, ctx, "offsets committed to the end", func() bool { return committed(t, ctx, b.Addrs(), group, topic) == 8*40 })
-	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
 	}
 }
@@ -576,9 +577,9 @@ func TestRunnerBackpressure(t *testing.T) {
 func TestRunnerChainedEmit(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 2)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	produce(t, b.Addrs(), topic, 5, 4)
-	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	handler := func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
 		if err := inner(ctx, tx, m); err != nil {
 			return err
@@ -588,14 +589,14 @@ func TestRunnerChainedEmit(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
 	for round := 0; round < 2; round++ { // the second group replays: all duplicates
 		r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
-			cfg.DB = c.env.DB // wrapped by the outbox driver
+			cfg.DB = c.Env.DB // wrapped by the outbox driver
 			cfg.Handler = handler
 		})
 		stop := runRunner(t, r)
 		testdb.Eventually(t, ctx, "20 records stored", func() bool { st := r.Stats(); return st.Applied+st.Duplicates == 20 })
 		stop()
 	}
-	if n := countRows(t, c.db, c.env.Table); n != 20 {
+	if n := ledgertest.Count(t, c.DB, c.Env.Table); n != 20 {
 		t.Fatalf("%d outbox rows, want one per applied message (20)", n)
 	}
 }
@@ -607,7 +608,7 @@ func TestRunnerChainedEmit(t *testing.T) {
 func TestRunnerWaitsOutADatabaseOutage(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 2)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	u, err := url.Parse(testdb.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
@@ -638,7 +639,7 @@ func TestRunnerWaitsOutADatabaseOutage(t *testing.T) {
 	if st := r.Stats(); st.Applied != 30 || st.Parked != 0 {
 		t.Fatalf("after the outage: %+v", st)
 	}
-	if probs := checkLedger(readLedger(t, c.db, c.ledger), want); len(probs) > 0 {
+	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
 	}
 }
@@ -681,10 +682,10 @@ func TestRunnerReadsCommittedOnly(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			c := newConsumerDB(t, pgx)
+			c := ledgertest.NewDB(t, pgx)
 			var mu sync.Mutex
 			var got []string
-			inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+			inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 			r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) {
 				cfg.ReadUncommitted = tc.readUncommitted
 				cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
@@ -720,9 +721,9 @@ func TestRunnerReadsCommittedOnly(t *testing.T) {
 func TestRunnerServesSkipAndRetryRequests(t *testing.T) {
 	t.Parallel()
 	b, topic := startBroker(t, 1)
-	c := newConsumerDB(t, pgx)
+	c := ledgertest.NewDB(t, pgx)
 	want := produce(t, b.Addrs(), topic, 3, 4)
-	inner := ledgerHandler(c.env.Target.Dialect, c.ledger)
+	inner := ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	var broken atomic.Bool
 	broken.Store(true)
 	group := randomName("g-")
@@ -741,21 +742,21 @@ func TestRunnerServesSkipAndRetryRequests(t *testing.T) {
 	testdb.Eventually(t, ctx, "two parked, four held", func() bool { st := r.Stats(); return st.Parked == 2 && st.Held == 4 })
 	broken.Store(false)
 	// The operator skips agg-000's seq 2 and asks for agg-001's retry.
-	if n, err := c.inbox.Skip(ctx, c.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-000"}); err != nil || n != 1 {
+	if n, err := c.Inbox.Skip(ctx, c.DB, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-000"}); err != nil || n != 1 {
 		t.Fatalf("Skip: %d, %v", n, err)
 	}
-	if n, err := c.inbox.RequestRetry(ctx, c.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-001"}); err != nil || n != 1 {
+	if n, err := c.Inbox.RequestRetry(ctx, c.DB, inbox.ParkedFilter{AggregateType: "order", AggregateID: "agg-001"}); err != nil || n != 1 {
 		t.Fatalf("RequestRetry: %d, %v", n, err)
 	}
 	testdb.Eventually(t, ctx, "nothing parked or held", func() bool {
-		left, err := c.inbox.ListParked(ctx, c.db, inbox.ParkedFilter{})
+		left, err := c.Inbox.ListParked(ctx, c.DB, inbox.ParkedFilter{})
 		return err == nil && len(left) == 0
 	})
 	var skipped []int
-	var others []ledgerRow
-	for _, row := range readLedger(t, c.db, c.ledger) {
-		if row.agg == "agg-000" {
-			skipped = append(skipped, row.seq)
+	var others []ledgertest.Row
+	for _, row := range ledgertest.Read(t, c.DB, c.Ledger) {
+		if row.Agg == "agg-000" {
+			skipped = append(skipped, row.Seq)
 		} else {
 			others = append(others, row)
 		}
@@ -764,7 +765,7 @@ func TestRunnerServesSkipAndRetryRequests(t *testing.T) {
 		t.Fatalf("agg-000 applied seqs %v, want [1 3 4] (seq 2 skipped)", skipped)
 	}
 	delete(want, "agg-000")
-	if probs := checkLedger(others, want); len(probs) > 0 {
+	if probs := ledgertest.Check(others, want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)
 	}
 }
