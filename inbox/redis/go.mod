@@ -3,15 +3,16 @@ module github.com/sqloutbox/outbox/inbox/redis
 go 1.26.0
 
 require (
+	github.com/cenkalti/backoff/v4 v4.3.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sony/gobreaker/v2 v2.4.0
 	github.com/sqloutbox/outbox v0.0.0
 	github.com/sqloutbox/outbox/inbox v0.0.0
+	github.com/sqloutbox/outbox/relay/redis v0.0.0
 )
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
-	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/go-sql-driver/mysql v1.10.1 // indirect
@@ -37,4 +38,5 @@ require (
 replace (
 	github.com/sqloutbox/outbox => ../../
 	github.com/sqloutbox/outbox/inbox => ../
+	github.com/sqloutbox/outbox/relay/redis => ../../relay/redis
 )

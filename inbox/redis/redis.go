@@ -1,38 +1,3 @@
-// Package inboxredis is a Redis pre-filter for package inbox (the seed
-// article's "Redis SETNX" method, as a front for the table rather than a
-// replacement): inbox.Handle asks it before beginning a transaction, and a
-// key that exists skips the message without touching the database.
-//
-//	f, err := inboxredis.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"}))
-//	in, err := inbox.New(inbox.Config{Dialect: driver.Postgres, Consumer: "shipping", Filter: f})
-//
-// Seen is one EXISTS; Mark, called by the inbox only after the database
-// commit, is one SET with an expiry (a key written before a handler that
-// then failed would drop the message). The inbox table stays the
-// authority: a Redis error in Seen means "unknown" and the table decides,
-// and a key that is missing (expired, evicted, lost with a Redis restart,
-// deleted by hand) costs one database transaction that finds the
-// duplicate, never a second effect. Redis never decides that a message is
-// new.
-//
-// # Outages: a circuit breaker
-//
-// Without a guard an outage costs every message what the client's timeouts
-// and retries allow: Handle waits for Seen (and, after the commit, Mark) to
-// fail before it goes on, and go-redis v9's defaults retry a refused dial
-// (DialerRetries 5, MaxRetries 3): up to 1.65 s per Handle against a
-// closed port. So the Filter runs every call through a circuit breaker
-// (github.com/sony/gobreaker/v2): after DefaultTripAfter consecutive
-// failures it opens, and for DefaultCooldown every Seen and Mark fails at
-// once with ErrUnavailable, without touching the network (the table
-// decides, as for any filter error); then one call probes Redis, and a
-// success closes the breaker. An outage thus costs the tripping calls,
-// then one probe per cooldown. WithBreaker changes both numbers. Short
-// client timeouts (say 50-200 ms) still bound the tripping calls and the
-// probes.
-//
-// It lives in its own module (github.com/sqloutbox/outbox/inbox/redis) so
-// that inbox users without Redis do not download go-redis.
 package inboxredis
 
 import (
@@ -67,8 +32,8 @@ const (
 )
 
 var (
-	// ErrInvalidConfig is returned by New for a nil client or an invalid
-	// option.
+	// ErrInvalidConfig is returned (wrapped) by New for a nil client or an
+	// invalid option, and by NewRunner for an invalid Config.
 	ErrInvalidConfig = errors.New("inboxredis: invalid config")
 	// ErrUnavailable is Seen's and Mark's error while the circuit breaker
 	// is open (Redis failed DefaultTripAfter times in a row): nothing was
