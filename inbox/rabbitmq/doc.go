@@ -84,7 +84,12 @@
 // that cannot be reached is retried. At cancellation Run stops the
 // workers (the handler in progress finishes and is acknowledged), closes
 // the connection (the broker requeues what was delivered and not yet
-// handled) and returns nil.
+// handled) and returns nil. It does not cancel its consumer first: a
+// cancelled consumer keeps its unacknowledged deliveries until its
+// channel closes, while the queue's next consumer, active at once, would
+// receive the aggregate's later messages before them. Closing the
+// channel hands over and requeues in one step, so a rolling deploy keeps
+// the order.
 //
 // The URL's password is never logged.
 package inboxrabbitmq

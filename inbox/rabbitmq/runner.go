@@ -146,8 +146,10 @@ type Config struct {
 	// used, without a limit, while the inbox itself fails). Default:
 	// exponential from DefaultRetryInitial to DefaultRetryMax, ±20 %.
 	Backoff func() backoff.BackOff
-	// AttemptTimeout is the deadline of one handler attempt. Default
-	// DefaultAttemptTimeout; negative: none.
+	// AttemptTimeout is the deadline of one handler attempt (with
+	// BatchSize, of a batch's transaction); an attempt that runs out is a
+	// failed attempt, also when the handler ignores its context and
+	// returns nil late. Default DefaultAttemptTimeout; negative: none.
 	AttemptTimeout time.Duration
 	// OnFailure is the policy for a message that failed every attempt.
 	// Default ParkAndHold.
@@ -230,9 +232,10 @@ type Runner struct {
 
 // NewRunner validates cfg and returns a Runner. It returns an error
 // wrapping ErrInvalidConfig for a missing URL, Queue, Inbox, DB or
-// Handler, a negative Workers or Prefetch, MaxAttempts below 1, an
-// unknown OnFailure, a BatchSize above inbox.MaxBatch (or above Prefetch)
-// or a negative BatchLinger. It does not connect: Run does.
+// Handler, QueueArgs with x-single-active-consumer (the runner sets it),
+// a negative Workers or Prefetch, MaxAttempts below 1, an unknown
+// OnFailure, a BatchSize above inbox.MaxBatch (or above Prefetch) or a
+// negative BatchLinger. It does not connect: Run does.
 func NewRunner(cfg Config) (*Runner, error) {
 	if cfg.Workers == 0 {
 		cfg.Workers = DefaultWorkers
@@ -255,6 +258,8 @@ func NewRunner(cfg Config) (*Runner, error) {
 		return nil, fmt.Errorf("%w: URL and Queue are required", ErrInvalidConfig)
 	case cfg.Workers < 1 || cfg.Prefetch < 1:
 		return nil, fmt.Errorf("%w: Workers %d and Prefetch %d must be positive", ErrInvalidConfig, cfg.Workers, cfg.Prefetch)
+	case cfg.QueueArgs[ArgSingleActiveConsumer] != nil:
+		return nil, fmt.Errorf("%w: QueueArgs sets %s: the runner declares it (true), which keeps the order", ErrInvalidConfig, ArgSingleActiveConsumer)
 	case cfg.BatchSize > cfg.Prefetch:
 		return nil, fmt.Errorf("%w: BatchSize %d above Prefetch %d", ErrInvalidConfig, cfg.BatchSize, cfg.Prefetch)
 	}
@@ -372,7 +377,13 @@ func (r *Runner) session(ctx context.Context) error {
 	if err := ch.Qos(r.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("inboxrabbitmq: setting prefetch: %w", err)
 	}
-	deliveries, err := ch.ConsumeWithContext(ctx, r.cfg.Queue, "", false, false, false, false, nil)
+	// Not ConsumeWithContext: cancelling the consumer (basic.cancel) at
+	// shutdown would make the next registered consumer active while this
+	// channel still holds unacknowledged deliveries, which the broker
+	// requeues only when the channel closes: the next consumer would
+	// apply an aggregate's later messages before them. The channel is
+	// closed (with the connection) after the workers stopped.
+	deliveries, err := ch.Consume(r.cfg.Queue, "", false, false, false, false, nil)
 	if err != nil {
 		return queueErr(fmt.Errorf("consuming queue %q: %w", r.cfg.Queue, err))
 	}

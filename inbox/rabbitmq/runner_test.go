@@ -169,6 +169,9 @@ func TestNewRunnerRejectsBadConfig(t *testing.T) {
 		"BatchSize":     func(c *inboxrabbitmq.Config) { c.BatchSize = inbox.MaxBatch + 1 },
 		"BatchPrefetch": func(c *inboxrabbitmq.Config) { c.BatchSize, c.Prefetch = 16, 8 },
 		"BatchLinger":   func(c *inboxrabbitmq.Config) { c.BatchLinger = -time.Millisecond },
+		"SACOverridden": func(c *inboxrabbitmq.Config) {
+			c.QueueArgs = amqp.Table{inboxrabbitmq.ArgSingleActiveConsumer: false}
+		},
 	} {
 		cfg := ok
 		mod(&cfg)
@@ -480,5 +483,64 @@ func TestContextForGetsTheDelivery(t *testing.T) {
 				t.Errorf("%d of %d handlers had another delivery's context", bad, seen)
 			}
 		})
+	}
+}
+
+// TestGracefulHandoverKeepsOrder: the active runner stops (its context
+// cancelled) while a handler runs and later deliveries of the aggregate
+// wait in its workers; a standby runner is registered, and more messages
+// arrive meanwhile. The standby must get nothing before the stopping
+// runner's channel closes and requeues what it had not handled: then it
+// applies the rest in order. (With the consumer cancelled at once, the
+// standby became active and applied the new messages before the
+// requeued ones.)
+func TestGracefulHandoverKeepsOrder(t *testing.T) {
+	t.Parallel()
+	s := newSpace(t)
+	s.declare(t)
+	c := ledgertest.NewDB(t, pgx)
+	ctx := testCtx(t, 90*time.Second)
+	want := s.publish(t, 1, 1, 20)
+	entered, release := make(chan struct{}), make(chan struct{})
+	ledger := ledgertest.LedgerHandler(pgx.Dialect, c.Ledger)
+	a := newRunner(t, s, c, func(cfg *inboxrabbitmq.Config) {
+		cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+			if strings.Contains(string(m.Payload), `"seq":1}`) {
+				close(entered)
+				<-release
+			}
+			return ledger(ctx, tx, m)
+		}
+	})
+	stopA := run(t, a)
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal("the first handler did not start")
+	}
+	b := newRunner(t, s, c, nil)
+	run(t, b)
+	consumers := func() (ready, consumers int) {
+		q, err := s.ch.QueueDeclarePassive(s.queue, true, false, false, false, amqp.Table{inboxrabbitmq.ArgSingleActiveConsumer: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q.Messages, q.Consumers
+	}
+	testdb.Eventually(t, ctx, "the standby registered", func() bool { _, n := consumers(); return n == 2 })
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		stopA()
+	}()
+	for k, v := range s.publish(t, 1, 21, 40) {
+		want[k] = v
+	}
+	testdb.Eventually(t, ctx, "the new messages delivered", func() bool { r, _ := consumers(); return r == 0 })
+	close(release)
+	<-stopped
+	testdb.Eventually(t, ctx, "all applied", func() bool { return ledgertest.Count(t, c.DB, c.Ledger) >= 40 })
+	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {
+		t.Fatalf("ledger after a graceful handover: %v", probs)
 	}
 }
