@@ -43,30 +43,41 @@
 // inbox's unique key keeps that message's effect single should the next
 // holder get it meanwhile.
 //
-// # Order at a handover: recreating the consumer from its ack floor
+// # Order at a handover: a new consumer from the ack floor
 //
-// Every time a runner acquires the lease it reads the durable consumer's
-// ack floor (the stream sequence up to which every message is
-// acknowledged), deletes the consumer and creates it again, starting at
-// the message after the floor (from the stream's start when the consumer
-// did not exist), with explicit acks, MaxAckPending, AckWait,
-// FilterSubject and no delivery limit. Without this, the messages the
-// previous holder had received and not acknowledged (it died, or was
+// Every time a runner acquires the lease it creates a durable consumer of
+// its own for the session, named Durable, "_" and 12 hex digits
+// (Runner.ConsumerName), starting at the message after the ack floor of
+// the runner's existing consumers (the stream sequence up to which every
+// message is acknowledged; the highest of them, since each starts after
+// its predecessor's; from the stream's start when there is none), with
+// explicit acks, MaxAckPending, AckWait, FilterSubject and no delivery
+// limit, and only then deletes the old ones. Without this, the messages
+// the previous holder had received and not acknowledged (it died, or was
 // still working on them) would come back only after their AckWait, while
 // the same aggregate's later messages are delivered at once: the later
-// ones would be applied first. Recreated from the floor, the consumer
+// ones would be applied first. Started from the floor, the new consumer
 // delivers everything unacknowledged again in stream order, before
 // anything later; what was applied already (acknowledged above the floor,
 // or applied but not acknowledged) is recognised by the inbox as
 // Duplicate and not applied again. A handover therefore costs duplicate
 // deliveries, never a reordering: as many as were acknowledged after the
 // oldest unacknowledged message (few, unless one aggregate was stuck, its
-// handler retrying, while the others went on). The durable
-// belongs to the runner: do not share its name with anything else, and do
-// not delete it by hand: with it goes its ack floor, and the next session
-// starts from the stream's start again, where the inbox recognises only
-// the messages whose rows its retention window still keeps (keep the
-// stream's MaxAge below that window and this is harmless).
+// handler retrying, while the others went on).
+//
+// Creating before deleting means no crash between the two loses the
+// floor (a consumer left over is deleted by the next session), and
+// acknowledgements a partitioned previous holder sends late go to a
+// consumer that no longer exists. A consumer that has acknowledged
+// nothing yet reports an ack floor of 0 (nats-server 2.9); its floor is
+// then the sequence before its start, so a session that ends before its
+// first acknowledgement does not send the next one back to the stream's
+// start. The consumers belong to the runner: give no other consumer a
+// name of their form, and do not delete them by hand: with the last one
+// goes the floor, and the next session starts from the stream's start,
+// where the inbox recognises only the messages whose rows its retention
+// window still keeps (keep the stream's MaxAge below that window and this
+// is harmless).
 // The stream's retention must be limits (the default, and what `outbox
 // nats stream create` makes): on an interest or work-queue stream,
 // deleting the consumer could remove messages nobody acknowledged, so Run

@@ -41,9 +41,14 @@ func keyToken(s string) string {
 // holderID is a random identity of one Runner, readable by operators.
 func holderID() []byte {
 	host, _ := os.Hostname()
-	b := make([]byte, 8)
+	return []byte(fmt.Sprintf("%s/%d/%s", host, os.Getpid(), randomHex(8)))
+}
+
+// randomHex is n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
 	_, _ = rand.Read(b)
-	return []byte(fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b)))
+	return hex.EncodeToString(b)
 }
 
 // kvLease is consume.Lease on a key of a NATS KV bucket whose TTL (the

@@ -140,11 +140,13 @@ type Config struct {
 	// must be LimitsPolicy (the default, and what the relay's
 	// `outbox nats stream create` makes).
 	Stream string
-	// Durable is the name of the runner's durable pull consumer on Stream
-	// (letters, digits, "-" and "_"). It belongs to the runner, which
-	// creates it and deletes and recreates it at every lease handover:
-	// give every runner of one application the same Durable (and the same
-	// inbox consumer name), and nothing else that name.
+	// Durable names the runner's durable pull consumers on Stream
+	// (letters, digits, "-" and "_"). They belong to the runner: each
+	// session (lease acquired) creates one, named Durable, "_" and 12 hex
+	// digits (Runner.ConsumerName), from its predecessors' ack floor, and
+	// then deletes them. Give every runner of one application the same
+	// Durable (and the same inbox consumer name), and no other consumer a
+	// name of that form.
 	Durable string
 	// FilterSubject, if set, restricts the consumer to a subject
 	// (wildcards allowed, e.g. "outbox.event.order.>"). Default: the whole
@@ -320,6 +322,7 @@ type Runner struct {
 	leading atomic.Bool
 
 	acks, redelivered, sessions, restarts atomic.Int64
+	consumer                              atomic.Pointer[string] // the consumer of the current or last session
 
 	fatalOnce sync.Once
 	fatalErr  error
@@ -494,14 +497,14 @@ var errGap = errors.New("inboxnats: a delivery was lost on its way")
 // every message it delivers to a pool, in order, until ctx ends (nil) or
 // fetching fails (the error). progressed: something was delivered.
 func (r *Runner) consume(ctx context.Context) (progressed bool, err error) {
-	cons, err := r.recreate(ctx)
+	cons, name, err := r.recreate(ctx)
 	if err != nil {
 		return false, err
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(min(r.cfg.MaxAckPending, pullMessages)),
 		jetstream.PullExpiry(r.cfg.FetchMaxWait))
 	if err != nil {
-		return false, fmt.Errorf("inboxnats: pulling from consumer %s: %w", r.cfg.Durable, err)
+		return false, fmt.Errorf("inboxnats: pulling from consumer %s: %w", name, err)
 	}
 	pool := r.eng.NewPool(r.cfg.Workers, r.cfg.MaxAckPending)
 	defer func() {
@@ -524,7 +527,7 @@ func (r *Runner) consume(ctx context.Context) (progressed bool, err error) {
 			continue
 		}
 		if err != nil {
-			return progressed, fmt.Errorf("inboxnats: pulling from consumer %s: %w", r.cfg.Durable, err)
+			return progressed, fmt.Errorf("inboxnats: pulling from consumer %s: %w", name, err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
@@ -546,43 +549,106 @@ func (r *Runner) consume(ctx context.Context) (progressed bool, err error) {
 	}
 }
 
-// recreate deletes the durable consumer, if it exists, and creates it
-// again starting after its ack floor (from the stream's start if it did
-// not exist), so that everything not acknowledged is delivered again, in
-// stream order, before anything later.
-func (r *Runner) recreate(ctx context.Context) (jetstream.Consumer, error) {
+// ConsumerName returns the name of the durable consumer of this
+// runner's current (or last) session, "" before the first: Durable, "_"
+// and 12 hex digits.
+func (r *Runner) ConsumerName() string {
+	if p := r.consumer.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// ownedName reports whether name is one of this runner's consumers:
+// Durable itself (as earlier versions named it) or Durable, "_" and 12
+// hex digits.
+func (r *Runner) ownedName(name string) bool {
+	if name == r.cfg.Durable {
+		return true
+	}
+	rest, ok := strings.CutPrefix(name, r.cfg.Durable+"_")
+	return ok && sessionSuffix.MatchString(rest)
+}
+
+var sessionSuffix = regexp.MustCompile(`^[0-9a-f]{12}$`)
+
+// floorOf is the stream sequence below which consumer info has
+// everything acknowledged: its ack floor, or, before its first ack, the
+// sequence before its start (JetStream reports an ack floor of 0 then).
+func floorOf(info *jetstream.ConsumerInfo) uint64 {
+	if info.AckFloor.Consumer > 0 {
+		return info.AckFloor.Stream
+	}
+	if info.Config.DeliverPolicy == jetstream.DeliverByStartSequencePolicy && info.Config.OptStartSeq > 0 {
+		return info.Config.OptStartSeq - 1
+	}
+	return 0
+}
+
+// recreate starts the session's consumer: a new durable consumer
+// starting after the ack floor of the runner's existing consumers (the
+// highest: a later one starts after an earlier one's floor), from the
+// stream's start if there is none; then it deletes those. So everything
+// not acknowledged is delivered again, in stream order, before anything
+// later; the consumer is created before the old ones go, so that no
+// crash between the two loses the floor; and acknowledgements a previous
+// holder still sends go to a consumer that no longer exists. The calls
+// are not cut short by ctx (a lease lost meanwhile): they have their own
+// timeout.
+func (r *Runner) recreate(ctx context.Context) (jetstream.Consumer, string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
 	s, err := r.js.Stream(ctx, r.cfg.Stream)
 	if err != nil {
-		return nil, fmt.Errorf("inboxnats: stream %s: %w", r.cfg.Stream, err)
+		return nil, "", fmt.Errorf("inboxnats: stream %s: %w", r.cfg.Stream, err)
 	}
 	if ret := s.CachedInfo().Config.Retention; ret != jetstream.LimitsPolicy {
-		return nil, fmt.Errorf("%w: stream %s has %s retention; the runner needs limits retention", ErrUnsupportedStream, r.cfg.Stream, ret)
+		return nil, "", fmt.Errorf("%w: stream %s has %s retention; the runner needs limits retention", ErrUnsupportedStream, r.cfg.Stream, ret)
 	}
-	cfg := jetstream.ConsumerConfig{Durable: r.cfg.Durable, Description: "inboxnats runner (github.com/sqloutbox/outbox/inbox/nats)",
+	var olds []string
+	var floor uint64
+	names := s.ConsumerNames(ctx)
+	for name := range names.Name() {
+		if !r.ownedName(name) {
+			continue
+		}
+		c, err := s.Consumer(ctx, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("inboxnats: reading consumer %s: %w", name, err)
+		}
+		olds = append(olds, name)
+		floor = max(floor, floorOf(c.CachedInfo()))
+	}
+	if err := names.Err(); err != nil {
+		return nil, "", fmt.Errorf("inboxnats: listing the consumers of %s: %w", r.cfg.Stream, err)
+	}
+	name := r.cfg.Durable + "_" + randomHex(6)
+	cfg := jetstream.ConsumerConfig{Durable: name, Description: "inboxnats runner (github.com/sqloutbox/outbox/inbox/nats)",
 		DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckExplicitPolicy, AckWait: r.cfg.AckWait,
 		MaxDeliver: -1, MaxAckPending: r.cfg.MaxAckPending, FilterSubject: r.cfg.FilterSubject}
-	old, err := s.Consumer(ctx, r.cfg.Durable)
-	switch {
-	case err == nil:
-		floor := old.CachedInfo().AckFloor.Stream
-		if err := s.DeleteConsumer(ctx, r.cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, fmt.Errorf("inboxnats: deleting consumer %s to recreate it: %w", r.cfg.Durable, err)
-		}
-		if floor > 0 {
-			cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-			cfg.OptStartSeq = floor + 1
-		}
-		r.log.Info("consumer recreated from its ack floor", "ack_floor", floor)
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-		r.log.Info("consumer created from the stream's start")
-	default:
-		return nil, fmt.Errorf("inboxnats: reading consumer %s: %w", r.cfg.Durable, err)
+	if len(olds) > 0 && floor > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = floor + 1
 	}
 	c, err := s.CreateConsumer(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("inboxnats: creating consumer %s: %w", r.cfg.Durable, err)
+		return nil, "", fmt.Errorf("inboxnats: creating consumer %s: %w", name, err)
 	}
-	return c, nil
+	r.consumer.Store(&name)
+	for _, old := range olds {
+		if err := s.DeleteConsumer(ctx, old); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			r.log.Warn("deleting the previous session's consumer; the next session tries again", "consumer", old, "err", err)
+		}
+	}
+	if len(olds) > 0 {
+		r.log.Info("consumer created after its predecessors' ack floor", "consumer", name, "ack_floor", floor, "replaced", olds)
+	} else {
+		r.log.Info("consumer created from the stream's start", "consumer", name)
+	}
+	return c, name, nil
 }
 
 // ref is a delivery's broker side, for the observer.

@@ -180,7 +180,7 @@ func testRunnerAppliesInOrderPerAggregate(t *testing.T, batch int) {
 		t.Fatalf("%d distinct sequences observed, want %d", len(seqs), total)
 	}
 	testdb.Eventually(t, ctx, "ack floor at the stream's end", func() bool {
-		info := s.consumerInfo(t, "ledger")
+		info := s.consumerInfo(t, r.ConsumerName())
 		return info.AckFloor.Stream == uint64(total) && info.NumAckPending == 0
 	})
 	t.Logf("batch %d: %d messages, up to %d handlers at once, stats %+v", batch, total, maxInFlight.Load(), st)
@@ -397,7 +397,7 @@ func TestTwoRunnersOneConsumes(t *testing.T) {
 		t.Fatalf("stats: first %+v, other %+v", a, b)
 	}
 	testdb.Eventually(t, ctx, "ack floor at the stream's end", func() bool {
-		return s.consumerInfo(t, "ledger").AckFloor.Stream == total
+		return s.consumerInfo(t, runners[other].ConsumerName()).AckFloor.Stream == total
 	})
 	t.Logf("first holder %+v; second holder %+v", a, b)
 }
@@ -504,7 +504,7 @@ func TestRunnerRecreatesADeletedConsumer(t *testing.T) {
 	runRunner(t, r)
 	ctx := testCtx(t, 90*time.Second)
 	testdb.Eventually(t, ctx, "the first messages applied and acknowledged", func() bool { return r.Stats().Acks == 20 })
-	if err := s.js.DeleteConsumer(ctx, s.Stream, "ledger"); err != nil {
+	if err := s.js.DeleteConsumer(ctx, s.Stream, r.ConsumerName()); err != nil {
 		t.Fatal(err)
 	}
 	testdb.Eventually(t, ctx, "a restart", func() bool { return r.Stats().Restarts > 0 })
@@ -516,5 +516,65 @@ func TestRunnerRecreatesADeletedConsumer(t *testing.T) {
 	testdb.Eventually(t, ctx, "the old messages recognised", func() bool { return r.Stats().Duplicates == 20 })
 	if st := r.Stats(); st.Sessions != 1 || st.Applied != 40 {
 		t.Fatalf("stats %+v, want one session, 40 applied", st)
+	}
+}
+
+// TestSessionsKeepTheFloor: each session consumes with a consumer of its
+// own, created after its predecessors' ack floor, which it then deletes;
+// a session that ends before its first acknowledgement hands the floor
+// on (JetStream reports an ack floor of 0 for a consumer that acked
+// nothing: taken for the stream's start, the next session redelivered
+// every message).
+func TestSessionsKeepTheFloor(t *testing.T) {
+	t.Parallel()
+	s := newSpace(t)
+	c := ledgertest.NewDB(t, pgx)
+	ctx := testCtx(t, 90*time.Second)
+	want := s.publish(t, 4, 1, 5)
+	owned := func() []string {
+		var out []string
+		st, err := s.js.Stream(ctx, s.Stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := st.ConsumerNames(ctx)
+		for n := range names.Name() {
+			out = append(out, n)
+		}
+		if err := names.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	first := newRunner(t, s, c, nil)
+	stop := runRunner(t, first)
+	testdb.Eventually(t, ctx, "the first session acknowledged everything", func() bool { return first.Stats().Acks == 20 })
+	stop()
+	// A session that acknowledges nothing: no new message.
+	idle := newRunner(t, s, c, nil)
+	stop = runRunner(t, idle)
+	testdb.Eventually(t, ctx, "the second session's consumer", func() bool {
+		n := idle.ConsumerName()
+		return n != "" && n != first.ConsumerName()
+	})
+	stop()
+	if got := owned(); len(got) != 1 || got[0] != idle.ConsumerName() {
+		t.Fatalf("consumers %v, want only the last session's %s", got, idle.ConsumerName())
+	}
+	third := newRunner(t, s, c, nil)
+	runRunner(t, third)
+	for k, v := range s.publish(t, 4, 6, 7) {
+		want[k] = v
+	}
+	testdb.Eventually(t, ctx, "the new messages applied", func() bool { return third.Stats().Applied == 8 })
+	if st := third.Stats(); st.Duplicates != 0 || st.Applied != 8 {
+		t.Errorf("third session %+v: want the 8 new messages only, no redelivery", st)
+	}
+	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {
+		t.Fatalf("ledger: %v", probs)
+	}
+	if got := owned(); len(got) != 1 || got[0] != third.ConsumerName() {
+		t.Errorf("consumers %v, want only %s", got, third.ConsumerName())
 	}
 }
