@@ -135,8 +135,10 @@ type Config struct {
 	// jitter, no elapsed-time limit.
 	Backoff func() backoff.BackOff
 	// AttemptTimeout is the deadline of one handler attempt's context
-	// (inbox.Handle's transaction included); an attempt that runs out is a
-	// failed attempt (retried, then parked). Keep it below the group's
+	// (inbox.Handle's transaction included; with BatchSize, of a batch's
+	// transaction); an attempt that runs out is a failed attempt
+	// (retried, then parked), also when the handler ignores its context
+	// and returns nil late (the commit is then refused). Keep it below the group's
 	// rebalance timeout: a revocation waits for the attempt in progress.
 	// Default DefaultAttemptTimeout; negative: no deadline.
 	AttemptTimeout time.Duration
@@ -176,11 +178,13 @@ type Config struct {
 	// records of a partition in one transaction (inbox.Inbox.HandleBatch:
 	// one dedupe INSERT, the handlers in order, one commit; savepoints
 	// only after a failure), which multiplies a partition's throughput
-	// (BENCHMARKS.md "Batched inbox": 4.9x on PostgreSQL at 64). A record
-	// whose handler fails in a batch, and the later records of its
-	// aggregate in that batch, are then handled one at a time with the
-	// usual retries and parking. Default 0 (or 1): one record per
-	// transaction.
+	// (BENCHMARKS.md "Every broker's runner": 5.7x on PostgreSQL at 64).
+	// A record whose handler fails in a batch, and the later records of
+	// its aggregate in that batch, are then handled one at a time with
+	// the usual retries and parking; a batch that fails as a whole (the
+	// database, or AttemptTimeout, which bounds the batch's one
+	// transaction) is handled record by record. Default 0 (or 1): one
+	// record per transaction.
 	BatchSize int
 	// BatchLinger is how long a worker waits for more records when fewer
 	// than BatchSize are waiting (latency traded for larger batches at low

@@ -507,7 +507,11 @@ func (r *Runner) session(ctx context.Context) error {
 		s.acker()
 	}()
 	s.pool = r.eng.NewPool(r.cfg.Workers, max(r.cfg.Count, r.cfg.BatchSize))
+	// The workers stop taking deliveries as soon as the session ends (the
+	// lease may be lost), not only once a blocked read returns.
+	stopPool := context.AfterFunc(ctx, s.pool.Stop)
 	err := s.consume(ctx)
+	stopPool()
 	s.pool.Stop()
 	close(s.acks)
 	<-ackDone

@@ -38,6 +38,9 @@ const (
 	DefaultRequestInterval = 5 * time.Second
 )
 
+// errAttemptTimeout marks an attempt that outran AttemptTimeout.
+var errAttemptTimeout = errors.New("consume: attempt timed out")
+
 // Settings are the settings every runner has.
 type Settings struct {
 	Inbox          *inbox.Inbox
@@ -214,7 +217,9 @@ func (e *Engine) Check(ctx context.Context, prefix string) error {
 }
 
 // ServeRequests serves the inbox's retry requests every RequestInterval
-// until ctx ends (never with a negative RequestInterval).
+// until ctx ends (never with a negative RequestInterval). Each handler
+// has AttemptTimeout; one in progress when ctx ends is cancelled (its
+// transaction rolls back, the request stays and is served later).
 func (e *Engine) ServeRequests(ctx context.Context) {
 	if e.s.RequestInterval < 0 {
 		return
@@ -227,7 +232,7 @@ func (e *Engine) ServeRequests(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n, err := e.s.Inbox.ServeRequests(ctx, e.s.DB, e.s.Handler)
+		n, err := e.s.Inbox.ServeRequests(ctx, e.s.DB, e.boundedHandler)
 		if n > 0 {
 			e.log.Info("retry requests served", "applied", n)
 		}
@@ -235,6 +240,14 @@ func (e *Engine) ServeRequests(ctx context.Context) {
 			e.log.Warn("serving retry requests", "applied", n, "err", err)
 		}
 	}
+}
+
+// boundedHandler is the handler with AttemptTimeout as its deadline, for
+// the retries the engine runs outside a delivery (retry requests).
+func (e *Engine) boundedHandler(ctx context.Context, tx *sql.Tx, msg inbox.Message) error {
+	ctx, cancel := e.attemptCtx(ctx)
+	defer cancel()
+	return e.s.Handler(ctx, tx, msg)
 }
 
 // Retry runs inbox.Inbox.Retry with the engine's handler.
@@ -289,9 +302,12 @@ func (e *Engine) Process(stop <-chan struct{}, d *Delivery, tried int, lastErr e
 	for {
 		attempt++
 		var herr error
+		late := false // the handler returned after its deadline
 		fn := func(ctx context.Context, tx *sql.Tx) (err error) {
 			defer func() { herr = err }()
-			return e.s.Handler(ctx, tx, msg)
+			err = e.s.Handler(ctx, tx, msg)
+			late = ctx.Err() != nil
+			return err
 		}
 		start := time.Now()
 		actx, cancel := e.attemptCtx(ctx)
@@ -300,6 +316,9 @@ func (e *Engine) Process(stop <-chan struct{}, d *Delivery, tried int, lastErr e
 		dur := time.Since(start)
 		if err == nil {
 			e.count(outcome)
+			if outcome == inbox.Held && e.s.OnFailure == inbox.SkipAfterPark {
+				e.heal(d)
+			}
 			e.obs.Processed(d, Result{Outcome: outcome, Attempts: attempt, Duration: dur})
 			return true
 		}
@@ -309,6 +328,13 @@ func (e *Engine) Process(stop <-chan struct{}, d *Delivery, tried int, lastErr e
 			e.log.Error("message cannot be stored by the inbox; passed over", append(d.Where, "err", err)...)
 			e.obs.Processed(d, Result{Invalid: true, Attempts: attempt})
 			return true
+		}
+		if herr == nil && !errors.Is(err, inbox.ErrHandler) && late {
+			// The handler ignored its context and returned after its
+			// AttemptTimeout, so the commit was refused: a failed
+			// attempt, not an outage of the inbox (which is retried
+			// without limit).
+			herr = fmt.Errorf("%w: attempt exceeded AttemptTimeout %s: %w", errAttemptTimeout, e.s.AttemptTimeout, err)
 		}
 		if herr == nil && !errors.Is(err, inbox.ErrHandler) {
 			// The inbox failed, not the handler: retry without limit.
@@ -362,22 +388,25 @@ func (e *Engine) ProcessBatch(stop <-chan struct{}, ds []*Delivery) (done int, o
 		}
 		return e.s.Handler(ctx, tx, m)
 	}
-	var storeWait backoff.BackOff
 	for {
 		start := time.Now()
 		actx, cancel := e.attemptCtx(e.base)
 		res, err := e.s.Inbox.HandleBatch(actx, e.s.DB, msgs, fn)
 		cancel()
 		if err != nil {
+			// The inbox failed, or the batch ran out of its AttemptTimeout
+			// (a slow handler among 64): nothing of it committed. Each
+			// delivery goes alone, in order, with its own deadline: a
+			// slow handler is then a failed attempt of its own message
+			// (retried, parked), and an outage is waited out per message.
 			e.storeErrs.Add(1)
-			if storeWait == nil {
-				storeWait = e.s.Backoff()
+			e.log.Warn("batch failed; its messages are handled one at a time", append(ds[0].Where, "messages", len(ds), "err", err)...)
+			for i, d := range ds {
+				if !e.Process(stop, d, 0, nil) {
+					return i, false
+				}
 			}
-			e.log.Warn("inbox failed; retrying the batch", append(ds[0].Where, "messages", len(ds), "err", err)...)
-			if !wait(stop, storeWait.NextBackOff()) {
-				return 0, false
-			}
-			continue
+			return len(ds), true
 		}
 		dur := time.Since(start)
 		e.batches.Add(1)
@@ -402,34 +431,32 @@ func (e *Engine) ProcessBatch(stop <-chan struct{}, ds []*Delivery) (done int, o
 	}
 }
 
-// park parks d's message with the number of failed attempts (retrying
-// the database without limit) and applies OnFailure.
+// park parks d's message with the number of failed attempts and applies
+// OnFailure: each step retried alone while the database fails, each call
+// bounded by AttemptTimeout.
 func (e *Engine) park(stop <-chan struct{}, d *Delivery, attempts int, cause error) bool {
 	msg := d.Msg
-	wt := e.s.Backoff()
-	for {
-		err := e.s.Inbox.ParkAfter(e.base, e.s.DB, msg, cause, attempts)
-		if err == nil && e.s.OnFailure == inbox.SkipAfterPark {
-			// Parked just now by the worker that alone handles the
-			// aggregate: nothing of it is held behind it yet.
-			if _, err = e.s.Inbox.Skip(e.base, e.s.DB, inbox.ParkedFilter{ID: msg.ID}); errors.Is(err, inbox.ErrNothingMatched) {
-				err = nil // processed or skipped meanwhile
+	ok, invalid := e.retryStore(stop, d, "parking", func(ctx context.Context) error {
+		return e.s.Inbox.ParkAfter(ctx, e.s.DB, msg, cause, attempts)
+	})
+	if !ok {
+		return false
+	}
+	if invalid {
+		return true
+	}
+	if e.s.OnFailure == inbox.SkipAfterPark {
+		// Parked just now by the worker that alone handles the
+		// aggregate: nothing of it is held behind it yet. Should the
+		// process die before the skip, the next delivery of the
+		// aggregate is stored Held and heal skips it then.
+		if ok, _ := e.retryStore(stop, d, "skipping the parked message", func(ctx context.Context) error {
+			_, err := e.s.Inbox.Skip(ctx, e.s.DB, inbox.ParkedFilter{ID: msg.ID})
+			if errors.Is(err, inbox.ErrNothingMatched) {
+				return nil // processed or skipped meanwhile
 			}
-			if err != nil {
-				err = fmt.Errorf("skipping parked message %q: %w", msg.ID, err)
-			}
-		}
-		if errors.Is(err, inbox.ErrInvalidMessage) {
-			e.log.Error("parked message cannot be stored by the inbox; passed over", append(d.Where, "err", err)...)
-			e.invalid.Add(1)
-			return true
-		}
-		if err == nil {
-			break
-		}
-		e.storeErrs.Add(1)
-		e.log.Warn("parking failed; retrying", append(d.Where, "err", err)...)
-		if !wait(stop, wt.NextBackOff()) {
+			return err
+		}); !ok {
 			return false
 		}
 	}
@@ -438,6 +465,55 @@ func (e *Engine) park(stop <-chan struct{}, d *Delivery, attempts int, cause err
 		"aggregate_id", msg.AggregateID, "attempts", attempts, "err", cause, "skipped", e.s.OnFailure == inbox.SkipAfterPark)...)
 	e.obs.Processed(d, Result{Parked: true, Attempts: attempts})
 	return true
+}
+
+// retryStore runs op with a deadline of AttemptTimeout until it succeeds,
+// waiting with Backoff while the database fails; ok false if stop was
+// closed first; invalid if the inbox refused the message
+// (ErrInvalidMessage: logged, counted, passed over).
+func (e *Engine) retryStore(stop <-chan struct{}, d *Delivery, what string, op func(ctx context.Context) error) (ok, invalid bool) {
+	wt := e.s.Backoff()
+	for {
+		ctx, cancel := e.attemptCtx(e.base)
+		err := op(ctx)
+		cancel()
+		if err == nil {
+			return true, false
+		}
+		if errors.Is(err, inbox.ErrInvalidMessage) {
+			e.log.Error(what+": the inbox cannot store the message; passed over", append(d.Where, "err", err)...)
+			e.invalid.Add(1)
+			return true, true
+		}
+		e.storeErrs.Add(1)
+		e.log.Warn(what+" failed; retrying", append(d.Where, "err", err)...)
+		if !wait(stop, wt.NextBackOff()) {
+			return false, false
+		}
+	}
+}
+
+// heal, with SkipAfterPark, skips what holds d's aggregate: a message
+// parked by a process that died before its skip (nothing else is parked
+// under that policy). The skip records a retry request for the
+// aggregate, and ServeRequests applies d and the rest of it, in order.
+func (e *Engine) heal(d *Delivery) {
+	msg := d.Msg
+	if msg.AggregateType == "" && msg.AggregateID == "" {
+		return
+	}
+	ctx, cancel := e.attemptCtx(e.base)
+	defer cancel()
+	n, err := e.s.Inbox.Skip(ctx, e.s.DB, inbox.ParkedFilter{AggregateType: msg.AggregateType, AggregateID: msg.AggregateID})
+	switch {
+	case err == nil:
+		e.log.Warn("a parked message held its aggregate under SkipAfterPark: skipped; its held messages are applied by the next retry-request round",
+			append(d.Where, "aggregate_type", msg.AggregateType, "aggregate_id", msg.AggregateID, "skipped", n)...)
+	case errors.Is(err, inbox.ErrNothingMatched):
+	default:
+		e.log.Warn("skipping what holds the aggregate under SkipAfterPark failed; `outbox inbox parked skip` releases it",
+			append(d.Where, "err", err)...)
+	}
 }
 
 func (e *Engine) count(o inbox.Outcome) {
