@@ -666,7 +666,7 @@ func (r *Runner) delivery(msg jetstream.Msg, meta *jetstream.MsgMetadata) *consu
 		}
 	}
 	d := &consume.Delivery{Msg: message(msg, meta, h), Ref: ref{msg, meta},
-		Where: []any{"stream", meta.Stream, "sequence", meta.Sequence.Stream, "subject", msg.Subject(), "delivered", meta.NumDelivered}}
+		Where: []any{"sequence", meta.Sequence.Stream, "subject", msg.Subject(), "delivered", meta.NumDelivered}}
 	d.Ack = func() {
 		if err := msg.Ack(); err != nil {
 			r.log.Warn("acknowledgement not sent; the message comes again and the inbox dedupes it",

@@ -9,7 +9,7 @@
 //	in, _ := inbox.New(inbox.Config{Dialect: driver.Postgres, Consumer: "billing"})
 //	r, _ := inboxrabbitmq.NewRunner(inboxrabbitmq.Config{
 //		URL: "amqp://guest:guest@127.0.0.1:5672/", Queue: "billing",
-//		Bindings: []inboxrabbitmq.Binding{{Exchange: "outbox", Key: "order.*"}},
+//		Bindings: []inboxrabbitmq.Binding{{Exchange: "outbox.event", Key: "order.*"}},
 //		Inbox: in, DB: db,
 //		Handler: func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
 //			_, err := tx.ExecContext(ctx, "UPDATE accounts SET ...", m.AggregateID)

@@ -11,7 +11,7 @@ import (
 )
 
 // A consumer of the relay's messages on RabbitMQ: the queue "billing"
-// receives the order events of the exchange "outbox"; each is applied
+// receives the order events of the exchange "outbox.event" (the relay's default); each is applied
 // once, in order per order, whatever the redeliveries.
 func Example() {
 	var db *sql.DB // the consumer's database, with the inbox table migrated
@@ -22,7 +22,7 @@ func Example() {
 	r, err := inboxrabbitmq.NewRunner(inboxrabbitmq.Config{
 		URL:      "amqp://guest:guest@127.0.0.1:5672/",
 		Queue:    "billing",
-		Bindings: []inboxrabbitmq.Binding{{Exchange: "outbox", Key: "order.*"}},
+		Bindings: []inboxrabbitmq.Binding{{Exchange: "outbox.event", Key: "order.*"}},
 		Inbox:    in,
 		DB:       db,
 		Handler: func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {

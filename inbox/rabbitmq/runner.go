@@ -58,12 +58,15 @@ var (
 	ErrInvalidConfig = errors.New("inboxrabbitmq: invalid config")
 	// ErrStarted is returned by Run when the runner already ran.
 	ErrStarted = errors.New("inboxrabbitmq: Run already called")
-	// ErrQueue is returned (wrapped, with the broker's error) by Run when
-	// the queue cannot be declared as the runner needs it: an existing
-	// queue declared without x-single-active-consumer (or with other
-	// arguments) makes the broker answer 406 PRECONDITION_FAILED. Such a
-	// queue would give an aggregate's messages to several consumers at
-	// once; the runner refuses it rather than lose the order.
+	// ErrQueue is returned (wrapped, with the broker's error and what to
+	// do) by Run when the queue cannot be declared, bound or consumed as
+	// the runner needs it: an existing queue declared without
+	// x-single-active-consumer (or with other arguments) makes the broker
+	// answer 406 PRECONDITION_FAILED (such a queue would give an
+	// aggregate's messages to several consumers at once; the runner
+	// refuses it rather than lose the order); a binding to a missing
+	// exchange 404 NOT_FOUND; a user without the rights 403
+	// ACCESS_REFUSED.
 	ErrQueue = errors.New("inboxrabbitmq: queue not usable")
 	// ErrPermanent is inbox.ErrPermanent: a handler error wrapping it
 	// parks the message after the first attempt.
@@ -410,11 +413,20 @@ func (r *Runner) session(ctx context.Context) error {
 	}
 }
 
-// queueErr marks the broker's refusals that no retry fixes.
+// queueErr marks the broker's refusals that no retry fixes, with what to
+// do about each.
 func queueErr(err error) error {
 	var ae *amqp.Error
-	if errors.As(err, &ae) && (ae.Code == amqp.PreconditionFailed || ae.Code == amqp.AccessRefused || ae.Code == amqp.NotFound) {
-		return fmt.Errorf("%w: %w", ErrQueue, err)
+	if !errors.As(err, &ae) {
+		return fmt.Errorf("inboxrabbitmq: %w", err)
+	}
+	switch ae.Code {
+	case amqp.PreconditionFailed:
+		return fmt.Errorf("%w: %w (the queue exists with other arguments, e.g. declared without %s: delete it and let the runner declare it)", ErrQueue, err, ArgSingleActiveConsumer)
+	case amqp.NotFound:
+		return fmt.Errorf("%w: %w (declare the exchange first: outbox rabbitmq declare --exchange NAME)", ErrQueue, err)
+	case amqp.AccessRefused:
+		return fmt.Errorf("%w: %w (the user may not declare, bind or consume the queue)", ErrQueue, err)
 	}
 	return fmt.Errorf("inboxrabbitmq: %w", err)
 }
@@ -424,7 +436,7 @@ func queueErr(err error) error {
 func (r *Runner) delivery(ch *amqp.Channel, d amqp.Delivery) *consume.Delivery {
 	msg := Message(d)
 	cd := &consume.Delivery{Msg: msg, Ref: &d,
-		Where: []any{"message_id", msg.ID, "delivery_tag", d.DeliveryTag, "redelivered", d.Redelivered}}
+		Where: []any{"delivery_tag", d.DeliveryTag, "redelivered", d.Redelivered}}
 	if r.cfg.ContextFor != nil {
 		cd.Ctx = r.cfg.ContextFor(r.eng.Base(), &d)
 	}

@@ -221,8 +221,20 @@ func TestRunRefuses(t *testing.T) {
 	if took := time.Since(start); took > 30*time.Second {
 		t.Errorf("Run took %s to refuse the queue", took)
 	}
-	if !errors.Is(err, inboxrabbitmq.ErrQueue) || !strings.Contains(err.Error(), "PRECONDITION_FAILED") {
-		t.Errorf("Run on a queue without %s: %v, want ErrQueue with the broker's 406", inboxrabbitmq.ArgSingleActiveConsumer, err)
+	if !errors.Is(err, inboxrabbitmq.ErrQueue) || !strings.Contains(err.Error(), "PRECONDITION_FAILED") ||
+		!strings.Contains(err.Error(), "delete it and let the runner declare it") {
+		t.Errorf("Run on a queue without %s: %v, want ErrQueue with the broker's 406 and what to do", inboxrabbitmq.ArgSingleActiveConsumer, err)
+	}
+
+	// A binding to an exchange that does not exist: 404, and what to do.
+	other := newSpace(t)
+	r = newRunner(t, other, c, func(cfg *inboxrabbitmq.Config) {
+		cfg.Bindings = []inboxrabbitmq.Binding{{Exchange: other.exchange + ".missing", Key: "#"}}
+	})
+	err = r.Run(ctx)
+	if !errors.Is(err, inboxrabbitmq.ErrQueue) || !strings.Contains(err.Error(), "NOT_FOUND") ||
+		!strings.Contains(err.Error(), "declare the exchange first") {
+		t.Errorf("Run bound to a missing exchange: %v, want ErrQueue with the broker's 404 and what to do", err)
 	}
 }
 

@@ -123,10 +123,21 @@ type Delivery struct {
 	Ctx context.Context
 	// Ack, if set, is called by the Pool once the outcome is stored.
 	Ack func()
-	// Where are slog attributes locating the delivery (stream, sequence).
+	// Where are slog attributes locating the delivery (stream, sequence;
+	// not the message ID, which the engine adds, nor what the runner's
+	// logger has already).
 	Where []any
 	// Ref is the runner's own (its broker's message), for its Observer.
 	Ref any
+}
+
+// attrs are the log attributes of d (Where and the message ID) and kv,
+// in a slice of their own.
+func (d *Delivery) attrs(kv ...any) []any {
+	out := make([]any, 0, len(d.Where)+2+len(kv))
+	out = append(out, d.Where...)
+	out = append(out, "message_id", d.Msg.ID)
+	return append(out, kv...)
 }
 
 // Result is one delivery's stored outcome.
@@ -325,7 +336,7 @@ func (e *Engine) Process(stop <-chan struct{}, d *Delivery, tried int, lastErr e
 		if errors.Is(err, inbox.ErrInvalidMessage) {
 			// Never storable: waiting would stop the aggregate forever.
 			e.invalid.Add(1)
-			e.log.Error("message cannot be stored by the inbox; passed over", append(d.Where, "err", err)...)
+			e.log.Error("message cannot be stored by the inbox; passed over", d.attrs("err", err)...)
 			e.obs.Processed(d, Result{Invalid: true, Attempts: attempt})
 			return true
 		}
@@ -343,7 +354,7 @@ func (e *Engine) Process(stop <-chan struct{}, d *Delivery, tried int, lastErr e
 			if storeWait == nil {
 				storeWait = e.s.Backoff()
 			}
-			e.log.Warn("inbox failed; retrying", append(d.Where, "err", err)...)
+			e.log.Warn("inbox failed; retrying", d.attrs("err", err)...)
 			if !wait(stop, storeWait.NextBackOff()) {
 				return false
 			}
@@ -359,7 +370,7 @@ func (e *Engine) Process(stop <-chan struct{}, d *Delivery, tried int, lastErr e
 		if attempt >= e.s.MaxAttempts || errors.Is(herr, inbox.ErrPermanent) {
 			break
 		}
-		e.log.Info("handler failed; retrying", append(d.Where, "message_id", msg.ID, "attempt", attempt, "err", herr)...)
+		e.log.Info("handler failed; retrying", d.attrs("attempt", attempt, "err", herr)...)
 		if !wait(stop, retry.NextBackOff()) {
 			return false
 		}
@@ -400,7 +411,7 @@ func (e *Engine) ProcessBatch(stop <-chan struct{}, ds []*Delivery) (done int, o
 			// slow handler is then a failed attempt of its own message
 			// (retried, parked), and an outage is waited out per message.
 			e.storeErrs.Add(1)
-			e.log.Warn("batch failed; its messages are handled one at a time", append(ds[0].Where, "messages", len(ds), "err", err)...)
+			e.log.Warn("batch failed; its messages are handled one at a time", ds[0].attrs("messages", len(ds), "err", err)...)
 			for i, d := range ds {
 				if !e.Process(stop, d, 0, nil) {
 					return i, false
@@ -461,7 +472,7 @@ func (e *Engine) park(stop <-chan struct{}, d *Delivery, attempts int, cause err
 		}
 	}
 	e.parked.Add(1)
-	e.log.Warn("message parked", append(d.Where, "message_id", msg.ID, "aggregate_type", msg.AggregateType,
+	e.log.Warn("message parked", d.attrs("aggregate_type", msg.AggregateType,
 		"aggregate_id", msg.AggregateID, "attempts", attempts, "err", cause, "skipped", e.s.OnFailure == inbox.SkipAfterPark)...)
 	e.obs.Processed(d, Result{Parked: true, Attempts: attempts})
 	return true
@@ -481,12 +492,12 @@ func (e *Engine) retryStore(stop <-chan struct{}, d *Delivery, what string, op f
 			return true, false
 		}
 		if errors.Is(err, inbox.ErrInvalidMessage) {
-			e.log.Error(what+": the inbox cannot store the message; passed over", append(d.Where, "err", err)...)
+			e.log.Error(what+": the inbox cannot store the message; passed over", d.attrs("err", err)...)
 			e.invalid.Add(1)
 			return true, true
 		}
 		e.storeErrs.Add(1)
-		e.log.Warn(what+" failed; retrying", append(d.Where, "err", err)...)
+		e.log.Warn(what+" failed; retrying", d.attrs("err", err)...)
 		if !wait(stop, wt.NextBackOff()) {
 			return false, false
 		}
@@ -508,11 +519,11 @@ func (e *Engine) heal(d *Delivery) {
 	switch {
 	case err == nil:
 		e.log.Warn("a parked message held its aggregate under SkipAfterPark: skipped; its held messages are applied by the next retry-request round",
-			append(d.Where, "aggregate_type", msg.AggregateType, "aggregate_id", msg.AggregateID, "skipped", n)...)
+			d.attrs("aggregate_type", msg.AggregateType, "aggregate_id", msg.AggregateID, "skipped", n)...)
 	case errors.Is(err, inbox.ErrNothingMatched):
 	default:
 		e.log.Warn("skipping what holds the aggregate under SkipAfterPark failed; `outbox inbox parked skip` releases it",
-			append(d.Where, "err", err)...)
+			d.attrs("err", err)...)
 	}
 }
 
