@@ -8,7 +8,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/inbox"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxrabbitmq "github.com/sqloutbox/outbox/inbox/rabbitmq"
 	"github.com/sqloutbox/outbox/internal/testdb"
@@ -22,21 +21,11 @@ import (
 // transaction, timed from Run (the connection included) to the last ack.
 //
 //	go test -run '^$' -bench 'Runner' -benchtime 20000x -count 3 ./inbox/rabbitmq/
-func BenchmarkRunner(b *testing.B) {
-	for _, tg := range []testdb.Target{pgx, {Name: "mysql-interpolate", Dialect: maria.Dialect}} {
-		for _, batch := range []int{0, inbox.MaxBatch} {
-			b.Run(fmt.Sprintf("%s/batch=%d", tg.Name, batch), func(b *testing.B) { benchRunner(b, tg, batch) })
-		}
-	}
-}
+func BenchmarkRunner(b *testing.B) { ledgertest.ForBench(b, benchRunner) }
 
-func benchRunner(b *testing.B, tg testdb.Target, batch int) {
+func benchRunner(b *testing.B, c *ledgertest.DB, batch int) {
 	s := newSpace(b)
 	s.declare(b)
-	c := ledgertest.NewDB(b, tg)
-	if tg.Name == "mysql-interpolate" {
-		c.Interpolate(b)
-	}
 	total := 64 * ((b.N + 63) / 64)
 	ctx := testCtx(b, 10*time.Minute)
 	// Publish in bulk: every message, then every confirm.
@@ -65,8 +54,7 @@ func benchRunner(b *testing.B, tg testdb.Target, batch int) {
 	testdb.Eventually(b, ctx, "every message acked", func() bool { return r.Stats().Acks >= int64(total) })
 	el := time.Since(start)
 	b.StopTimer()
-	b.ReportMetric(float64(total)/el.Seconds(), "events/s")
-	b.ReportMetric(0, "ns/op")
+	ledgertest.ReportRate(b, total, el)
 	if st := r.Stats(); st.Applied != int64(total) {
 		b.Fatalf("applied %d of %d", st.Applied, total)
 	}

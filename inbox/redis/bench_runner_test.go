@@ -1,12 +1,9 @@
 package inboxredis_test
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/inbox"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxredis "github.com/sqloutbox/outbox/inbox/redis"
 	"github.com/sqloutbox/outbox/internal/testdb"
@@ -21,20 +18,11 @@ import (
 // included) to the last XACK.
 //
 //	go test -run '^$' -bench 'Runner' -benchtime 20000x -count 3 ./inbox/redis/
-func BenchmarkRunner(b *testing.B) {
-	for _, tg := range []testdb.Target{{Name: "pgx", Dialect: driver.Postgres}, {Name: "mysql-interpolate", Dialect: driver.MySQL}} {
-		for _, batch := range []int{0, inbox.MaxBatch} {
-			b.Run(fmt.Sprintf("%s/batch=%d", tg.Name, batch), func(b *testing.B) { benchRunner(b, tg, batch) })
-		}
-	}
-}
+func BenchmarkRunner(b *testing.B) { ledgertest.ForBench(b, benchRunner) }
 
-func benchRunner(b *testing.B, tg testdb.Target, batch int) {
+func benchRunner(b *testing.B, c *ledgertest.DB, batch int) {
 	f := newFixture(b, 1)
-	f.db = ledgertest.NewDB(b, tg)
-	if tg.Name == "mysql-interpolate" {
-		f.db.Interpolate(b)
-	}
+	f.db = c
 	total := 64 * ((b.N + 63) / 64)
 	aggs := aggregates("agg-", 64)
 	for from := 1; from <= total/64; from += 50 {
@@ -43,7 +31,7 @@ func benchRunner(b *testing.B, tg testdb.Target, batch int) {
 	ctx := testCtx(b, 10*time.Minute)
 	r := f.runner(b, func(cfg *inboxredis.Config) {
 		cfg.BatchSize, cfg.Backoff = batch, nil
-		cfg.Handler = ledgertest.LedgerHandler(tg.Dialect, f.db.Ledger)
+		cfg.Handler = ledgertest.LedgerHandler(c.Env.Target.Dialect, c.Ledger)
 	})
 	b.ResetTimer()
 	start := time.Now()
@@ -51,6 +39,5 @@ func benchRunner(b *testing.B, tg testdb.Target, batch int) {
 	testdb.Eventually(b, ctx, "every entry acknowledged", func() bool { return r.Stats().Applied >= int64(total) && f.pending(b) == 0 })
 	el := time.Since(start)
 	b.StopTimer()
-	b.ReportMetric(float64(total)/el.Seconds(), "events/s")
-	b.ReportMetric(0, "ns/op")
+	ledgertest.ReportRate(b, total, el)
 }

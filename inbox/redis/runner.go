@@ -701,7 +701,7 @@ func (s *session) consume(ctx context.Context) error {
 				retry = r.cfg.Backoff()
 			}
 			r.log.Warn("reading the streams failed; retrying", "err", err)
-			if !sleep(ctx, retry.NextBackOff()) {
+			if !consume.Sleep(ctx, retry.NextBackOff()) {
 				return nil
 			}
 			continue
@@ -781,7 +781,7 @@ func (s *session) wait(ctx context.Context) bool {
 	if err != nil {
 		if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
 			r.log.Warn("waiting for entries failed", "err", err)
-			sleep(ctx, r.cfg.Block)
+			consume.Sleep(ctx, r.cfg.Block)
 		}
 		return false
 	}
@@ -820,20 +820,6 @@ func (s *session) acker() {
 		if err != nil {
 			r.log.Warn("XACK failed: the entries stay pending and come again, the inbox recognises them", "err", err)
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d == backoff.Stop || d < 0 {
-		d = DefaultRetryMax
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/cenkalti/backoff/v4"
 )
 
 // Lease is a time-bounded exclusive right held in the broker (a NATS KV
@@ -46,7 +48,7 @@ func Lead(ctx context.Context, l Lease, ttl time.Duration, log *slog.Logger, ses
 			log.Warn("acquiring the consumer lease", "err", err)
 		}
 		if !ok {
-			if !sleep(ctx, every) {
+			if !Sleep(ctx, every) {
 				return
 			}
 			continue
@@ -60,7 +62,7 @@ func Lead(ctx context.Context, l Lease, ttl time.Duration, log *slog.Logger, ses
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			log.Error("consumer session failed; lease released", "err", err)
-			if !sleep(ctx, every) {
+			if !Sleep(ctx, every) {
 				return
 			}
 		} else if ctx.Err() == nil {
@@ -110,7 +112,12 @@ func hold(ctx context.Context, l Lease, ttl time.Duration, since time.Time, log 
 	}
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
+// Sleep waits d (backoff.Stop or a negative d: DefaultRetryMax) or until
+// ctx ends; false if ctx ended.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	if d == backoff.Stop || d < 0 {
+		d = DefaultRetryMax
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

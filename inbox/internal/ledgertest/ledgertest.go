@@ -746,3 +746,31 @@ func (c *DB) Interpolate(t testing.TB) {
 	t.Cleanup(func() { db.Close() })
 	c.DB = db
 }
+
+// BenchTargets are the consumer databases of the runners' benchmarks:
+// PostgreSQL through pgx, and MariaDB with interpolateParams=true (see
+// Interpolate).
+var BenchTargets = []testdb.Target{{Name: "pgx", Dialect: driver.Postgres}, {Name: "mysql-interpolate", Dialect: driver.MySQL}}
+
+// ForBench runs f as sub-benchmarks "<target>/batch=<n>" for each of
+// BenchTargets, one message per transaction (0) and inbox.MaxBatch.
+func ForBench(b *testing.B, f func(b *testing.B, c *DB, batch int)) {
+	for _, tg := range BenchTargets {
+		for _, batch := range []int{0, inbox.MaxBatch} {
+			b.Run(fmt.Sprintf("%s/batch=%d", tg.Name, batch), func(b *testing.B) {
+				c := NewDB(b, tg)
+				if tg.Name == "mysql-interpolate" {
+					c.Interpolate(b)
+				}
+				f(b, c, batch)
+			})
+		}
+	}
+}
+
+// ReportRate reports n events in d as events/s, and no ns/op (the
+// benchmark times a whole run, not an operation).
+func ReportRate(b *testing.B, n int, d time.Duration) {
+	b.ReportMetric(float64(n)/d.Seconds(), "events/s")
+	b.ReportMetric(0, "ns/op")
+}
