@@ -379,8 +379,9 @@ func (e *Engine) Process(stop <-chan struct{}, d *Delivery, tried int, lastErr e
 }
 
 // ProcessBatch stores the outcome of every delivery of ds: the batch
-// through inbox.Inbox.HandleBatch (retried while the inbox fails), then
-// each delivery it left, in order, through Process. It returns false, as
+// through inbox.Inbox.HandleBatch, then each delivery it left, in order,
+// through Process; a batch that fails as a whole (the inbox, or its
+// AttemptTimeout) goes delivery by delivery through Process. It returns false, as
 // Process does, if stop was closed first; the deliveries before the one
 // interrupted have their outcomes stored (done reports how many).
 func (e *Engine) ProcessBatch(stop <-chan struct{}, ds []*Delivery) (done int, ok bool) {
@@ -399,47 +400,48 @@ func (e *Engine) ProcessBatch(stop <-chan struct{}, ds []*Delivery) (done int, o
 		}
 		return e.s.Handler(ctx, tx, m)
 	}
-	for {
-		start := time.Now()
-		actx, cancel := e.attemptCtx(e.base)
-		res, err := e.s.Inbox.HandleBatch(actx, e.s.DB, msgs, fn)
-		cancel()
-		if err != nil {
-			// The inbox failed, or the batch ran out of its AttemptTimeout
-			// (a slow handler among 64): nothing of it committed. Each
-			// delivery goes alone, in order, with its own deadline: a
-			// slow handler is then a failed attempt of its own message
-			// (retried, parked), and an outage is waited out per message.
-			e.storeErrs.Add(1)
-			e.log.Warn("batch failed; its messages are handled one at a time", ds[0].attrs("messages", len(ds), "err", err)...)
-			for i, d := range ds {
-				if !e.Process(stop, d, 0, nil) {
-					return i, false
-				}
-			}
-			return len(ds), true
-		}
-		dur := time.Since(start)
-		e.batches.Add(1)
+	start := time.Now()
+	actx, cancel := e.attemptCtx(e.base)
+	res, err := e.s.Inbox.HandleBatch(actx, e.s.DB, msgs, fn)
+	cancel()
+	if err != nil {
+		// The inbox failed, or the batch ran out of its AttemptTimeout (a
+		// slow handler among 64): nothing of it committed. Each delivery
+		// goes alone, in order, with its own deadline: a slow handler is
+		// then a failed attempt of its own message (retried, parked), and
+		// an outage is waited out per message.
+		e.storeErrs.Add(1)
+		e.log.Warn("batch failed; its messages are handled one at a time", ds[0].attrs("messages", len(ds), "err", err)...)
 		for i, d := range ds {
-			o := res[i]
-			if o.Outcome != 0 {
-				e.count(o.Outcome)
-				e.obs.Processed(d, Result{Outcome: o.Outcome, Attempts: 1, Duration: dur})
-				continue
-			}
-			tried := 0
-			if errors.Is(o.Err, inbox.ErrHandler) {
-				tried = 1
-				e.handlerErrs.Add(1)
-				e.obs.AttemptFailed(d, 1, o.Err)
-			}
-			if !e.Process(stop, d, tried, o.Err) {
+			if !e.Process(stop, d, 0, nil) {
 				return i, false
 			}
 		}
 		return len(ds), true
 	}
+	dur := time.Since(start)
+	e.batches.Add(1)
+	for i, d := range ds {
+		o := res[i]
+		if o.Outcome != 0 {
+			e.count(o.Outcome)
+			if o.Outcome == inbox.Held && e.s.OnFailure == inbox.SkipAfterPark {
+				e.heal(d)
+			}
+			e.obs.Processed(d, Result{Outcome: o.Outcome, Attempts: 1, Duration: dur})
+			continue
+		}
+		tried := 0
+		if errors.Is(o.Err, inbox.ErrHandler) {
+			tried = 1
+			e.handlerErrs.Add(1)
+			e.obs.AttemptFailed(d, 1, o.Err)
+		}
+		if !e.Process(stop, d, tried, o.Err) {
+			return i, false
+		}
+	}
+	return len(ds), true
 }
 
 // park parks d's message with the number of failed attempts and applies

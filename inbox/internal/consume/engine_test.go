@@ -111,12 +111,21 @@ func TestSlowHandlerIsAFailedAttempt(t *testing.T) {
 // one. (Before, the aggregate stayed held for good.)
 func TestSkipAfterParkHealsAParkLeftByADeadProcess(t *testing.T) {
 	t.Parallel()
+	for _, batch := range []int{0, 8} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			t.Parallel()
+			testHeal(t, batch)
+		})
+	}
+}
+
+func testHeal(t *testing.T, batch int) {
 	c := ledgertest.NewDB(t, pgx)
 	ctx := ledgertest.Context(t, 60*time.Second)
 	if err := c.Inbox.ParkAfter(ctx, c.DB, msg("x", 1), errors.New("boom"), 5); err != nil {
 		t.Fatal(err)
 	}
-	s := consume.Settings{Inbox: c.Inbox, DB: c.DB, Backoff: fastRetry, OnFailure: inbox.SkipAfterPark,
+	s := consume.Settings{Inbox: c.Inbox, DB: c.DB, Backoff: fastRetry, OnFailure: inbox.SkipAfterPark, BatchSize: batch,
 		RequestInterval: 20 * time.Millisecond, Logger: ledgertest.QuietLogger(),
 		Handler: ledgertest.LedgerHandler(pgx.Dialect, c.Ledger)}.WithDefaults()
 	e := consume.NewEngine(s, s.Logger, nil)
