@@ -136,8 +136,12 @@ type Config struct {
 	// DefaultWorkers.
 	Workers int
 	// Prefetch is the channel's prefetch count. Default DefaultPrefetch,
-	// or with BatchSize 2 × Workers × BatchSize if that is more (so that
-	// every worker can fill its batches while the previous ones commit).
+	// or with BatchSize 8 × Workers × BatchSize if that is more: a
+	// batch's deliveries stay unacknowledged until its commit, and the
+	// aggregates are not spread evenly over the workers, so with 2 ×
+	// (1,024 at the defaults) the batches averaged 22 messages, with 8 ×
+	// 47, and one run of the benchmark went from 7,335 to 12,798 events/s
+	// (BENCHMARKS.md "Every broker's runner").
 	// RabbitMQ's consumer_timeout (30 min by default) closes the channel
 	// of a delivery unacknowledged that long: keep MaxAttempts × the
 	// backoff well below it.
@@ -244,7 +248,7 @@ func NewRunner(cfg Config) (*Runner, error) {
 		cfg.Workers = DefaultWorkers
 	}
 	if cfg.Prefetch == 0 {
-		cfg.Prefetch = max(DefaultPrefetch, 2*cfg.Workers*cfg.BatchSize)
+		cfg.Prefetch = max(DefaultPrefetch, 8*cfg.Workers*cfg.BatchSize)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
