@@ -378,6 +378,20 @@ func SchemaVersion(ctx context.Context, db *sql.DB, cfg Config) (current, latest
 	return v, o.dialect.LatestVersion(), nil
 }
 
+// RequiredSchemaVersion returns the oldest schema version this build's
+// writers and relays run on for dialect d: the newest migration they
+// need. Versions above it, up to LatestSchemaVersion, add what only other
+// tools read (schema version 8 on PostgreSQL, 7 on SQLite: the dead
+// letters' index of the admin page); Migrate applies them too. It returns
+// ErrInvalidConfig (wrapped) for an unknown dialect.
+func RequiredSchemaVersion(d Dialect) (int, error) {
+	o, err := New(Config{Dialect: d})
+	if err != nil {
+		return 0, err
+	}
+	return o.dialect.RequiredVersion(), nil
+}
+
 // LatestSchemaVersion returns the newest schema version this build knows
 // for dialect d, or ErrInvalidConfig (wrapped) for an unknown dialect.
 func LatestSchemaVersion(d Dialect) (int, error) {

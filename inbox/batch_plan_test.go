@@ -92,63 +92,16 @@ func TestBatchLookupPlans(t *testing.T) {
 // an index lookup).
 func explain(t *testing.T, db *sql.DB, d driver.Dialect, q string, args []any) string {
 	t.Helper()
-	ctx := context.Background()
-	if d == driver.SQLite {
-		rows, err := db.QueryContext(ctx, "EXPLAIN QUERY PLAN "+q, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var b strings.Builder
-		for rows.Next() {
-			var id, parent, unused int
-			var detail string
-			if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
-				t.Fatal(err)
-			}
-			b.WriteString(detail + "\n")
-		}
-		return b.String()
-	}
-	if d == driver.Postgres {
-		rows, err := db.QueryContext(ctx, "EXPLAIN ANALYZE "+q, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var b strings.Builder
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				t.Fatal(err)
-			}
-			b.WriteString(line + "\n")
-		}
-		return b.String()
-	}
-	rows, err := db.QueryContext(ctx, "EXPLAIN "+q, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
 	var b strings.Builder
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
+	for _, row := range testdb.Explain(t, context.Background(), db, d, true, q, args...) {
+		switch d {
+		case driver.SQLite:
+			b.WriteString(row["detail"] + "\n")
+		case driver.Postgres:
+			b.WriteString(row["QUERY PLAN"] + "\n")
+		default:
+			b.WriteString("table=" + row["table"] + " type=" + row["type"] + " key=" + row["key"] + " rows=" + row["rows"] + "\n")
 		}
-		if err := rows.Scan(ptrs...); err != nil {
-			t.Fatal(err)
-		}
-		var line []string
-		for i, c := range cols {
-			if c == "type" || c == "key" || c == "rows" || c == "table" {
-				line = append(line, c+"="+vals[i].String)
-			}
-		}
-		b.WriteString(strings.Join(line, " ") + "\n")
 	}
 	return b.String()
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Retry requests. Retrying a parked message runs the consumer's own
@@ -137,4 +138,85 @@ func (in *Inbox) ServeRequests(ctx context.Context, db *sql.DB, fn func(ctx cont
 		return applied, errors.Join(errs...)
 	}
 	return applied, nil
+}
+
+// Request is a pending retry request (RequestRetry, or Skip releasing an
+// aggregate): what the consumer's runner will serve at its next
+// RequestInterval. A served request is deleted, so a request no longer
+// listed has been applied (or found nothing to do).
+type Request struct {
+	// AggregateType and AggregateID name the aggregate, or MessageID the
+	// message (for one without an aggregate).
+	AggregateType, AggregateID, MessageID string
+	// RequestedAt is when it was recorded (database clock).
+	RequestedAt time.Time
+}
+
+// PendingRequests returns the consumer's pending retry requests, oldest
+// first, at most 1,000. It returns ErrSchemaMissing without the tables,
+// or the database error, wrapped.
+func (in *Inbox) PendingRequests(ctx context.Context, db *sql.DB) ([]Request, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: PendingRequests needs a *sql.DB", ErrInvalidConfig)
+	}
+	rows, err := db.QueryContext(ctx, in.s.q("requests_list"), in.cfg.Consumer)
+	if err != nil {
+		return nil, in.storeErr(fmt.Errorf("inbox: listing retry requests: %w", err))
+	}
+	defer rows.Close()
+	out := []Request{}
+	for rows.Next() {
+		var r Request
+		var us int64
+		if err := rows.Scan(&r.AggregateType, &r.AggregateID, &r.MessageID, &us); err != nil {
+			return nil, fmt.Errorf("inbox: listing retry requests: %w", err)
+		}
+		r.RequestedAt = time.UnixMicro(us).UTC()
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, in.storeErr(fmt.Errorf("inbox: listing retry requests: %w", err))
+	}
+	return out, nil
+}
+
+// ConsumerParked is one consumer's count of parked and held messages
+// (Consumers).
+type ConsumerParked struct {
+	Consumer     string
+	Parked, Held int64
+}
+
+// Consumers returns the consumers of cfg's inbox table (cfg.Consumer is
+// ignored) that have parked or held messages, with their counts, by name,
+// at most 1,000. It reads only the rows in that state (through the hold
+// index), never the processed history. It returns ErrInvalidConfig for a
+// bad dialect or table, ErrSchemaMissing without the table, or the
+// database error, wrapped.
+func Consumers(ctx context.Context, db *sql.DB, cfg Config) ([]ConsumerParked, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: Consumers needs a *sql.DB", ErrInvalidConfig)
+	}
+	cfg.Consumer = "any"
+	in, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, in.s.q("consumers_stored"))
+	if err != nil {
+		return nil, in.storeErr(fmt.Errorf("inbox: listing consumers: %w", err))
+	}
+	defer rows.Close()
+	out := []ConsumerParked{}
+	for rows.Next() {
+		var c ConsumerParked
+		if err := rows.Scan(&c.Consumer, &c.Parked, &c.Held); err != nil {
+			return nil, fmt.Errorf("inbox: listing consumers: %w", err)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, in.storeErr(fmt.Errorf("inbox: listing consumers: %w", err))
+	}
+	return out, nil
 }

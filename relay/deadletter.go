@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
@@ -27,22 +28,44 @@ const (
 
 // ErrInvalidSelector is returned by DeadLetters operations for a Selector
 // that names nothing or more than one kind of target.
-var ErrInvalidSelector = errors.New("outbox: dead letter selector must name exactly one of: a message ID, an aggregate, or all")
+var ErrInvalidSelector = errors.New("outbox: dead letter selector must name exactly one of: a message ID, an aggregate, row ids, or all")
+
+// MaxSelectorIDs is the most row ids one Selector may list (Selector.IDs).
+const MaxSelectorIDs = deadLetterChunk
 
 // Selector picks dead letters: exactly one of MessageID, the aggregate
-// (AggregateType and AggregateID together), or All.
+// (AggregateType and AggregateID together), IDs, or All.
 type Selector struct {
 	MessageID     string
 	AggregateType string
 	AggregateID   string
-	All           bool
+	// IDs selects these rows by primary key (DeadLetter.ID), at most
+	// MaxSelectorIDs: an operator's tool that showed a list and asked
+	// "retry these N?" acts on exactly those rows (any of them no longer
+	// dead is left alone), never on rows that match a filter later.
+	IDs []int64
+	All bool
+}
+
+// index is the index hint of the selector's listing (see
+// dialect.WithSelectorIndex): by aggregate, the aggregate's; all, the
+// status's; one message ID or row ids, none (a unique or primary key).
+func (s Selector) index() string {
+	switch {
+	case s.AggregateType != "" && s.AggregateID != "":
+		return "index_aggregate"
+	case s.All:
+		return "index_status"
+	}
+	return ""
 }
 
 func (s Selector) where() (string, []any, error) {
 	byID := s.MessageID != ""
 	byAgg := s.AggregateType != "" || s.AggregateID != ""
+	byRows := len(s.IDs) > 0
 	n := 0
-	for _, b := range []bool{byID, byAgg, s.All} {
+	for _, b := range []bool{byID, byAgg, byRows, s.All} {
 		if b {
 			n++
 		}
@@ -57,6 +80,15 @@ func (s Selector) where() (string, []any, error) {
 			return "", nil, fmt.Errorf("%w: an aggregate needs both AggregateType and AggregateID", ErrInvalidSelector)
 		}
 		return "aggregate_type = ? AND aggregate_id = ?", []any{s.AggregateType, s.AggregateID}, nil
+	case byRows:
+		if len(s.IDs) > MaxSelectorIDs {
+			return "", nil, fmt.Errorf("%w: %d ids, at most %d", ErrInvalidSelector, len(s.IDs), MaxSelectorIDs)
+		}
+		args := make([]any, len(s.IDs))
+		for i, id := range s.IDs {
+			args[i] = id
+		}
+		return "id IN (" + strings.TrimSuffix(strings.Repeat("?,", len(s.IDs)), ",") + ")", args, nil
 	default:
 		return "1 = 1", nil, nil
 	}
@@ -114,7 +146,7 @@ func (dl *DeadLetters) List(ctx context.Context, sel Selector, limit int) ([]Dea
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := dl.db.QueryContext(ctx, dl.d.WithSelector("dead_list", where, limit), args...)
+	rows, err := dl.db.QueryContext(ctx, dl.d.WithSelectorIndex("dead_list", where, sel.index(), limit), args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: listing dead letters: %w", err)
 	}
@@ -164,7 +196,7 @@ func (dl *DeadLetters) exec(ctx context.Context, query string, sel Selector) (in
 	if err != nil {
 		return 0, err
 	}
-	rows, err := dl.db.QueryContext(ctx, dl.d.WithSelector("dead_ids", where, 0), args...)
+	rows, err := dl.db.QueryContext(ctx, dl.d.WithSelectorIndex("dead_ids", where, sel.index(), 0), args...)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: dead letters %s: %w", query, err)
 	}

@@ -83,7 +83,32 @@ func TestDeadLetterOperations(t *testing.T) {
 			t.Errorf("remaining dead letters %+v, want only S-1", l)
 		}
 
-		for _, bad := range []relay.Selector{{}, {MessageID: "x", All: true}, {AggregateType: "acct"}, {AggregateID: "Q", MessageID: "y"}} {
+		// By row ids: exactly the rows listed, and only while dead. S-1 is
+		// dead (released); Q-2 is sent: one row moves.
+		var s1, q2 int64
+		if err := b.e.RelayDB.QueryRowContext(b.ctx, "SELECT id FROM "+b.e.Table+" WHERE message_id = 'S-1'").Scan(&s1); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.e.RelayDB.QueryRowContext(b.ctx, "SELECT id FROM "+b.e.Table+" WHERE message_id = 'Q-2'").Scan(&q2); err != nil {
+			t.Fatal(err)
+		}
+		if l, err := dl.List(b.ctx, relay.Selector{IDs: []int64{s1, q2}}, 0); err != nil || len(l) != 1 || l[0].ID != s1 {
+			t.Fatalf("List by ids = %+v, %v; want S-1 only", l, err)
+		}
+		if n, err := dl.Retry(b.ctx, relay.Selector{IDs: []int64{s1, q2}}); err != nil || n != 1 {
+			t.Fatalf("Retry by ids = %d, %v; want 1", n, err)
+		}
+		b.r.Notify()
+		if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "S")) == 2 }); err != nil {
+			t.Fatal(err)
+		}
+		if l, _ := dl.List(b.ctx, relay.Selector{All: true}, 0); len(l) != 0 {
+			t.Errorf("dead letters left after retrying S-1 by id: %+v", l)
+		}
+
+		tooMany := make([]int64, relay.MaxSelectorIDs+1)
+		for _, bad := range []relay.Selector{{}, {MessageID: "x", All: true}, {AggregateType: "acct"}, {AggregateID: "Q", MessageID: "y"},
+			{IDs: []int64{1}, All: true}, {IDs: tooMany}} {
 			if _, err := dl.Retry(b.ctx, bad); !errors.Is(err, relay.ErrInvalidSelector) {
 				t.Errorf("selector %+v: %v", bad, err)
 			}

@@ -364,6 +364,10 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 	}, nil
 }
 
+// InstanceID returns the name this relay holds leases and its heartbeat
+// row under: Config.InstanceID, or the one New generated.
+func (r *Relay) InstanceID() string { return r.cfg.InstanceID }
+
 // Notify wakes the relay for an immediate cycle; calls coalesce. Safe for
 // concurrent use and cheap enough to call after every commit.
 func (r *Relay) Notify() {

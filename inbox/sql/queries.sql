@@ -120,3 +120,13 @@ SELECT message_id, status FROM {{.Table}} WHERE consumer = ? AND message_id = ?
 
 -- name: batch_delete
 DELETE FROM {{.Table}} WHERE consumer = ? AND message_id = ?
+
+-- name: consumers_stored
+-- Consumers with parked or held messages, and how many, through hold_idx
+-- (consumer first, only rows with status 2 or 3): never the processed history.
+SELECT consumer, SUM(CASE WHEN status = 2 THEN 1 ELSE 0 END), SUM(CASE WHEN status = 3 THEN 1 ELSE 0 END)
+FROM {{.Table}} WHERE status IN (2, 3) GROUP BY consumer ORDER BY consumer LIMIT 1000
+
+-- name: requests_list
+-- A consumer's pending retry requests with when each was recorded, oldest first.
+SELECT aggregate_type, aggregate_id, message_id, {{.Micros "requested_at"}} FROM {{.Requests}} WHERE consumer = ? ORDER BY requested_at LIMIT 1000

@@ -71,6 +71,9 @@ type Migration struct {
 	Version    int
 	Name       string
 	Statements []string
+	// Optional: writers and relays run without it (an index only the
+	// admin page reads); the file says so with a line "-- optional".
+	Optional bool
 }
 
 var (
@@ -157,6 +160,10 @@ func (t templateData) Members() string { return t.d.qualify(t.d.base + "_relay")
 // unquoted, as information_schema.COLUMNS.TABLE_NAME holds it.
 func (t templateData) MembersName() string { return t.d.base + "_relay" }
 
+// IndexBase is an index's name without schema, unquoted, as a catalog
+// (sqlite_master, pg_indexes) holds it.
+func (t templateData) IndexBase(suffix string) string { return t.d.base + "_" + suffix }
+
 // SchemaExpr is a SQL expression for the table's schema as
 // information_schema holds it (MySQL): the schema as a string literal, or
 // DATABASE() for an unqualified table. Table names are validated
@@ -230,7 +237,10 @@ func (d *Dialect) render(name, text string) (string, error) {
 	return b.String(), nil
 }
 
-var migrationFile = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
+var (
+	migrationFile     = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
+	optionalMigration = regexp.MustCompile(`(?m)^-- optional$`)
+)
 
 func (d *Dialect) load() error {
 	dir := "sql/" + string(d.name)
@@ -249,7 +259,8 @@ func (d *Dialect) load() error {
 		}
 		if m := migrationFile.FindStringSubmatch(e.Name()); m != nil {
 			v, _ := strconv.Atoi(m[1])
-			d.migrations = append(d.migrations, Migration{Version: v, Name: m[2], Statements: splitStatements(text)})
+			d.migrations = append(d.migrations, Migration{Version: v, Name: m[2], Statements: splitStatements(text),
+				Optional: optionalMigration.MatchString(text)})
 			continue
 		}
 		if e.Name() == "queries.sql" {
@@ -467,6 +478,18 @@ func (d *Dialect) Migrations() []Migration { return d.migrations }
 // LatestVersion is the newest schema version this build knows.
 func (d *Dialect) LatestVersion() int { return d.migrations[len(d.migrations)-1].Version }
 
+// RequiredVersion is the schema version writers and relays need: the
+// newest migration not marked optional. A table between it and
+// LatestVersion works; Migrate brings it up to date.
+func (d *Dialect) RequiredVersion() int {
+	for i := len(d.migrations) - 1; i >= 0; i-- {
+		if !d.migrations[i].Optional {
+			return d.migrations[i].Version
+		}
+	}
+	return 0
+}
+
 // MigrationsTable is the quoted name of the table recording applied versions.
 func (d *Dialect) MigrationsTable() string { return templateData{d}.Migrations() }
 
@@ -486,6 +509,22 @@ func (d *Dialect) WithSelector(name, where string, limit int) string {
 	var b strings.Builder
 	d.writePlaceholders(&b, q, 0)
 	return b.String()
+}
+
+// WithSelectorIndex is WithSelector for a statement with an {{INDEX}}
+// slot (a listing's index hint): index names the hint's query
+// ("index_status", "index_aggregate"), or "" for none. MySQL/MariaDB's
+// hints are FORCE INDEX clauses: with ORDER BY id LIMIT n under a status
+// or aggregate filter, their optimizer otherwise walks the primary key
+// through the sent history when the table has no statistics; the other
+// dialects' hints are comments (their planners take the partial index).
+func (d *Dialect) WithSelectorIndex(name, where, index string, limit int) string {
+	q := d.WithSelector(name, where, limit)
+	hint := ""
+	if index != "" {
+		hint = d.Query(index)
+	}
+	return strings.Replace(q, "{{INDEX}}", hint, 1)
 }
 
 // Bind turns the ? placeholders of q into the dialect's own, numbered

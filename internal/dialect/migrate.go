@@ -97,7 +97,7 @@ func (d *Dialect) Version(ctx context.Context, db *sql.DB) (int, error) {
 
 // Check verifies that the server version is supported (PostgreSQL 12+,
 // MySQL 8.0+, MariaDB 10.6+, SQLite 3.42+) and that the table is migrated to
-// LatestVersion. It returns ErrUnsupportedServer, ErrSchemaMissing,
+// at least RequiredVersion and at most LatestVersion. It returns ErrUnsupportedServer, ErrSchemaMissing,
 // ErrSchemaOutdated or ErrSchemaTooNew, wrapped with details.
 func (d *Dialect) Check(ctx context.Context, db *sql.DB) error {
 	var ver string
@@ -114,7 +114,7 @@ func (d *Dialect) Check(ctx context.Context, db *sql.DB) error {
 	switch {
 	case v == 0:
 		return fmt.Errorf("%w: table %s (migrate it: driver.Migrate, (*driver.Outbox).Migrate, `outbox migrate apply`, or the DDL from driver.DDL)", ErrSchemaMissing, d.table)
-	case v < d.LatestVersion():
+	case v < d.RequiredVersion():
 		return fmt.Errorf("%w: table %s at version %d, this build needs %d (migrate it: driver.Migrate or `outbox migrate apply`)", ErrSchemaOutdated, d.table, v, d.LatestVersion())
 	case v > d.LatestVersion():
 		return fmt.Errorf("%w: table %s at version %d, this build knows up to %d", ErrSchemaTooNew, d.table, v, d.LatestVersion())

@@ -89,6 +89,8 @@ VALUES {{"{{ROWS}}"}}
 (?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 
 -- name: dead_list
+-- {{"{{INDEX}}"}}: the selector's index hint (index_status,
+-- index_aggregate) or nothing.
 -- Dead letters matching the selector (built in Go from column
 -- names and placeholders only), oldest first. held: it still holds its
 -- aggregate. dead_at: updated_at in Unix microseconds.
@@ -96,7 +98,7 @@ SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic,
        attempts, COALESCE(last_error, ''),
        CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', updated_at)
-FROM {{.Table}}
+FROM {{.Table}} {{"{{INDEX}}"}}
 WHERE status = 2 AND {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
@@ -108,7 +110,7 @@ LIMIT {{"{{LIMIT}}"}}
 -- dead (type=index), or every row of the aggregate (index_merge with
 -- aggregate_idx), and under REPEATABLE READ waited on any uncommitted
 -- writer's row there.
-SELECT id FROM {{.Table}}
+SELECT id FROM {{.Table}} {{"{{INDEX}}"}}
 WHERE status = 2 AND {{"{{WHERE}}"}}
 ORDER BY id
 
@@ -283,3 +285,80 @@ SELECT COUNT(*) FROM {{.Table}} WHERE status = 0 AND (partition_key >= ? OR part
 -- name: set_partitions
 -- relay.Repartition, the one way to change the stored count. ? = count.
 UPDATE {{.Meta}} SET partitions = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = 1
+
+-- name: admin_counts
+-- The admin page's overview, from indexes only: pending, dead and held
+-- dead rows, each counted up to the cap (the three ?: the cap), through
+-- status_id_idx; the lowest and highest id, and the age of the lowest-id
+-- pending row in microseconds (database clock).
+SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 0 LIMIT ?) p),
+       (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 2 LIMIT ?) d),
+       (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} FORCE INDEX ({{.IndexName "status_retry_idx"}}) WHERE status = 2 AND next_retry_at IS NOT NULL LIMIT ?) h),
+       COALESCE((SELECT MIN(id) FROM {{.Table}}), 0),
+       COALESCE((SELECT MAX(id) FROM {{.Table}}), 0),
+       COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6))
+                 FROM {{.Table}} WHERE status = 0 ORDER BY id LIMIT 1), 0)
+
+-- name: admin_backlog
+-- Pending rows per relay partition among the first ? pending rows in id
+-- order: count and age of the oldest in microseconds.
+SELECT partition_key, COUNT(*), TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6))
+FROM (SELECT partition_key, created_at FROM {{.Table}} FORCE INDEX ({{.Index "status_id_idx"}}) WHERE status = 0 ORDER BY id LIMIT ?) s
+GROUP BY partition_key
+
+-- name: admin_held_partitions
+-- Dead letters still holding their aggregate, per partition, among the
+-- first ? dead rows (status_id_idx).
+SELECT partition_key, COUNT(*)
+FROM (SELECT partition_key FROM {{.Table}} FORCE INDEX ({{.Index "status_id_idx"}}) WHERE status = 2 AND next_retry_at IS NOT NULL ORDER BY id LIMIT ?) s
+GROUP BY partition_key
+
+-- name: admin_members
+-- Relay instances with a membership row: ID, delivery mode, and the time
+-- left on their heartbeat in microseconds (negative: expired).
+SELECT instance_id, mode, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
+FROM {{.Members}} ORDER BY instance_id LIMIT 200
+
+-- name: admin_events
+-- Rows of any status matching {{"{{WHERE}}"}} (column names and
+-- placeholders, built in Go), in id order, without their payload.
+-- {{"{{INDEX}}"}}: an index hint (index_status or index_aggregate) or
+-- nothing.
+SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic, ''), partition_key,
+       status, attempts, COALESCE(last_error, ''), CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at),
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', updated_at),
+       COALESCE(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', sent_at), 0)
+FROM {{.Table}} {{"{{INDEX}}"}}
+WHERE {{"{{WHERE}}"}}
+ORDER BY id
+LIMIT {{"{{LIMIT}}"}}
+
+-- name: admin_event_body
+-- One row's content type, payload and headers, by id.
+SELECT content_type, payload, COALESCE(headers, '') FROM {{.Table}} WHERE id = ?
+
+-- name: admin_older_than
+-- A dead-letter filter: dead (or last acted on) at least ? microseconds
+-- ago by the database clock.
+updated_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+
+-- name: admin_aggregate_index
+-- 1: MySQL/MariaDB tables have had aggregate_idx since schema version 1.
+SELECT 1
+
+-- name: admin_aggregate_index_ddl
+-- Nothing to create: aggregate_idx is part of schema version 1.
+SELECT 1
+
+-- name: index_status
+-- A listing's hint for a filter on status (admin_events, dead_list, dead_ids): with ORDER BY id LIMIT, the
+-- optimizer otherwise walks the primary key through the sent history
+-- (EXPLAIN: type index, key PRIMARY, every row); (status, id) keeps the
+-- id order within one status.
+FORCE INDEX ({{.Index "status_id_idx"}})
+
+-- name: index_aggregate
+-- A listing's hint for a filter on one aggregate: (aggregate_type,
+-- aggregate_id, id) keeps the id order within the aggregate.
+FORCE INDEX ({{.Index "aggregate_idx"}})

@@ -62,6 +62,8 @@ VALUES {{"{{ROWS}}"}}
 (DEFAULT, ?, ?, ?, ?, ?, ?, ?, ?, ?, clock_timestamp(), clock_timestamp())
 
 -- name: dead_list
+-- {{"{{INDEX}}"}}: the selector's index hint (index_status,
+-- index_aggregate) or nothing.
 -- Dead letters matching the selector (built in Go from column
 -- names and placeholders only), oldest first. held: it still holds its
 -- aggregate. dead_at: updated_at in Unix microseconds.
@@ -69,7 +71,7 @@ SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic,
        attempts, COALESCE(last_error, ''),
        CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
        (EXTRACT(EPOCH FROM updated_at) * 1000000)::bigint
-FROM {{.Table}}
+FROM {{.Table}} {{"{{INDEX}}"}}
 WHERE status = 2 AND {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
@@ -77,7 +79,7 @@ LIMIT {{"{{LIMIT}}"}}
 -- name: dead_ids
 -- Ids of the dead letters matching the selector (as dead_list), for
 -- dead_retry and dead_skip, which then act on those rows by primary key.
-SELECT id FROM {{.Table}}
+SELECT id FROM {{.Table}} {{"{{INDEX}}"}}
 WHERE status = 2 AND {{"{{WHERE}}"}}
 ORDER BY id
 
@@ -239,3 +241,77 @@ FROM {{.ClaimFunction}}($1::bigint, $2::bigint, $3::integer, $4::bigint[], $5::i
 -- Raised in the transaction of any change that makes rows pending again
 -- (DeadLetters.Retry): relays then discard their scan floors.
 UPDATE {{.Meta}} SET floor_epoch = floor_epoch + 1 WHERE id = 1
+
+-- name: admin_counts
+-- The admin page's overview, from indexes only: pending, dead and held
+-- dead rows, each counted up to the cap (the three ?: the cap, then the
+-- page shows "cap+"), through pending_idx and dead_idx; the lowest and
+-- highest id (primary key ends), and the age of the lowest-id pending row
+-- in microseconds (database clock).
+SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 0 LIMIT ?) p),
+       (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 2 LIMIT ?) d),
+       (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 2 AND next_retry_at IS NOT NULL LIMIT ?) h),
+       COALESCE((SELECT MIN(id) FROM {{.Table}}), 0),
+       COALESCE((SELECT MAX(id) FROM {{.Table}}), 0),
+       COALESCE((SELECT (EXTRACT(EPOCH FROM clock_timestamp() - created_at) * 1000000)::bigint
+                 FROM {{.Table}} WHERE status = 0 ORDER BY id LIMIT 1), 0)
+
+-- name: admin_backlog
+-- Pending rows per relay partition among the first ? pending rows in id
+-- order (pending_idx): count and age of the oldest in microseconds.
+SELECT partition_key, COUNT(*), (EXTRACT(EPOCH FROM clock_timestamp() - MIN(created_at)) * 1000000)::bigint
+FROM (SELECT partition_key, created_at FROM {{.Table}} WHERE status = 0 ORDER BY id LIMIT ?) s
+GROUP BY partition_key
+
+-- name: admin_held_partitions
+-- Dead letters still holding their aggregate, per partition, among the
+-- first ? dead rows (dead_idx).
+SELECT partition_key, COUNT(*)
+FROM (SELECT partition_key FROM {{.Table}} WHERE status = 2 AND next_retry_at IS NOT NULL ORDER BY id LIMIT ?) s
+GROUP BY partition_key
+
+-- name: admin_members
+-- Relay instances with a membership row: ID, delivery mode, and the time
+-- left on their heartbeat in microseconds (negative: expired).
+SELECT instance_id, mode, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000000)::bigint
+FROM {{.Members}} ORDER BY instance_id LIMIT 200
+
+-- name: admin_events
+-- Rows of any status matching {{"{{WHERE}}"}} (column names and
+-- placeholders, built in Go), in id order, without their payload.
+-- {{"{{INDEX}}"}}: an index hint (index_status or index_aggregate) or
+-- nothing.
+SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic, ''), partition_key,
+       status, attempts, COALESCE(last_error, ''), CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
+       (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint, (EXTRACT(EPOCH FROM updated_at) * 1000000)::bigint,
+       COALESCE((EXTRACT(EPOCH FROM sent_at) * 1000000)::bigint, 0)
+FROM {{.Table}} {{"{{INDEX}}"}}
+WHERE {{"{{WHERE}}"}}
+ORDER BY id
+LIMIT {{"{{LIMIT}}"}}
+
+-- name: admin_event_body
+-- One row's content type, payload and headers, by id.
+SELECT content_type, payload, COALESCE(headers, '') FROM {{.Table}} WHERE id = ?
+
+-- name: admin_older_than
+-- A dead-letter filter: dead (or last acted on) at least ? microseconds
+-- ago by the database clock.
+updated_at <= clock_timestamp() - (?::bigint * interval '1 microsecond')
+
+-- name: admin_aggregate_index
+-- 1 if the optional aggregate index exists (lookup by aggregate needs it).
+SELECT CASE WHEN to_regclass('{{.QualifiedIndex "aggregate_idx"}}') IS NULL THEN 0 ELSE 1 END
+
+-- name: admin_aggregate_index_ddl
+-- The optional aggregate index for lookups by aggregate. CONCURRENTLY:
+-- writers are not blocked while it is built (run it outside a transaction).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {{.Index "aggregate_idx"}} ON {{.IndexTable}} (aggregate_type, aggregate_id, id)
+
+-- name: index_status
+-- No hint: the planner takes the partial index of the status.
+/* pending_idx or dead_idx */
+
+-- name: index_aggregate
+-- No hint: the planner takes aggregate_idx if it exists.
+/* aggregate_idx */

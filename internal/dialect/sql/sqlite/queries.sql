@@ -73,6 +73,8 @@ VALUES {{"{{ROWS}}"}}
 (?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(unixepoch('subsec') * 1000 AS INTEGER), CAST(unixepoch('subsec') * 1000 AS INTEGER))
 
 -- name: dead_list
+-- {{"{{INDEX}}"}}: the selector's index hint (index_status,
+-- index_aggregate) or nothing.
 -- Dead letters matching the selector (built in Go from column
 -- names and placeholders only), oldest first. held: it still holds its
 -- aggregate. dead_at: updated_at in Unix microseconds.
@@ -80,7 +82,7 @@ SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic,
        attempts, COALESCE(last_error, ''),
        CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
        updated_at * 1000
-FROM {{.Table}}
+FROM {{.Table}} {{"{{INDEX}}"}}
 WHERE status = 2 AND {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
@@ -88,7 +90,7 @@ LIMIT {{"{{LIMIT}}"}}
 -- name: dead_ids
 -- Ids of the dead letters matching the selector (as dead_list), for
 -- dead_retry and dead_skip, which then act on those rows by primary key.
-SELECT id FROM {{.Table}}
+SELECT id FROM {{.Table}} {{"{{INDEX}}"}}
 WHERE status = 2 AND {{"{{WHERE}}"}}
 ORDER BY id
 
@@ -230,3 +232,74 @@ SELECT COUNT(*) FROM {{.Table}} WHERE status = 0 AND (partition_key >= ? OR part
 -- name: set_partitions
 -- relay.Repartition, the one way to change the stored count. ? = count.
 UPDATE {{.Meta}} SET partitions = ?, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) WHERE id = 1
+
+-- name: admin_counts
+-- The admin page's overview, from indexes only: pending, dead and held
+-- dead rows, each counted up to the cap (the three ?: the cap), through
+-- pending_idx and dead_idx; the lowest and highest id, and the age of the
+-- lowest-id pending row in microseconds (database clock).
+SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 0 LIMIT ?)),
+       (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 2 LIMIT ?)),
+       (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 2 AND next_retry_at IS NOT NULL LIMIT ?)),
+       COALESCE((SELECT MIN(id) FROM {{.Table}}), 0),
+       COALESCE((SELECT MAX(id) FROM {{.Table}}), 0),
+       COALESCE((SELECT (CAST(unixepoch('subsec') * 1000 AS INTEGER) - created_at) * 1000
+                 FROM {{.Table}} WHERE status = 0 ORDER BY id LIMIT 1), 0)
+
+-- name: admin_backlog
+-- Pending rows per relay partition among the first ? pending rows in id
+-- order (pending_idx): count and age of the oldest in microseconds.
+SELECT partition_key, COUNT(*), (CAST(unixepoch('subsec') * 1000 AS INTEGER) - MIN(created_at)) * 1000
+FROM (SELECT partition_key, created_at FROM {{.Table}} WHERE status = 0 ORDER BY id LIMIT ?)
+GROUP BY partition_key
+
+-- name: admin_held_partitions
+-- Dead letters still holding their aggregate, per partition, among the
+-- first ? dead rows (dead_idx).
+SELECT partition_key, COUNT(*)
+FROM (SELECT partition_key FROM {{.Table}} WHERE status = 2 AND next_retry_at IS NOT NULL ORDER BY id LIMIT ?)
+GROUP BY partition_key
+
+-- name: admin_members
+-- Relay instances with a membership row: ID, delivery mode, and the time
+-- left on their heartbeat in microseconds (negative: expired).
+SELECT instance_id, mode, (expires_at - CAST(unixepoch('subsec') * 1000 AS INTEGER)) * 1000
+FROM {{.Members}} ORDER BY instance_id LIMIT 200
+
+-- name: admin_events
+-- Rows of any status matching {{"{{WHERE}}"}} (column names and
+-- placeholders, built in Go), in id order, without their payload.
+-- {{"{{INDEX}}"}}: an index hint (index_status or index_aggregate) or
+-- nothing.
+SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic, ''), partition_key,
+       status, attempts, COALESCE(last_error, ''), CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
+       created_at * 1000, updated_at * 1000, COALESCE(sent_at * 1000, 0)
+FROM {{.Table}} {{"{{INDEX}}"}}
+WHERE {{"{{WHERE}}"}}
+ORDER BY id
+LIMIT {{"{{LIMIT}}"}}
+
+-- name: admin_event_body
+-- One row's content type, payload and headers, by id.
+SELECT content_type, payload, COALESCE(headers, '') FROM {{.Table}} WHERE id = ?
+
+-- name: admin_older_than
+-- A dead-letter filter: dead (or last acted on) at least ? microseconds
+-- ago by the database clock (timestamps here are Unix milliseconds).
+updated_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ? / 1000
+
+-- name: admin_aggregate_index
+-- 1 if the optional aggregate index exists (lookup by aggregate needs it).
+SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = '{{.IndexBase "aggregate_idx"}}'
+
+-- name: admin_aggregate_index_ddl
+-- The optional aggregate index for lookups by aggregate.
+CREATE INDEX IF NOT EXISTS {{.Index "aggregate_idx"}} ON {{.IndexTable}} (aggregate_type, aggregate_id, id)
+
+-- name: index_status
+-- No hint: the planner takes the partial index of the status.
+/* pending_idx or dead_idx */
+
+-- name: index_aggregate
+-- No hint: the planner takes aggregate_idx if it exists.
+/* aggregate_idx */
