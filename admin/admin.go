@@ -1,0 +1,253 @@
+package admin
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// ErrInvalidConfig is returned (wrapped) by New for a Config it cannot
+// serve: no Outbox or DB, a token shorter than MinTokenBytes, a bad
+// Prefix or inbox table.
+var ErrInvalidConfig = errors.New("outbox admin: invalid config")
+
+// Defaults and limits of Config. The 5-minute StuckAfter is the seed
+// article's alert on the oldest pending row ("oldest pending > 5 min").
+const (
+	DefaultPageSize   = 50
+	MaxPageSize       = relay.MaxSelectorIDs // 500: one confirmation acts on one page at most
+	DefaultCacheFor   = 5 * time.Second
+	DefaultSessionTTL = 12 * time.Hour
+	DefaultStuckAfter = 5 * time.Minute
+	DefaultCountCap   = 100_000
+	MinTokenBytes     = 16
+)
+
+// RelayStatus is what a relay running in this process reports to the
+// page (Config.Relays): its instance ID, the broker it publishes to (the
+// relay metrics' broker label: "kafka", "nats", "rabbitmq", "redis") and
+// its readiness as /readyz reports it (relay.Relay.Ready: nil when ready).
+type RelayStatus struct {
+	Instance string
+	Broker   string
+	Ready    error
+}
+
+// Config configures the admin Handler.
+type Config struct {
+	// Outbox names the table and dialect (driver.Register's result, or
+	// driver.New for a process that only administers). Required.
+	Outbox *driver.Outbox
+	// DB reaches the table. Required. Give the page a small pool of its
+	// own (SetMaxOpenConns(2)) so that it can never starve the
+	// application or the relay.
+	DB *sql.DB
+	// Token is the secret an operator types at login, exchanged for a
+	// session cookie; at least MinTokenBytes bytes. Required: every page
+	// needs a session, since payloads and error texts may hold personal
+	// data. Read it from a file or the environment, never a command line.
+	Token string
+	// InboxTables are the inbox tables (inbox.Config.Table) whose parked
+	// and held messages the Consumers page shows; nil: none.
+	InboxTables []string
+	// ReadOnly hides and refuses every mutation (retry, skip, requests).
+	ReadOnly bool
+	// HidePayloads never shows a payload or headers (they may hold
+	// personal data); the rest of a row is shown.
+	HidePayloads bool
+	// Relays, if set, reports the relays running in this process (the
+	// outbox command's relay mounts the page with its own); nil: the page
+	// shows the relays' heartbeats from the table only.
+	Relays func() []RelayStatus
+	// Audit receives one INFO record per mutation and per login or
+	// refused request: who (the name given at login, the session and the
+	// remote address), what, which rows and how many changed. Default:
+	// Logger with "audit" set.
+	Audit *slog.Logger
+	// Logger receives errors; default slog.Default().
+	Logger *slog.Logger
+	// Prefix is the URL path the handler is mounted at, starting and
+	// ending with "/" (default "/"); the handler strips it itself.
+	Prefix string
+	// SecureCookie sets the session cookie's Secure attribute even on a
+	// plain-HTTP request (behind a TLS-terminating proxy). A request that
+	// arrived over TLS always gets it.
+	SecureCookie bool
+	// PageSize is how many rows a listing shows per page: 1..MaxPageSize,
+	// default DefaultPageSize.
+	PageSize int
+	// CacheFor is how long the overview's and partitions' figures are
+	// reused before they are read again; default DefaultCacheFor.
+	CacheFor time.Duration
+	// CountCap bounds each count (pending, dead, held; the backlog per
+	// partition reads the first CountCap pending rows): above it the page
+	// shows "CountCap+". Default DefaultCountCap.
+	CountCap int
+	// SessionTTL is a session's lifetime; default DefaultSessionTTL.
+	SessionTTL time.Duration
+	// StuckAfter is the oldest-pending age from which a partition is
+	// marked stuck; default DefaultStuckAfter.
+	StuckAfter time.Duration
+}
+
+// Handler is the admin page, an http.Handler. Create it with New.
+type Handler struct {
+	cfg   Config
+	d     *dialect.Dialect
+	dl    *relay.DeadLetters
+	log   *slog.Logger
+	audit *slog.Logger
+	mux   *http.ServeMux
+	tmpl  map[string]*template.Template
+	auth  *sessions
+
+	mu       sync.Mutex
+	overview *overviewData
+	at       time.Time
+	samples  []sample
+	requests map[string]*requestSeen // inbox retry requests this page recorded
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// New validates cfg and returns the Handler. It does not touch the
+// database. It returns ErrInvalidConfig (wrapped) for a bad cfg.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Outbox == nil || cfg.DB == nil {
+		return nil, fmt.Errorf("%w: Outbox and DB are required", ErrInvalidConfig)
+	}
+	if len(cfg.Token) < MinTokenBytes {
+		return nil, fmt.Errorf("%w: the token must have at least %d bytes", ErrInvalidConfig, MinTokenBytes)
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "/"
+	}
+	if !strings.HasPrefix(cfg.Prefix, "/") || !strings.HasSuffix(cfg.Prefix, "/") || strings.ContainsAny(cfg.Prefix, "\"'<> ") {
+		return nil, fmt.Errorf("%w: Prefix %q must start and end with /", ErrInvalidConfig, cfg.Prefix)
+	}
+	if cfg.PageSize == 0 {
+		cfg.PageSize = DefaultPageSize
+	}
+	if cfg.PageSize < 1 || cfg.PageSize > MaxPageSize {
+		return nil, fmt.Errorf("%w: PageSize %d, want 1..%d", ErrInvalidConfig, cfg.PageSize, MaxPageSize)
+	}
+	if cfg.CacheFor <= 0 {
+		cfg.CacheFor = DefaultCacheFor
+	}
+	if cfg.CountCap <= 0 {
+		cfg.CountCap = DefaultCountCap
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
+	if cfg.StuckAfter <= 0 {
+		cfg.StuckAfter = DefaultStuckAfter
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Audit == nil {
+		cfg.Audit = cfg.Logger.With("audit", true)
+	}
+	c := cfg.Outbox.Config()
+	d, err := dialect.New(dialect.Name(c.Dialect), c.Table)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	dl, err := relay.NewDeadLetters(cfg.Outbox, cfg.DB)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	for _, t := range cfg.InboxTables {
+		if _, err := inboxOf(c.Dialect, t, "check"); err != nil {
+			return nil, fmt.Errorf("%w: inbox table %q: %w", ErrInvalidConfig, t, err)
+		}
+	}
+	h := &Handler{cfg: cfg, d: d, dl: dl, log: cfg.Logger.With("component", "outbox.admin"),
+		audit: cfg.Audit, auth: newSessions(cfg.SessionTTL), requests: map[string]*requestSeen{}}
+	if h.tmpl, err = parseTemplates(); err != nil {
+		return nil, err
+	}
+	h.routes()
+	return h, nil
+}
+
+func (h *Handler) routes() {
+	m := http.NewServeMux()
+	static, _ := fs.Sub(staticFS, "static")
+	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServer(http.FS(static))))
+	m.HandleFunc("GET /login", h.loginPage)
+	m.HandleFunc("POST /login", h.login)
+	m.HandleFunc("POST /logout", h.mutation(h.logout))
+	m.HandleFunc("GET /{$}", h.page(h.overviewPage))
+	m.HandleFunc("GET /partitions", h.page(h.partitionsPage))
+	m.HandleFunc("GET /dead", h.page(h.deadPage))
+	m.HandleFunc("GET /dead/{id}", h.page(h.deadDetail))
+	m.HandleFunc("POST /dead/confirm", h.mutation(h.deadConfirm))
+	m.HandleFunc("POST /dead/apply", h.mutation(h.deadApply))
+	m.HandleFunc("GET /lookup", h.page(h.lookupPage))
+	m.HandleFunc("GET /inbox", h.page(h.inboxPage))
+	m.HandleFunc("POST /inbox/confirm", h.mutation(h.inboxConfirm))
+	m.HandleFunc("POST /inbox/apply", h.mutation(h.inboxApply))
+	h.mux = m
+}
+
+// ServeHTTP serves the page under Config.Prefix. Every response carries a
+// Content-Security-Policy that allows only the page's own scripts and
+// styles (no inline script, no other origin), and forbids framing.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("X-Frame-Options", "DENY")
+	// same-origin, not no-referrer: under no-referrer a browser sends
+	// "Origin: null" with the page's own form posts, which the
+	// same-origin check must refuse (the browser test caught this).
+	hd.Set("Referrer-Policy", "same-origin")
+	hd.Set("Cache-Control", "no-store")
+	p := strings.TrimSuffix(h.cfg.Prefix, "/")
+	if !strings.HasPrefix(r.URL.Path, p+"/") {
+		http.NotFound(w, r)
+		return
+	}
+	http.StripPrefix(p, h.mux).ServeHTTP(w, r)
+}
+
+// Run samples the overview's figures every interval (default 10 s when
+// interval <= 0) until ctx ends, so that the throughput chart covers the
+// time no page was open; without Run it is drawn from the samples that
+// page views took. It returns ctx's error.
+func (h *Handler) Run(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		interval = 10 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := h.readOverview(ctx, true); err != nil && ctx.Err() == nil {
+			h.log.Warn("sampling the outbox table", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,197 @@
+package admin_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/admin"
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/testdb"
+)
+
+func ev(agg string, n int, payload string) outbox.Event {
+	return outbox.Event{ID: fmt.Sprintf("%s-%d", agg, n), AggregateType: "acct", AggregateID: agg, Type: "acct.changed",
+		Payload: []byte(payload), ContentType: "text/plain", Headers: map[string]string{"trace": xssAttr}}
+}
+
+// TestNewValidates: New refuses what it cannot serve safely.
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	e := testdb.New(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, driver.Config{})
+	ok := admin.Config{Outbox: e.Outbox, DB: e.RelayDB, Token: token}
+	for _, c := range []struct {
+		name string
+		mod  func(*admin.Config)
+	}{
+		{"no outbox", func(c *admin.Config) { c.Outbox = nil }},
+		{"no db", func(c *admin.Config) { c.DB = nil }},
+		{"short token", func(c *admin.Config) { c.Token = "short" }},
+		{"prefix without slash", func(c *admin.Config) { c.Prefix = "admin" }},
+		{"prefix with a quote", func(c *admin.Config) { c.Prefix = `/a"/` }},
+		{"page too large", func(c *admin.Config) { c.PageSize = admin.MaxPageSize + 1 }},
+		{"bad inbox table", func(c *admin.Config) { c.InboxTables = []string{"no such; table"} }},
+	} {
+		cfg := ok
+		c.mod(&cfg)
+		if _, err := admin.New(cfg); err == nil || !strings.Contains(err.Error(), "invalid config") {
+			t.Errorf("%s: New = %v, want ErrInvalidConfig", c.name, err)
+		}
+	}
+	if _, err := admin.New(ok); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+}
+
+// TestAuthentication: every page needs a session; a mutation needs the
+// session, its CSRF token and a same-origin request. Each refused
+// mutation leaves the dead letter as it was and is audited.
+func TestAuthentication(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		s := newSite(t, tg, nil)
+		s.failing("A-1")
+		s.emit(t, ev("A", 1, "one"))
+		s.waitDead(t, "A-1")
+		id := strconv.FormatInt(s.id(t, "A-1"), 10)
+
+		anon := s.client(t)
+		for _, p := range []string{"/", "/partitions", "/dead", "/dead/" + id, "/lookup?message_id=A-1", "/inbox"} {
+			if code, _, hdr := anon.do("GET", p, nil, nil); code != http.StatusSeeOther || hdr.Get("Location") != "/login" {
+				t.Errorf("GET %s without a session: %d to %q, want 303 to /login", p, code, hdr.Get("Location"))
+			}
+		}
+		if code, _, _ := anon.do("GET", "/?fragment=1", nil, nil); code != http.StatusUnauthorized {
+			t.Errorf("fragment without a session: %d, want 401", code)
+		}
+		if code, _, hdr := anon.do("POST", "/login", url.Values{"name": {"mallory"}, "token": {"wrong-token-0123456789"}}, nil); code != http.StatusUnauthorized || hdr.Get("Set-Cookie") != "" {
+			t.Errorf("wrong token: %d, cookie %q", code, hdr.Get("Set-Cookie"))
+		}
+		apply := url.Values{"action": {"retry"}, "id": {id}}
+		if code, _, _ := anon.post("/dead/apply", apply); code != http.StatusForbidden {
+			t.Errorf("mutation without a session: %d, want 403", code)
+		}
+
+		c := s.client(t)
+		csrf := c.login()
+		if code, _, _ := c.post("/dead/apply", apply); code != http.StatusForbidden {
+			t.Errorf("mutation without the CSRF token: %d, want 403", code)
+		}
+		bad := url.Values{"action": {"retry"}, "id": {id}, "csrf": {csrf + "x"}}
+		if code, _, _ := c.post("/dead/apply", bad); code != http.StatusForbidden {
+			t.Errorf("mutation with a wrong CSRF token: %d, want 403", code)
+		}
+		good := url.Values{"action": {"retry"}, "id": {id}, "csrf": {csrf}}
+		for name, hdr := range map[string]map[string]string{
+			"cross-site Sec-Fetch-Site": {"Sec-Fetch-Site": "cross-site", "Origin": c.base},
+			"foreign Origin":            {"Origin": "https://evil.example"},
+		} {
+			if code, _, _ := c.do("POST", "/dead/apply", good, hdr); code != http.StatusForbidden {
+				t.Errorf("%s: %d, want 403", name, code)
+			}
+		}
+		if st, held := s.status(t, "A-1"); st != 2 || !held {
+			t.Fatalf("after the refused mutations A-1 is status %d held %v, want dead and held", st, held)
+		}
+		if got := s.audit.String(); strings.Count(got, "admin request refused") < 5 || !strings.Contains(got, "admin login refused") {
+			t.Errorf("audit log lacks the refusals:\n%s", got)
+		}
+		_, _, hdr := c.do("GET", "/", nil, nil)
+		if csp := hdr.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-inline") {
+			t.Errorf("Content-Security-Policy %q", csp)
+		}
+
+		// The same request with everything right goes through.
+		s.heal()
+		if code, body, _ := c.post("/dead/apply", good); code != http.StatusSeeOther {
+			t.Fatalf("mutation: %d %s", code, body)
+		}
+		testdb.Eventually(t, s.ctx, "A-1 sent", func() bool { st, _ := s.status(t, "A-1"); return st == 1 })
+		if got := s.audit.String(); !strings.Contains(got, `"who":"alice"`) || !strings.Contains(got, `"action":"dead retry"`) || !strings.Contains(got, `"changed":1`) {
+			t.Errorf("audit log lacks the mutation:\n%s", got)
+		}
+
+		// Logged out: the cookie no longer works.
+		if code, _, _ := c.post("/logout", url.Values{"csrf": {csrf}}); code != http.StatusSeeOther {
+			t.Errorf("logout: %d", code)
+		}
+		if code, _, _ := c.do("GET", "/", nil, nil); code != http.StatusSeeOther {
+			t.Errorf("GET / after logout: %d, want 303", code)
+		}
+	})
+}
+
+// TestReadOnly: no mutation form is shown and every mutation is refused.
+func TestReadOnly(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, func(c *admin.Config) { c.ReadOnly = true; c.HidePayloads = true })
+	s.failing("A-1")
+	s.emit(t, ev("A", 1, "secret payload"))
+	s.waitDead(t, "A-1")
+	id := strconv.FormatInt(s.id(t, "A-1"), 10)
+	c := s.client(t)
+	csrf := c.login()
+	if body := c.get("/dead"); strings.Contains(body, "retry-selected") {
+		t.Error("read-only dead letter page shows the retry button")
+	}
+	body := c.get("/dead/" + id)
+	if strings.Contains(body, "retry-one") || strings.Contains(body, "secret payload") || !strings.Contains(body, "not shown") {
+		t.Errorf("read-only detail with hidden payloads:\n%s", body)
+	}
+	for _, p := range []string{"/dead/confirm", "/dead/apply"} {
+		if code, _, _ := c.post(p, url.Values{"action": {"retry"}, "id": {id}, "csrf": {csrf}}); code != http.StatusForbidden {
+			t.Errorf("POST %s read-only: %d, want 403", p, code)
+		}
+	}
+	if st, _ := s.status(t, "A-1"); st != 2 {
+		t.Errorf("A-1 status %d after read-only refusals, want 2", st)
+	}
+}
+
+// TestEscaping: the XSS payloads in a payload, an aggregate ID, a header
+// and an error text show as text on every page.
+func TestEscaping(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		s := newSite(t, tg, nil)
+		e := outbox.Event{ID: "X-1", AggregateType: "acct", AggregateID: xssAttr, Type: "acct.changed",
+			Payload: []byte(`{"note":"` + strings.ReplaceAll(xssScript, "/", `\/`) + `","html":"<b>bold</b>"}`), Headers: map[string]string{"h": xssScript}}
+		e2 := outbox.Event{ID: "X-2", AggregateType: "acct", AggregateID: "plain", Type: "acct.changed", ContentType: "text/html", Payload: []byte(xssScript + xssAttr)}
+		s.failing("X-1", "X-2")
+		s.emit(t, e, e2)
+		s.waitDead(t, "X-1", "X-2")
+		c := s.client(t)
+		c.login()
+		pages := map[string]string{
+			"list":     c.get("/dead"),
+			"detail 1": c.get("/dead/" + strconv.FormatInt(s.id(t, "X-1"), 10)),
+			"detail 2": c.get("/dead/" + strconv.FormatInt(s.id(t, "X-2"), 10)),
+			"lookup":   c.get("/lookup?message_id=X-1"),
+			"filter":   c.get("/dead?error=" + url.QueryEscape(xssScript) + "&aggregate_id=" + url.QueryEscape(xssAttr)),
+		}
+		for name, body := range pages {
+			for _, raw := range []string{"<script>alert", "<img src=x", "<b>bold"} {
+				if strings.Contains(body, raw) {
+					t.Errorf("%s page holds %q unescaped", name, raw)
+				}
+			}
+		}
+		for name, want := range map[string]string{
+			"list":     "&#34;&gt;&lt;img src=x onerror=alert(2)&gt;",
+			"detail 1": "&lt;script&gt;alert(1)&lt;/script&gt;",
+			"detail 2": "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img src=x onerror=alert(2)&gt;",
+			"filter":   "&lt;script&gt;alert(1)&lt;/script&gt;",
+		} {
+			if !strings.Contains(pages[name], want) {
+				t.Errorf("%s page lacks the escaped text %q", name, want)
+			}
+		}
+		if !strings.Contains(pages["filter"], "X-1") {
+			t.Errorf("filtering by the error text and the aggregate ID did not find X-1")
+		}
+	})
+}

@@ -1,0 +1,208 @@
+package admin
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// cookieName is the session cookie: HttpOnly, SameSite=Strict, Path the
+// Prefix, Secure over TLS (or with Config.SecureCookie).
+const cookieName = "outbox_admin_session"
+
+type session struct {
+	id, csrf, who string
+	expires       time.Time
+}
+
+// sessions holds the live sessions in memory: a restart logs everyone out.
+type sessions struct {
+	mu  sync.Mutex
+	ttl time.Duration
+	m   map[string]*session
+}
+
+func newSessions(ttl time.Duration) *sessions {
+	return &sessions{ttl: ttl, m: map[string]*session{}}
+}
+
+func randomToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func (s *sessions) create(who string) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for id, x := range s.m {
+		if now.After(x.expires) {
+			delete(s.m, id)
+		}
+	}
+	x := &session{id: randomToken(), csrf: randomToken(), who: who, expires: now.Add(s.ttl)}
+	s.m[x.id] = x
+	return x
+}
+
+func (s *sessions) get(id string) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	x := s.m[id]
+	if x == nil || time.Now().After(x.expires) {
+		delete(s.m, id)
+		return nil
+	}
+	return x
+}
+
+func (s *sessions) drop(id string) {
+	s.mu.Lock()
+	delete(s.m, id)
+	s.mu.Unlock()
+}
+
+// equalSecret compares two secrets in constant time (of their hashes, so
+// that not even the length leaks).
+func equalSecret(a, b string) bool {
+	ha, hb := sha256.Sum256([]byte(a)), sha256.Sum256([]byte(b))
+	return subtle.ConstantTimeCompare(ha[:], hb[:]) == 1
+}
+
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+func (h *Handler) session(r *http.Request) *session {
+	c, err := r.Cookie(cookieName)
+	if err != nil {
+		return nil
+	}
+	return h.auth.get(c.Value)
+}
+
+// sameOrigin reports whether a state-changing request comes from this
+// page: a browser's Sec-Fetch-Site, if sent, must be same-origin (or none:
+// typed by the user), and an Origin header, if sent, must name this host.
+// Browsers send at least one of them on every cross-site POST.
+func sameOrigin(r *http.Request) bool {
+	if s := r.Header.Get("Sec-Fetch-Site"); s != "" && s != "same-origin" && s != "none" {
+		return false
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		u, err := url.Parse(o)
+		if err != nil || u.Host != r.Host {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, why string) {
+	h.audit.Info("admin request refused", "why", why, "method", r.Method, "path", r.URL.Path, "remote", remoteIP(r))
+	http.Error(w, "forbidden: "+why, http.StatusForbidden)
+}
+
+// page wraps a GET handler: a request without a live session is sent to
+// the login page.
+func (h *Handler) page(fn func(w http.ResponseWriter, r *http.Request, s *session)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s := h.session(r)
+		if s == nil {
+			if r.URL.Query().Get("fragment") != "" {
+				http.Error(w, "session expired", http.StatusUnauthorized)
+				return
+			}
+			http.Redirect(w, r, h.cfg.Prefix+"login", http.StatusSeeOther)
+			return
+		}
+		fn(w, r, s)
+	}
+}
+
+// mutation wraps a POST handler: it needs a live session, the session's
+// CSRF token in the form (field csrf), and a same-origin request.
+func (h *Handler) mutation(fn func(w http.ResponseWriter, r *http.Request, s *session)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+		if !sameOrigin(r) {
+			h.refuse(w, r, "cross-site request")
+			return
+		}
+		s := h.session(r)
+		if s == nil {
+			h.refuse(w, r, "not logged in")
+			return
+		}
+		if err := r.ParseForm(); err != nil {
+			http.Error(w, "bad form", http.StatusBadRequest)
+			return
+		}
+		if !equalSecret(r.PostForm.Get("csrf"), s.csrf) {
+			h.refuse(w, r, "missing or wrong CSRF token")
+			return
+		}
+		fn(w, r, s)
+	}
+}
+
+func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
+	h.render(w, r, "login", nil, map[string]any{"Next": r.URL.Query().Get("next")})
+}
+
+// login exchanges the token for a session cookie. The name typed beside
+// it goes into the audit log as who acted.
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if !sameOrigin(r) {
+		h.refuse(w, r, "cross-site login")
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, "bad form", http.StatusBadRequest)
+		return
+	}
+	name := strings.TrimSpace(r.PostForm.Get("name"))
+	if name == "" || len(name) > 100 || !utf8.ValidString(name) {
+		w.WriteHeader(http.StatusBadRequest)
+		h.render(w, r, "login", nil, map[string]any{"Error": "Type your name (for the audit log, at most 100 bytes) and the token."})
+		return
+	}
+	if !equalSecret(r.PostForm.Get("token"), h.cfg.Token) {
+		h.audit.Info("admin login refused", "name", name, "remote", remoteIP(r))
+		w.WriteHeader(http.StatusUnauthorized)
+		h.render(w, r, "login", nil, map[string]any{"Error": "Wrong token."})
+		return
+	}
+	s := h.auth.create(name)
+	h.audit.Info("admin login", "who", name, "session", s.id[:8], "remote", remoteIP(r))
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: s.id, Path: h.cfg.Prefix, HttpOnly: true,
+		Secure: r.TLS != nil || h.cfg.SecureCookie, SameSite: http.SameSiteStrictMode, Expires: s.expires})
+	http.Redirect(w, r, h.cfg.Prefix, http.StatusSeeOther)
+}
+
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request, s *session) {
+	h.auth.drop(s.id)
+	h.audit.Info("admin logout", "who", s.who, "session", s.id[:8], "remote", remoteIP(r))
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: h.cfg.Prefix, MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, h.cfg.Prefix+"login", http.StatusSeeOther)
+}
+
+// who is the audit log's actor: the name given at login, the session's
+// first characters and the remote address.
+func (s *session) actor(r *http.Request) []any {
+	return []any{"who", s.who, "session", s.id[:8], "remote", remoteIP(r)}
+}

@@ -1,0 +1,119 @@
+package admin_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/sqloutbox/outbox/admin"
+	"github.com/sqloutbox/outbox/inbox"
+	"github.com/sqloutbox/outbox/internal/testdb"
+)
+
+// inboxTableBeside names an inbox table in the outbox table's schema.
+func inboxTableBeside(outboxTable string) string {
+	if i := strings.LastIndex(outboxTable, "."); i >= 0 {
+		return outboxTable[:i] + ".billing_inbox"
+	}
+	return "billing_inbox"
+}
+
+func msg(id, agg string) inbox.Message {
+	return inbox.Message{ID: id, AggregateType: "acct", AggregateID: agg, Topic: "t", Payload: []byte(xssScript)}
+}
+
+// TestInboxPage: the Consumers page lists the consumers with parked and
+// held messages, skips exactly the parked messages its confirmation
+// listed (held ones wait for the runner), and records a retry request
+// that shows pending until the consumer serves it, then applied.
+func TestInboxPage(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		var table string
+		s := newSite(t, tg, func(c *admin.Config) {
+			table = inboxTableBeside(c.Outbox.Config().Table)
+			c.InboxTables = []string{table}
+		})
+		in, err := inbox.New(inbox.Config{Dialect: tg.Dialect, Table: table, Consumer: "billing"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := s.e.RelayDB
+		if err := in.Migrate(s.ctx, db); err != nil {
+			t.Fatal(err)
+		}
+		// Q-1 parked, Q-2 held behind it; R-1 parked.
+		for _, m := range []inbox.Message{msg("Q-1", "Q"), msg("R-1", "R")} {
+			if err := in.ParkAfter(s.ctx, db, m, errors.New("billing refuses "+xssAttr), 3); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out, err := in.Handle(s.ctx, db, msg("Q-2", "Q"), func(context.Context, *sql.Tx) error { return nil }); err != nil || out != inbox.Held {
+			t.Fatalf("Q-2: %v, %v; want held", out, err)
+		}
+		cs, err := inbox.Consumers(s.ctx, db, inbox.Config{Dialect: tg.Dialect, Table: table})
+		if err != nil || len(cs) != 1 || cs[0] != (inbox.ConsumerParked{Consumer: "billing", Parked: 2, Held: 1}) {
+			t.Fatalf("Consumers = %+v, %v", cs, err)
+		}
+
+		c := s.client(t)
+		csrf := c.login()
+		if body := c.get("/inbox"); !strings.Contains(body, ">billing</a></td><td>2</td><td>1</td>") {
+			t.Errorf("consumers table lacks billing with 2 parked and 1 held:\n%s", body)
+		}
+		page := "/inbox?" + url.Values{"table": {table}, "consumer": {"billing"}}.Encode()
+		body := c.get(page)
+		for _, want := range []string{">Q-1<", ">Q-2<", ">R-1<", "held", "&lt;script&gt;alert(1)&lt;/script&gt;", "billing refuses &#34;&gt;&lt;img"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("consumer page lacks %q", want)
+			}
+		}
+
+		// Skip aggregate Q: the confirmation lists Q-1 only.
+		_, body, _ = c.post("/inbox/confirm", url.Values{"csrf": {csrf}, "action": {"skip"}, "table": {table}, "consumer": {"billing"},
+			"aggregate_type": {"acct"}, "aggregate_id": {"Q"}})
+		if !strings.Contains(body, `name="skip_id" value="Q-1"`) || strings.Contains(body, `name="skip_id" value="Q-2"`) || !strings.Contains(body, "1 held message(s) are not skipped") {
+			t.Fatalf("skip confirmation:\n%s", body)
+		}
+		if code, _, hdr := c.post("/inbox/apply", url.Values{"csrf": {csrf}, "action": {"skip"}, "table": {table}, "consumer": {"billing"},
+			"aggregate_type": {"acct"}, "aggregate_id": {"Q"}, "skip_id": {"Q-1"}}); code != http.StatusSeeOther || !strings.Contains(hdr.Get("Location"), "Skipped+1+of+the+1") {
+			t.Fatalf("skip apply: %d %s", code, hdr.Get("Location"))
+		}
+		left, err := in.ListParked(s.ctx, db, inbox.ParkedFilter{})
+		if err != nil || len(left) != 2 || left[0].ID != "R-1" || left[0].Held || left[1].ID != "Q-2" || !left[1].Held {
+			t.Fatalf("after skipping Q-1: %+v, %v; want Q-2 held and R-1 parked", left, err)
+		}
+
+		// A retry request for R: pending, then applied once served.
+		c.post("/inbox/apply", url.Values{"csrf": {csrf}, "action": {"retry"}, "table": {table}, "consumer": {"billing"},
+			"aggregate_type": {"acct"}, "aggregate_id": {"R"}})
+		if body := c.get(page); !strings.Contains(body, "aggregate acct/R</td>") || !strings.Contains(body, "pending: the runner serves it") {
+			t.Errorf("the request does not show pending")
+		}
+		var applied []string
+		if _, err := in.ServeRequests(s.ctx, db, func(_ context.Context, _ *sql.Tx, m inbox.Message) error {
+			applied = append(applied, m.ID)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(applied, ",") != "Q-2,R-1" {
+			t.Errorf("served %v, want Q-2 (released by the skip) and R-1", applied)
+		}
+		if body := c.get(page); !strings.Contains(body, "applied (seen served at") {
+			t.Errorf("the request does not show applied")
+		}
+		if !strings.Contains(s.audit.String(), `"action":"inbox skip"`) || !strings.Contains(s.audit.String(), `"message_ids":["Q-1"]`) {
+			t.Errorf("audit log lacks the skip:\n%s", s.audit.String())
+		}
+
+		// A table the page was not given is refused.
+		if code, _, _ := c.post("/inbox/confirm", url.Values{"csrf": {csrf}, "action": {"skip"}, "table": {"other"}, "consumer": {"billing"}, "message_id": {"R-1"}}); code != http.StatusBadRequest {
+			t.Errorf("unknown inbox table: %d, want 400", code)
+		}
+	})
+}
