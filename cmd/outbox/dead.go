@@ -174,7 +174,7 @@ func (a *app) openDeadLetters(cmd *cobra.Command, sf *selectorFlags, limit int) 
 	if err != nil {
 		return nil, sel, nil, err
 	}
-	if err := checkSchema(ctx, db, t, a.table); err != nil {
+	if err := checkSchema(ctx, db, t, a.table, false); err != nil {
 		_ = db.Close()
 		return nil, sel, nil, err
 	}

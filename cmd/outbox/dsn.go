@@ -149,19 +149,27 @@ func (e *rewordedError) Error() string { return e.msg }
 func (e *rewordedError) Unwrap() error { return e.err }
 
 // checkSchema returns a clear error unless table is migrated to the
-// version this build needs.
-func checkSchema(ctx context.Context, db *sql.DB, t *target, table string) error {
-	cur, latest, err := driver.SchemaVersion(ctx, db, driver.Config{Dialect: t.dialect, Table: table})
+// version this build needs: the version writers and relays need
+// (driver.RequiredSchemaVersion), or with latest every version this build
+// knows (the admin page needs the optional dead letters' index).
+func checkSchema(ctx context.Context, db *sql.DB, t *target, table string, latest bool) error {
+	cur, newest, err := driver.SchemaVersion(ctx, db, driver.Config{Dialect: t.dialect, Table: table})
 	if err != nil {
 		return err
+	}
+	need := newest
+	if !latest {
+		if need, err = driver.RequiredSchemaVersion(t.dialect); err != nil {
+			return err
+		}
 	}
 	switch {
 	case cur == 0:
 		return fmt.Errorf("table %s does not exist or is not migrated in the %s database at %s: run `outbox migrate apply`", table, t.dialect, t.where)
-	case cur < latest:
-		return fmt.Errorf("table %s is at schema version %d, this build needs %d: run `outbox migrate apply`", table, cur, latest)
-	case cur > latest:
-		return fmt.Errorf("table %s is at schema version %d, newer than this build knows (%d): use a newer outbox command", table, cur, latest)
+	case cur < need:
+		return fmt.Errorf("table %s is at schema version %d, this build needs %d: run `outbox migrate apply`", table, cur, newest)
+	case cur > newest:
+		return fmt.Errorf("table %s is at schema version %d, newer than this build knows (%d): use a newer outbox command", table, cur, newest)
 	}
 	return nil
 }

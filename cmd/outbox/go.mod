@@ -57,6 +57,7 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/rcrowley/go-metrics v0.0.0-20250401214520-65e299d6c5c9 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	github.com/sqloutbox/outbox/admin v0.0.0
 	github.com/sqloutbox/outbox/relay/nats v0.0.0
 	github.com/sqloutbox/outbox/relay/rabbitmq v0.0.0
 	github.com/sqloutbox/outbox/relay/redis v0.0.0
@@ -85,3 +86,5 @@ replace github.com/sqloutbox/outbox/relay/nats => ../../relay/nats
 replace github.com/sqloutbox/outbox/relay/rabbitmq => ../../relay/rabbitmq
 
 replace github.com/sqloutbox/outbox/relay/redis => ../../relay/redis
+
+replace github.com/sqloutbox/outbox/admin => ../../admin

@@ -207,7 +207,7 @@ Exit codes: 0 ok, 1 runtime or database error, 2 usage error,
 
 	root.AddCommand(a.migrateCmd(), a.relayCmd(), a.statsCmd(), a.deadCmd())
 	root.AddCommand(a.devBrokerCmd())
-	root.AddCommand(a.inboxCmd())
+	root.AddCommand(a.inboxCmd(), a.adminCmd())
 	root.AddCommand(a.natsCmd(), a.rabbitmqCmd())
 	return root
 }

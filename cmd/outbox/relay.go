@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/sqloutbox/outbox/admin"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/metrics"
 	"github.com/sqloutbox/outbox/partition"
@@ -29,6 +30,7 @@ import (
 
 // relayFlags are the relay command's settings.
 type relayFlags struct {
+	admin        adminFlags
 	brokers      []string
 	topicPrefix  string
 	partitions   int
@@ -197,6 +199,7 @@ password redacted).`,
 	envFlag(fs, "max-batch-size", "OUTBOX_MAX_BATCH_SIZE")
 	fs.StringVar(&f.instanceID, "instance-id", "", "this instance's name in the lease table (default host-pid-random)")
 	envFlag(fs, "instance-id", "OUTBOX_INSTANCE_ID")
+	f.admin.register(fs, "admin-", "")
 	fs.StringVar(&f.httpAddr, "http", ":9464", "listen address of /metrics, /livez (/healthz) and /readyz; every relay on a host needs its own; empty disables")
 	envFlag(fs, "http", "OUTBOX_HTTP")
 	fs.DurationVar(&f.checkEvery, "partition-check", relay.DefaultPartitionCheckInterval, "how often to look for pending rows in partitions no relay can own")
@@ -272,18 +275,17 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 	if err != nil {
 		return err
 	}
+	var adminToken string
+	if f.admin.listen != "" {
+		if adminToken, err = a.adminToken(&f.admin, "admin-token-file"); err != nil {
+			return err
+		}
+	}
 	t, err := parseDSN(a.dsn)
 	if err != nil {
 		return err
 	}
-	// The library's loggers add their own component attribute. Durations
-	// are logged in one form, time.Duration.String ("1.5s"), also those a
-	// library logs as a time.Duration value.
-	baseLog := newJSONLog(a.stderr, a.redact)
-	log := baseLog.With("component", "outbox.cmd")
-	if t.dialect == driver.MySQL {
-		routeMySQLLog(baseLog)
-	}
+	baseLog, log := a.logs(t)
 	// The table, described without touching the database: relay,
 	// retention, metrics and NOTIFY listener are all built from it.
 	ob, err := a.outbox(t, f.partitions)
@@ -349,7 +351,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 	if t.dialect != driver.SQLite {
 		db.SetMaxOpenConns(5) // relay 2 and its health ping 1, stats scrape 1, retention 1
 	}
-	if err := checkSchema(sctx, db, t, a.table); err != nil {
+	if err := checkSchema(sctx, db, t, a.table, false); err != nil {
 		return err
 	}
 	parts, err := ob.PartitionCount(sctx, db)
@@ -398,6 +400,25 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 			return errors.New("shutting down")
 		}
 		return r.Ready()
+	}
+	if f.admin.listen != "" {
+		// The page's own pool: it never takes the relay's connections.
+		_, adb, err := a.open(sctx, true)
+		if err != nil {
+			return err
+		}
+		defer adb.Close()
+		if t.dialect != driver.SQLite {
+			adb.SetMaxOpenConns(2)
+		}
+		as, err := a.startAdmin(&f.admin, adminToken, ob, adb, baseLog, func() []admin.RelayStatus {
+			return []admin.RelayStatus{{Instance: r.InstanceID(), Broker: string(plan.kind), Ready: ready()}}
+		})
+		if err != nil {
+			return err
+		}
+		defer as.stop()
+		log.Info("serving the admin page", "addr", "http://"+as.ln.Addr().String()+"/", "read_only", f.admin.readOnly)
 	}
 	var rt *relay.Retention
 	if f.retention > 0 {
@@ -506,6 +527,19 @@ func httpHandler(reg *prometheus.Registry, ready, live func() error) http.Handle
 		_, _ = fmt.Fprintln(w, "ready")
 	})
 	return mux
+}
+
+// logs returns the command's JSON logger on stderr (the library's
+// loggers add their own component attribute) and the command's own, with
+// component outbox.cmd; on MySQL/MariaDB the driver's log goes there too.
+// Durations are logged in one form, time.Duration.String ("1.5s"), also
+// those a library logs as a time.Duration value.
+func (a *app) logs(t *target) (base, cmd *slog.Logger) {
+	base = newJSONLog(a.stderr, a.redact)
+	if t.dialect == driver.MySQL {
+		routeMySQLLog(base)
+	}
+	return base, base.With("component", "outbox.cmd")
 }
 
 // newJSONLog returns the command's logger: JSON lines on w, durations as

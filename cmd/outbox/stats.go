@@ -83,7 +83,7 @@ func (a *app) stats(cmd *cobra.Command, all bool) error {
 		return err
 	}
 	defer db.Close()
-	if err := checkSchema(ctx, db, t, a.table); err != nil {
+	if err := checkSchema(ctx, db, t, a.table, false); err != nil {
 		return err
 	}
 	ob, err := a.outbox(t, 0)

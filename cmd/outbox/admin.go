@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sqloutbox/outbox/admin"
+	"github.com/sqloutbox/outbox/driver"
+)
+
+// Environment variables of the admin page's token (never a flag value:
+// a command line is visible to every user of the host).
+const (
+	envAdminToken     = "OUTBOX_ADMIN_TOKEN"
+	envAdminTokenFile = "OUTBOX_ADMIN_TOKEN_FILE"
+)
+
+// defaultAdminListen binds the page to loopback: it changes production
+// data, so reaching it from elsewhere is a decision (an SSH tunnel, or a
+// reverse proxy with TLS in front of --admin-listen 0.0.0.0:8090).
+const defaultAdminListen = "127.0.0.1:8090"
+
+// adminFlags configure the admin page, served by `outbox admin` or beside
+// a relay (`outbox relay --admin-listen`).
+type adminFlags struct {
+	listen       string
+	tokenFile    string
+	readOnly     bool
+	hidePayloads bool
+	inboxTables  []string
+	secureCookie bool
+}
+
+// register adds the flags; prefix is "" for `outbox admin` and "admin-"
+// for the relay, whose --http is another listener.
+func (f *adminFlags) register(fs *pflag.FlagSet, prefix, listenDefault string) {
+	fs.StringVar(&f.listen, prefix+"listen", listenDefault, "listen address of the admin page (its own listener, never the metrics one); loopback by default: put a TLS proxy in front to reach it from elsewhere")
+	fs.StringVar(&f.tokenFile, prefix+"token-file", "", "file holding the admin page's login token (at least 16 bytes; one trailing newline is ignored); or set "+envAdminToken)
+	envFlag(fs, prefix+"token-file", envAdminTokenFile)
+	fs.BoolVar(&f.readOnly, prefix+"read-only", false, "serve the admin page without any mutation (no retry, skip or retry request)")
+	fs.BoolVar(&f.hidePayloads, prefix+"hide-payloads", false, "never show payloads or headers on the admin page (they may hold personal data)")
+	fs.StringSliceVar(&f.inboxTables, prefix+"inbox-table", nil, "inbox table(s) whose parked and held messages the admin page shows, comma-separated (same database)")
+	fs.BoolVar(&f.secureCookie, prefix+"secure-cookie", false, "mark the admin session cookie Secure (behind a TLS-terminating proxy; direct TLS requests always get it)")
+}
+
+// token reads the login token: --token-file or OUTBOX_ADMIN_TOKEN, one of
+// them.
+func (a *app) adminToken(f *adminFlags, flag string) (string, error) {
+	env := a.getenv(envAdminToken)
+	switch {
+	case f.tokenFile != "" && env != "":
+		return "", usageErrorf("give the admin token in --%s or %s, not both", flag, envAdminToken)
+	case f.tokenFile != "":
+		tok, err := readSecretFile(flag, f.tokenFile)
+		if err != nil {
+			return "", &exitError{code: exitRuntime, msg: err.Error()}
+		}
+		if len(tok) < admin.MinTokenBytes {
+			return "", usageErrorf("the admin token in --%s has %d bytes, want at least %d (e.g. openssl rand -hex 24)", flag, len(tok), admin.MinTokenBytes)
+		}
+		return tok, nil
+	case env != "":
+		if len(env) < admin.MinTokenBytes {
+			return "", usageErrorf("%s has %d bytes, want at least %d (e.g. openssl rand -hex 24)", envAdminToken, len(env), admin.MinTokenBytes)
+		}
+		return env, nil
+	}
+	return "", usageErrorf("the admin page needs a login token: --%s FILE or %s", flag, envAdminToken)
+}
+
+// adminServer is the admin page on its own listener.
+type adminServer struct {
+	srv  *http.Server
+	ln   net.Listener
+	h    *admin.Handler
+	done chan error
+}
+
+// startAdmin listens on f.listen and serves the page for ob's table
+// through db. It returns a usage error for a busy or bad address.
+func (a *app) startAdmin(f *adminFlags, token string, ob *driver.Outbox, db *sql.DB, log *slog.Logger, relays func() []admin.RelayStatus) (*adminServer, error) {
+	h, err := admin.New(admin.Config{Outbox: ob, DB: db, Token: token, InboxTables: f.inboxTables, ReadOnly: f.readOnly,
+		HidePayloads: f.hidePayloads, SecureCookie: f.secureCookie, Relays: relays, Logger: log,
+		Audit: log.With("component", "outbox.admin.audit")})
+	if err != nil {
+		return nil, usageErrorf("%v", err)
+	}
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return nil, &exitError{code: exitRuntime, msg: fmt.Sprintf("cannot serve the admin page on %s: %v", f.listen, err)}
+	}
+	s := &adminServer{h: h, ln: ln, done: make(chan error, 1),
+		srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, WriteTimeout: time.Minute}}
+	go func() { s.done <- s.srv.Serve(ln) }()
+	return s, nil
+}
+
+func (s *adminServer) stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.srv.Shutdown(ctx)
+}
+
+func (a *app) adminCmd() *cobra.Command {
+	var f adminFlags
+	cmd := &cobra.Command{
+		Use:   "admin",
+		Short: "Serve the web admin page: backlog, partitions, dead letters, lookups, consumers",
+		Long: `Serve the web admin page for the outbox table named by --table: pending
+rows and their age, partitions and their owners, relays' heartbeats, dead
+letters (filter, inspect, retry or skip with a confirmation that lists the
+exact rows), lookups by message ID or aggregate, and, with --inbox-table,
+the consumers' parked and held messages (skip, or a retry request that the
+consumer's runner serves).
+
+Security: the page listens on 127.0.0.1:8090 by default. Every page needs
+a login: a name (for the audit log) and the token from --token-file or
+OUTBOX_ADMIN_TOKEN, exchanged for an HttpOnly, SameSite=Strict session
+cookie; every change needs that session, its CSRF token and a same-origin
+request, and is written to the audit log on stderr (JSON, "component":
+"outbox.admin.audit"). --read-only serves no change at all;
+--hide-payloads never shows payloads or headers.
+
+The page reads through a pool of 2 connections, with capped counts and
+keyset pages; see docs/admin.md for what each view costs.`,
+		Example: `  openssl rand -hex 24 > /run/secrets/outbox-admin
+  OUTBOX_DSN=postgres://ops@db/app outbox admin --token-file /run/secrets/outbox-admin
+  ssh -L 8090:127.0.0.1:8090 db-host   # then open http://127.0.0.1:8090/`,
+		Args: cobra.NoArgs,
+		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error { return a.runAdmin(cmd, &f) }),
+	}
+	f.register(cmd.Flags(), "", defaultAdminListen)
+	return cmd
+}
+
+func (a *app) runAdmin(cmd *cobra.Command, f *adminFlags) error {
+	token, err := a.adminToken(f, "token-file")
+	if err != nil {
+		return err
+	}
+	t, err := parseDSN(a.dsn)
+	if err != nil {
+		return err
+	}
+	baseLog, log := a.logs(t)
+	ob, err := driver.New(driver.Config{Dialect: t.dialect, Table: a.table})
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	sctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	_, db, err := a.open(sctx, true)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if t.dialect != driver.SQLite {
+		db.SetMaxOpenConns(2) // the page never starves the application
+	}
+	if err := checkSchema(sctx, db, t, a.table, true); err != nil {
+		return err
+	}
+	s, err := a.startAdmin(f, token, ob, db, baseLog, nil)
+	if err != nil {
+		return err
+	}
+	defer s.stop()
+	log.Info("serving the admin page", "addr", "http://"+s.ln.Addr().String()+"/", "dsn", redactDSN(a.dsn), "table", a.table,
+		"read_only", f.readOnly, "hide_payloads", f.hidePayloads, "inbox_tables", f.inboxTables)
+	bg, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = s.h.Run(bg, 10*time.Second) }()
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+		return nil
+	case err := <-s.done:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("admin page on %s failed: %w", f.listen, err)
+	}
+}
