@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/IBM/sarama v1.61.1
+	github.com/chromedp/cdproto v0.160.1
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/jmoiron/sqlx v1.4.0
@@ -34,6 +35,8 @@ require (
 	gorm.io/gorm v1.31.2
 )
 
+require github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+
 require (
 	dario.cat/mergo v1.0.2 // indirect
 	filippo.io/edwards25519 v1.2.0 // indirect
@@ -42,6 +45,7 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/chromedp/chromedp v0.23.1
 	github.com/containerd/errdefs v1.0.0 // indirect
 	github.com/containerd/errdefs/pkg v0.3.0 // indirect
 	github.com/containerd/log v0.1.0 // indirect
@@ -97,6 +101,9 @@ require (
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/shirou/gopsutil/v4 v4.26.6 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
+	github.com/sqloutbox/outbox/admin v0.0.0
+	github.com/sqloutbox/outbox/inbox v0.0.0
+	github.com/sqloutbox/outbox/inbox/kafka v0.0.0
 	github.com/stretchr/testify v1.12.1 // indirect
 	github.com/tklauser/go-sysconf v0.4.0 // indirect
 	github.com/tklauser/numcpus v0.12.0 // indirect
@@ -127,3 +134,9 @@ replace github.com/sqloutbox/outbox => ../
 replace github.com/sqloutbox/outbox/outboxtest/kafkatest => ../outboxtest/kafkatest
 
 replace github.com/sqloutbox/outbox/otel => ../otel
+
+replace github.com/sqloutbox/outbox/admin => ../admin
+
+replace github.com/sqloutbox/outbox/inbox => ../inbox
+
+replace github.com/sqloutbox/outbox/inbox/kafka => ../inbox/kafka
