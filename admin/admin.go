@@ -114,6 +114,7 @@ type Handler struct {
 	tmpl  map[string]*template.Template
 	auth  *sessions
 
+	reading  sync.Mutex // held while the table is read (readOverview)
 	mu       sync.Mutex
 	overview *overviewData
 	at       time.Time

@@ -58,6 +58,9 @@ type overviewData struct {
 // it is older than CacheFor (always with force). Each reading is a
 // throughput sample.
 func (h *Handler) readOverview(ctx context.Context, force bool) (*overviewData, error) {
+	// One reading at a time: the pages that ask meanwhile take its result.
+	h.reading.Lock()
+	defer h.reading.Unlock()
 	h.mu.Lock()
 	if !force && h.overview != nil && time.Since(h.at) < h.cfg.CacheFor {
 		o := h.overview

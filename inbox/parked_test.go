@@ -353,3 +353,53 @@ func mustList(t *testing.T, b *bundle) []inbox.Parked {
 	}
 	return list
 }
+
+// TestConsumersAndPendingRequests: Consumers counts each consumer's
+// parked and held messages (not its processed ones); PendingRequests
+// lists a consumer's retry requests, oldest first, until they are served.
+func TestConsumersAndPendingRequests(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		b := setup(t, tg)
+		billing := b.inbox(t, "billing")
+		if err := b.in.Park(b.ctx, b.db, orderMsg("a-1", "a", 1), errors.New("poison")); err != nil {
+			t.Fatal(err)
+		}
+		out, err := b.in.Handle(b.ctx, b.db, orderMsg("a-2", "a", 2), b.apply("shipping", "a-2"))
+		must(t, out, err, inbox.Held)
+		out, err = b.in.Handle(b.ctx, b.db, orderMsg("b-1", "b", 3), b.apply("shipping", "b-1"))
+		must(t, out, err, inbox.Applied)
+		if err := billing.Park(b.ctx, b.db, orderMsg("c-1", "c", 1), errors.New("poison")); err != nil {
+			t.Fatal(err)
+		}
+		cfg := b.in.Config()
+		cs, err := inbox.Consumers(b.ctx, b.db, cfg)
+		want := []inbox.ConsumerParked{{Consumer: "billing", Parked: 1}, {Consumer: "shipping", Parked: 1, Held: 1}}
+		if err != nil || fmt.Sprint(cs) != fmt.Sprint(want) {
+			t.Fatalf("Consumers = %+v, %v; want %+v", cs, err, want)
+		}
+		if _, err := inbox.Consumers(b.ctx, b.db, inbox.Config{Dialect: cfg.Dialect, Table: b.e.Q("no_such_inbox")}); !errors.Is(err, inbox.ErrSchemaMissing) {
+			t.Errorf("Consumers of a missing table = %v, want ErrSchemaMissing", err)
+		}
+
+		if reqs, err := b.in.PendingRequests(b.ctx, b.db); err != nil || len(reqs) != 0 {
+			t.Fatalf("PendingRequests before any = %+v, %v", reqs, err)
+		}
+		if _, err := b.in.RequestRetry(b.ctx, b.db, inbox.ParkedFilter{AggregateType: "order", AggregateID: "a"}); err != nil {
+			t.Fatal(err)
+		}
+		reqs, err := b.in.PendingRequests(b.ctx, b.db)
+		if err != nil || len(reqs) != 1 || reqs[0].AggregateID != "a" || reqs[0].RequestedAt.IsZero() {
+			t.Fatalf("PendingRequests = %+v, %v; want aggregate a", reqs, err)
+		}
+		if others, err := billing.PendingRequests(b.ctx, b.db); err != nil || len(others) != 0 {
+			t.Errorf("another consumer's PendingRequests = %+v, %v", others, err)
+		}
+		if _, err := b.in.ServeRequests(b.ctx, b.db, b.applyMsg("shipping")); err != nil {
+			t.Fatal(err)
+		}
+		if reqs, err := b.in.PendingRequests(b.ctx, b.db); err != nil || len(reqs) != 0 {
+			t.Fatalf("PendingRequests after serving = %+v, %v", reqs, err)
+		}
+	})
+}

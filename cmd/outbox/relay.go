@@ -418,6 +418,9 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 			return err
 		}
 		defer as.stop()
+		sampleCtx, stopSampling := context.WithCancel(ctx)
+		defer stopSampling()
+		go func() { _ = as.h.Run(sampleCtx, 10*time.Second) }() // the throughput chart's readings
 		log.Info("serving the admin page", "addr", "http://"+as.ln.Addr().String()+"/", "read_only", f.admin.readOnly)
 	}
 	var rt *relay.Retention
