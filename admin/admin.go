@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -72,6 +73,11 @@ type Config struct {
 	// outbox command's relay mounts the page with its own); nil: the page
 	// shows the relays' heartbeats from the table only.
 	Relays func() []RelayStatus
+	// RelayEndpoints are the base URLs of relays' HTTP servers (the
+	// outbox command's --http address: "http://relay-1:9464"), asked for
+	// /readyz (readiness) and /metrics (the broker label) at each reading,
+	// 2 s at most each; nil: none.
+	RelayEndpoints []string
 	// Audit receives one INFO record per mutation and per login or
 	// refused request: who (the name given at login, the session and the
 	// remote address), what, which rows and how many changed. Default:
@@ -120,6 +126,7 @@ type Handler struct {
 	at       time.Time
 	samples  []sample
 	requests map[string]*requestSeen // inbox retry requests this page recorded
+	client   *http.Client
 }
 
 //go:embed templates/*.html
@@ -176,13 +183,22 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	for _, u := range cfg.RelayEndpoints {
+		if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return nil, fmt.Errorf("%w: relay endpoint %q: want http://host:port", ErrInvalidConfig, u)
+		}
+	}
+	for i, u := range cfg.RelayEndpoints {
+		cfg.RelayEndpoints[i] = strings.TrimSuffix(u, "/")
+	}
 	for _, t := range cfg.InboxTables {
 		if _, err := inboxOf(c.Dialect, t, "check"); err != nil {
 			return nil, fmt.Errorf("%w: inbox table %q: %w", ErrInvalidConfig, t, err)
 		}
 	}
 	h := &Handler{cfg: cfg, d: d, dl: dl, log: cfg.Logger.With("component", "outbox.admin"),
-		audit: cfg.Audit, auth: newSessions(cfg.SessionTTL), requests: map[string]*requestSeen{}}
+		audit: cfg.Audit, auth: newSessions(cfg.SessionTTL), requests: map[string]*requestSeen{},
+		client: &http.Client{Timeout: endpointTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 	if h.tmpl, err = parseTemplates(); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package admin_test
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -35,6 +36,7 @@ func TestNewValidates(t *testing.T) {
 		{"prefix with a quote", func(c *admin.Config) { c.Prefix = `/a"/` }},
 		{"page too large", func(c *admin.Config) { c.PageSize = admin.MaxPageSize + 1 }},
 		{"bad inbox table", func(c *admin.Config) { c.InboxTables = []string{"no such; table"} }},
+		{"relay endpoint without a scheme", func(c *admin.Config) { c.RelayEndpoints = []string{"relay-1:9464"} }},
 	} {
 		cfg := ok
 		c.mod(&cfg)
@@ -194,4 +196,39 @@ func TestEscaping(t *testing.T) {
 			t.Errorf("filtering by the error text and the aggregate ID did not find X-1")
 		}
 	})
+}
+
+// TestRelayEndpoints: the overview shows each configured relay's broker
+// (its metrics' label) and its /readyz verdict, escaped, and an endpoint
+// that does not answer as unreachable.
+func TestRelayEndpoints(t *testing.T) {
+	t.Parallel()
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/readyz":
+			http.Error(w, "not ready: relay unhealthy: "+xssScript, http.StatusServiceUnavailable)
+		case "/metrics":
+			fmt.Fprint(w, "# HELP outbox_relay_up 1 while relaying\n# TYPE outbox_relay_up gauge\noutbox_relay_up{broker=\"nats\"} 0\n")
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer fake.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	s := newSite(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, func(c *admin.Config) {
+		c.RelayEndpoints = []string{fake.URL + "/", dead.URL}
+	})
+	c := s.client(t)
+	c.login()
+	body := c.get("/")
+	for _, want := range []string{
+		"<td>" + fake.URL + "</td><td>nats</td>",
+		"not ready: relay unhealthy: &lt;script&gt;alert(1)&lt;/script&gt;",
+		"<td>" + dead.URL + "</td><td></td><td><span class=\"bad\">unreachable: ",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("overview lacks %q", want)
+		}
+	}
 }

@@ -51,6 +51,7 @@ type overviewData struct {
 	Partitions                  []partitionRow
 	BacklogCapped               bool
 	Members                     []member
+	Endpoints                   []endpointStatus
 	Stuck                       int
 }
 
@@ -179,6 +180,7 @@ func (h *Handler) read(ctx context.Context) (*overviewData, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("outbox admin: reading the relays' heartbeats: %w", err)
 	}
+	o.Endpoints = h.readEndpoints(ctx)
 	return o, nil
 }
 

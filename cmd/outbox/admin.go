@@ -37,6 +37,7 @@ type adminFlags struct {
 	readOnly     bool
 	hidePayloads bool
 	inboxTables  []string
+	endpoints    []string
 	secureCookie bool
 }
 
@@ -49,6 +50,7 @@ func (f *adminFlags) register(fs *pflag.FlagSet, prefix, listenDefault string) {
 	fs.BoolVar(&f.readOnly, prefix+"read-only", false, "serve the admin page without any mutation (no retry, skip or retry request)")
 	fs.BoolVar(&f.hidePayloads, prefix+"hide-payloads", false, "never show payloads or headers on the admin page (they may hold personal data)")
 	fs.StringSliceVar(&f.inboxTables, prefix+"inbox-table", nil, "inbox table(s) whose parked and held messages the admin page shows, comma-separated (same database)")
+	fs.StringSliceVar(&f.endpoints, prefix+"relay-endpoint", nil, "base URL of a relay's --http server (http://relay-1:9464), comma-separated or repeated: the admin page shows its broker and its /readyz")
 	fs.BoolVar(&f.secureCookie, prefix+"secure-cookie", false, "mark the admin session cookie Secure (behind a TLS-terminating proxy; direct TLS requests always get it)")
 }
 
@@ -89,7 +91,7 @@ type adminServer struct {
 // through db. It returns a usage error for a busy or bad address.
 func (a *app) startAdmin(f *adminFlags, token string, ob *driver.Outbox, db *sql.DB, log *slog.Logger, relays func() []admin.RelayStatus) (*adminServer, error) {
 	h, err := admin.New(admin.Config{Outbox: ob, DB: db, Token: token, InboxTables: f.inboxTables, ReadOnly: f.readOnly,
-		HidePayloads: f.hidePayloads, SecureCookie: f.secureCookie, Relays: relays, Logger: log,
+		HidePayloads: f.hidePayloads, SecureCookie: f.secureCookie, Relays: relays, RelayEndpoints: f.endpoints, Logger: log,
 		Audit: log.With("component", "outbox.admin.audit")})
 	if err != nil {
 		return nil, usageErrorf("%v", err)

@@ -136,6 +136,16 @@ func TestAdminCommand(t *testing.T) {
 		body := getBody(t, c2, "http://"+aaddr+"/")
 		return strings.Contains(body, "<td>kafka</td>") && strings.Contains(body, `class="ok">ready`)
 	})
+
+	// `outbox admin --relay-endpoint` asks another process's relay.
+	haddr, eaddr := freeAddr(t), freeAddr(t)
+	rr2 := startRelay(t, env, "--dsn", tg2.dsn, "relay", "--brokers", strings.Join(broker.Addrs(), ","), "--http", haddr)
+	startRelay(t, env, "--dsn", tg2.dsn, "admin", "--listen", eaddr, "--relay-endpoint", "http://"+haddr)
+	c3 := adminLogin(t, rr2.ctx, "http://"+eaddr)
+	testdb.Eventually(t, rr2.ctx, "the overview shows the other relay's endpoint ready on kafka", func() bool {
+		body := getBody(t, c3, "http://"+eaddr+"/")
+		return strings.Contains(body, "<td>http://"+haddr+"</td><td>kafka</td><td><span class=\"ok\">ready")
+	})
 }
 
 // TestAdminListensOnLoopback: the page's own listener defaults to
