@@ -11,8 +11,10 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
@@ -102,6 +104,16 @@ type Config struct {
 	// partition reads the first CountCap pending rows): above it the page
 	// shows "CountCap+". Default DefaultCountCap.
 	CountCap int
+	// AllowedHosts, if set, are the host names (without port) the page
+	// answers to; a request naming another Host gets 421. The outbox
+	// command sets 127.0.0.1, ::1 and localhost for a loopback listener,
+	// so that a DNS-rebinding page cannot reach it. Empty: any host.
+	AllowedHosts []string
+	// CookieName is the session cookie's name; default
+	// "outbox_admin_session". Cookies do not tell ports apart: two pages
+	// on one host (outbox admin and a relay's) need different names, or
+	// logging in to one logs out of the other.
+	CookieName string
 	// SessionTTL is a session's lifetime; default DefaultSessionTTL.
 	SessionTTL time.Duration
 	// StuckAfter is the oldest-pending age from which a partition is
@@ -111,14 +123,15 @@ type Config struct {
 
 // Handler is the admin page, an http.Handler. Create it with New.
 type Handler struct {
-	cfg   Config
-	d     *dialect.Dialect
-	dl    *relay.DeadLetters
-	log   *slog.Logger
-	audit *slog.Logger
-	mux   *http.ServeMux
-	tmpl  map[string]*template.Template
-	auth  *sessions
+	cfg    Config
+	d      *dialect.Dialect
+	dl     *relay.DeadLetters
+	log    *slog.Logger
+	audit  *slog.Logger
+	mux    *http.ServeMux
+	tmpl   map[string]*template.Template
+	auth   *sessions
+	logins failures
 
 	reading  sync.Mutex // held while the table is read (readOverview)
 	mu       sync.Mutex
@@ -127,7 +140,10 @@ type Handler struct {
 	samples  []sample
 	requests map[string]*requestSeen // inbox retry requests this page recorded
 	client   *http.Client
+	schemaOK atomic.Bool // the table was seen at the latest schema version
 }
+
+var cookieNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 //go:embed templates/*.html
 var templateFS embed.FS
@@ -161,6 +177,12 @@ func New(cfg Config) (*Handler, error) {
 	}
 	if cfg.CountCap <= 0 {
 		cfg.CountCap = DefaultCountCap
+	}
+	if cfg.CookieName == "" {
+		cfg.CookieName = "outbox_admin_session"
+	}
+	if !cookieNameRE.MatchString(cfg.CookieName) {
+		return nil, fmt.Errorf("%w: CookieName %q: letters, digits, _ and - only", ErrInvalidConfig, cfg.CookieName)
 	}
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = DefaultSessionTTL
@@ -239,6 +261,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// same-origin check must refuse (the browser test caught this).
 	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("Cache-Control", "no-store")
+	if !h.hostAllowed(r) {
+		http.Error(w, "misdirected request: this page does not answer to that host name", http.StatusMisdirectedRequest)
+		return
+	}
 	p := strings.TrimSuffix(h.cfg.Prefix, "/")
 	if !strings.HasPrefix(r.URL.Path, p+"/") {
 		http.NotFound(w, r)

@@ -70,6 +70,9 @@ func TestAuthentication(t *testing.T) {
 		if code, _, _ := anon.do("GET", "/?fragment=1", nil, nil); code != http.StatusUnauthorized {
 			t.Errorf("fragment without a session: %d, want 401", code)
 		}
+		if _, body, _ := anon.do("GET", "/login?msg=The+token+was+rotated", nil, nil); strings.Contains(body, "rotated") {
+			t.Errorf("a link puts its own text on the login page")
+		}
 		if code, _, hdr := anon.do("POST", "/login", url.Values{"name": {"mallory"}, "token": {"wrong-token-0123456789"}}, nil); code != http.StatusUnauthorized || hdr.Get("Set-Cookie") != "" {
 			t.Errorf("wrong token: %d, cookie %q", code, hdr.Get("Set-Cookie"))
 		}
@@ -230,5 +233,76 @@ func TestRelayEndpoints(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("overview lacks %q", want)
 		}
+	}
+}
+
+// TestOutdatedSchemaRefused: below the latest schema version (the dead
+// letters' index missing) the page reads nothing and says what to run;
+// after Migrate it serves.
+func TestOutdatedSchemaRefused(t *testing.T) {
+	t.Parallel()
+	for _, tg := range []testdb.Target{{Name: "pgx", Dialect: driver.Postgres}, {Name: "sqlite", Dialect: driver.SQLite}} {
+		t.Run(tg.Name, func(t *testing.T) {
+			t.Parallel()
+			s := newSite(t, tg, nil)
+			latest, err := driver.LatestSchemaVersion(tg.Dialect)
+			if err != nil {
+				t.Fatal(err)
+			}
+			drop := "DROP INDEX " + s.e.Table + "_dead_idx"
+			if tg.Dialect == driver.SQLite {
+				drop = "DROP INDEX outbox_message_dead_idx"
+			}
+			for _, q := range []string{drop, "DELETE FROM " + s.e.Table + "_migrations WHERE version = " + strconv.Itoa(latest)} {
+				if _, err := s.e.RelayDB.ExecContext(s.ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			c := s.client(t)
+			if code, _, _ := c.do("POST", "/login", url.Values{"name": {"alice"}, "token": {token}}, nil); code != http.StatusSeeOther {
+				t.Fatalf("login: %d", code)
+			}
+			for _, p := range []string{"/", "/dead", "/partitions"} {
+				if code, body, _ := c.do("GET", p, nil, nil); code != http.StatusServiceUnavailable || !strings.Contains(body, "outbox migrate apply") {
+					t.Errorf("GET %s below the latest schema: %d %q", p, code, body)
+				}
+			}
+			if err := s.e.Outbox.Migrate(s.ctx, s.e.RelayDB); err != nil {
+				t.Fatal(err)
+			}
+			c.get("/dead")
+		})
+	}
+}
+
+// TestHostsAndThrottling: with AllowedHosts, a request naming another
+// host (a DNS-rebinding page) gets 421; after 10 wrong tokens from one
+// address its logins get 429 for a minute, even with the right token,
+// and the audit log records the throttling once.
+func TestHostsAndThrottling(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, func(c *admin.Config) {
+		c.AllowedHosts = []string{"127.0.0.1", "localhost"}
+		c.CookieName = "outbox_admin_test"
+	})
+	c := s.client(t)
+	if code, _, _ := c.do("GET", "/login", nil, map[string]string{"Host": "rebound.example:8090"}); code != http.StatusMisdirectedRequest {
+		t.Errorf("foreign Host: %d, want 421", code)
+	}
+	if code, _, hdr := c.do("POST", "/login", url.Values{"name": {"alice"}, "token": {token}}, nil); code != http.StatusSeeOther || !strings.HasPrefix(hdr.Get("Set-Cookie"), "outbox_admin_test=") {
+		t.Fatalf("login: %d, cookie %q", code, hdr.Get("Set-Cookie"))
+	}
+	for i := 0; i < 10; i++ {
+		if code, _, _ := c.do("POST", "/login", url.Values{"name": {"mallory"}, "token": {"wrong-token-0123456789"}}, nil); code != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d: %d, want 401", i, code)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		if code, _, _ := c.do("POST", "/login", url.Values{"name": {"alice"}, "token": {token}}, nil); code != http.StatusTooManyRequests {
+			t.Errorf("login after 10 failures: %d, want 429", code)
+		}
+	}
+	if n := strings.Count(s.audit.String(), "admin logins throttled"); n != 1 {
+		t.Errorf("the throttling is audited %d times, want once:\n%s", n, s.audit.String())
 	}
 }

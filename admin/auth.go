@@ -14,14 +14,14 @@ import (
 	"unicode/utf8"
 )
 
-// cookieName is the session cookie: HttpOnly, SameSite=Strict, Path the
-// Prefix, Secure over TLS (or with Config.SecureCookie).
-const cookieName = "outbox_admin_session"
-
 type session struct {
 	id, csrf, who string
 	expires       time.Time
+	flash         string // the result of the last change, shown once (guarded by sessions.mu)
 }
+
+// maxSessions bounds the live sessions; a login beyond it ends the oldest.
+const maxSessions = 1000
 
 // sessions holds the live sessions in memory: a restart logs everyone out.
 type sessions struct {
@@ -49,6 +49,15 @@ func (s *sessions) create(who string) *session {
 			delete(s.m, id)
 		}
 	}
+	if len(s.m) >= maxSessions { // drop the oldest
+		var oldest *session
+		for _, x := range s.m {
+			if oldest == nil || x.expires.Before(oldest.expires) {
+				oldest = x
+			}
+		}
+		delete(s.m, oldest.id)
+	}
 	x := &session{id: randomToken(), csrf: randomToken(), who: who, expires: now.Add(s.ttl)}
 	s.m[x.id] = x
 	return x
@@ -63,6 +72,23 @@ func (s *sessions) get(id string) *session {
 		return nil
 	}
 	return x
+}
+
+// setFlash keeps msg for the session's next page; takeFlash returns it
+// once. The message never travels in a URL, so no link can put text of
+// its choosing on the page.
+func (s *sessions) setFlash(x *session, msg string) {
+	s.mu.Lock()
+	x.flash = msg
+	s.mu.Unlock()
+}
+
+func (s *sessions) takeFlash(x *session) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	msg := x.flash
+	x.flash = ""
+	return msg
 }
 
 func (s *sessions) drop(id string) {
@@ -87,11 +113,32 @@ func remoteIP(r *http.Request) string {
 }
 
 func (h *Handler) session(r *http.Request) *session {
-	c, err := r.Cookie(cookieName)
+	c, err := r.Cookie(h.cfg.CookieName)
 	if err != nil {
 		return nil
 	}
 	return h.auth.get(c.Value)
+}
+
+// hostAllowed reports whether the request's Host names this page
+// (Config.AllowedHosts; any host when it is empty). A page on loopback
+// that answered any Host could be reached by a DNS-rebinding page in the
+// operator's browser.
+func (h *Handler) hostAllowed(r *http.Request) bool {
+	if len(h.cfg.AllowedHosts) == 0 {
+		return true
+	}
+	host := r.Host
+	if hh, _, err := net.SplitHostPort(host); err == nil {
+		host = hh
+	}
+	host = strings.Trim(host, "[]")
+	for _, a := range h.cfg.AllowedHosts {
+		if strings.EqualFold(a, host) {
+			return true
+		}
+	}
+	return false
 }
 
 // sameOrigin reports whether a state-changing request comes from this
@@ -129,6 +176,11 @@ func (h *Handler) page(fn func(w http.ResponseWriter, r *http.Request, s *sessio
 			http.Redirect(w, r, h.cfg.Prefix+"login", http.StatusSeeOther)
 			return
 		}
+		if err := h.schemaReady(r.Context()); err != nil {
+			h.log.Warn("admin page refused", "err", err)
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 		fn(w, r, s)
 	}
 }
@@ -155,8 +207,63 @@ func (h *Handler) mutation(fn func(w http.ResponseWriter, r *http.Request, s *se
 			h.refuse(w, r, "missing or wrong CSRF token")
 			return
 		}
+		if err := h.schemaReady(r.Context()); err != nil && r.URL.Path != "/logout" {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 		fn(w, r, s)
 	}
+}
+
+// Failed logins per remote address: after loginFailures within
+// loginWindow, that address is answered 429 until the window ends, and
+// the audit log records the first refusal only.
+const (
+	loginFailures = 10
+	loginWindow   = time.Minute
+)
+
+type failures struct {
+	mu sync.Mutex
+	m  map[string]*failWindow
+}
+
+type failWindow struct {
+	start time.Time
+	n     int
+}
+
+// allow reports whether ip may try to log in, and whether this is the
+// first refusal of its window (to be audited).
+func (f *failures) allow(ip string, now time.Time) (ok, first bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w := f.m[ip]
+	if w == nil || now.Sub(w.start) > loginWindow {
+		return true, false
+	}
+	return w.n < loginFailures, w.n == loginFailures
+}
+
+func (f *failures) fail(ip string, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = map[string]*failWindow{}
+	}
+	if len(f.m) > 10_000 { // forget old windows rather than grow without bound
+		for k, w := range f.m {
+			if now.Sub(w.start) > loginWindow {
+				delete(f.m, k)
+			}
+		}
+	}
+	w := f.m[ip]
+	if w == nil || now.Sub(w.start) > loginWindow {
+		w = &failWindow{start: now}
+		f.m[ip] = w
+	}
+	w.n++
 }
 
 func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
@@ -181,7 +288,17 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, "login", nil, map[string]any{"Error": "Type your name (for the audit log, at most 100 bytes) and the token."})
 		return
 	}
+	ip, now := remoteIP(r), time.Now()
+	if ok, first := h.logins.allow(ip, now); !ok {
+		if first {
+			h.audit.Info("admin logins throttled", "remote", ip, "failures", loginFailures, "window", loginWindow.String())
+			h.logins.fail(ip, now) // past the limit: the next refusals are not audited
+		}
+		http.Error(w, "too many failed logins from this address; wait a minute", http.StatusTooManyRequests)
+		return
+	}
 	if !equalSecret(r.PostForm.Get("token"), h.cfg.Token) {
+		h.logins.fail(ip, now)
 		h.audit.Info("admin login refused", "name", name, "remote", remoteIP(r))
 		w.WriteHeader(http.StatusUnauthorized)
 		h.render(w, r, "login", nil, map[string]any{"Error": "Wrong token."})
@@ -189,7 +306,9 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	}
 	s := h.auth.create(name)
 	h.audit.Info("admin login", "who", name, "session", s.id[:8], "remote", remoteIP(r))
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: s.id, Path: h.cfg.Prefix, HttpOnly: true,
+	// HttpOnly, SameSite=Strict, Path the Prefix, Secure over TLS (or
+	// with Config.SecureCookie).
+	http.SetCookie(w, &http.Cookie{Name: h.cfg.CookieName, Value: s.id, Path: h.cfg.Prefix, HttpOnly: true,
 		Secure: r.TLS != nil || h.cfg.SecureCookie, SameSite: http.SameSiteStrictMode, Expires: s.expires})
 	http.Redirect(w, r, h.cfg.Prefix, http.StatusSeeOther)
 }
@@ -197,7 +316,7 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request, s *session) {
 	h.auth.drop(s.id)
 	h.audit.Info("admin logout", "who", s.who, "session", s.id[:8], "remote", remoteIP(r))
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: h.cfg.Prefix, MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.SetCookie(w, &http.Cookie{Name: h.cfg.CookieName, Value: "", Path: h.cfg.Prefix, MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, h.cfg.Prefix+"login", http.StatusSeeOther)
 }
 

@@ -80,7 +80,35 @@ func (h *Handler) readOverview(ctx context.Context, force bool) (*overviewData, 
 	return o, nil
 }
 
+// ErrSchemaOutdated is returned (wrapped) by the page's readings while
+// the table is below the schema version this build knows: the dead
+// letters' index (PostgreSQL 8, SQLite 7) may be missing, and the page
+// would read the sent history. It is driver.ErrSchemaOutdated.
+var ErrSchemaOutdated = driver.ErrSchemaOutdated
+
+// schemaReady returns nil once the table is at the latest schema version
+// (remembered), else an error wrapping ErrSchemaOutdated (checked again
+// at the next call).
+func (h *Handler) schemaReady(ctx context.Context) error {
+	if h.schemaOK.Load() {
+		return nil
+	}
+	cur, latest, err := driver.SchemaVersion(ctx, h.cfg.DB, h.cfg.Outbox.Config())
+	if err != nil {
+		return err
+	}
+	if cur < latest {
+		return fmt.Errorf("%w: table %s is at schema version %d, the admin page needs %d (its dead letters' index): run `outbox migrate apply` or Migrate",
+			ErrSchemaOutdated, h.cfg.Outbox.Config().Table, cur, latest)
+	}
+	h.schemaOK.Store(true)
+	return nil
+}
+
 func (h *Handler) read(ctx context.Context) (*overviewData, error) {
+	if err := h.schemaReady(ctx); err != nil {
+		return nil, err
+	}
 	db, capN := h.cfg.DB, int64(h.cfg.CountCap)
 	o := &overviewData{At: time.Now(), Cap: capN}
 	var ageUS int64

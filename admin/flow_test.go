@@ -61,6 +61,15 @@ func TestDeadLetterFlow(t *testing.T) {
 			t.Errorf("partitions page marks no partition stuck")
 		}
 
+		// A filter that does not parse lists nothing (select-all must not
+		// reach every dead letter), and a filtered list does not refresh.
+		if bad := c.get("/dead?older_than=10"); !strings.Contains(bad, "want a duration") || strings.Contains(bad, ">A-1<") || strings.Contains(bad, "data-refresh") {
+			t.Errorf("an unparsable filter still lists rows or refreshes")
+		}
+		if body := c.get("/lookup?aggregate_type=acct"); !strings.Contains(body, "Give both") {
+			t.Errorf("a lookup by aggregate type alone does not ask for the ID")
+		}
+
 		// Keyset pages of 2: A-1 and B-1, then C-1.
 		first := c.get("/dead")
 		if !strings.Contains(first, ">A-1<") || !strings.Contains(first, ">B-1<") || strings.Contains(first, ">C-1<") {
@@ -81,9 +90,12 @@ func TestDeadLetterFlow(t *testing.T) {
 			t.Fatalf("confirmation of A lists ids %v:\n%s", ids, body)
 		}
 		s.heal()
-		if code, _, hdr := c.post("/dead/apply", url.Values{"csrf": {csrf}, "action": {"retry"}, "id": ids}); code != http.StatusSeeOther ||
-			!strings.Contains(hdr.Get("Location"), url.QueryEscape("Retried 1 of the 1")) {
-			t.Fatalf("apply: %d %s", code, hdr.Get("Location"))
+		code, _, hdr := c.post("/dead/apply", url.Values{"csrf": {csrf}, "action": {"retry"}, "id": ids})
+		if flash := c.follow(hdr); code != http.StatusSeeOther || !strings.Contains(flash, "Retried 1 of the 1") {
+			t.Fatalf("apply: %d, flash %q", code, flash)
+		}
+		if again := c.get("/dead"); strings.Contains(again, `id="flash"`) {
+			t.Errorf("the flash message shows twice")
 		}
 		s.r.Notify()
 		testdb.Eventually(t, s.ctx, "A delivered", func() bool { return len(delivered(s, "A")) == 3 })
@@ -108,9 +120,9 @@ func TestDeadLetterFlow(t *testing.T) {
 		s.failing("B-2")
 		s.emit(t, ev("B", 2, "b2"))
 		s.waitDead(t, "B-2")
-		_, _, hdr := c.post("/dead/apply", url.Values{"csrf": {csrf}, "action": {"skip"}, "id": ids})
-		if !strings.Contains(hdr.Get("Location"), url.QueryEscape("Released 0 of the 1")) {
-			t.Errorf("apply after the change: %s", hdr.Get("Location"))
+		_, _, hdr = c.post("/dead/apply", url.Values{"csrf": {csrf}, "action": {"skip"}, "id": ids})
+		if flash := c.follow(hdr); !strings.Contains(flash, "Released 0 of the 1") {
+			t.Errorf("apply after the change: flash %q", flash)
 		}
 		if st, held := s.status(t, "B-2"); st != 2 || !held {
 			t.Errorf("B-2 (dead after the confirmation) is status %d held %v: the apply touched a row it never listed", st, held)

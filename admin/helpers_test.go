@@ -207,6 +207,10 @@ func (b *browserless) do(method, path string, form url.Values, hdr map[string]st
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
 	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	res, err := b.c.Do(req)
@@ -240,6 +244,19 @@ func (b *browserless) login() string {
 		b.t.Fatalf("session cookie %q: want HttpOnly and SameSite=Strict", c)
 	}
 	return b.csrf()
+}
+
+var flashRE = regexp.MustCompile(`<p class="flash" id="flash">([^<]*)</p>`)
+
+// follow GETs the redirect target in hdr and returns the page's flash
+// message ("" if none).
+func (b *browserless) follow(hdr http.Header) string {
+	b.t.Helper()
+	m := flashRE.FindStringSubmatch(b.get(hdr.Get("Location")))
+	if m == nil {
+		return ""
+	}
+	return m[1]
 }
 
 var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)

@@ -91,6 +91,7 @@ type view struct {
 	Who      string
 	CSRF     string
 	ReadOnly bool
+	Inbox    bool // inbox tables configured: the Consumers page is in the menu
 	Message  string
 	Data     any
 }
@@ -98,13 +99,16 @@ type view struct {
 // render writes a page, or only its "body" block for a fragment request
 // (?fragment=1: the page's refresh).
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, page string, s *session, data any) {
-	v := view{Prefix: h.cfg.Prefix, Page: page, ReadOnly: h.cfg.ReadOnly, Data: data, Message: r.URL.Query().Get("msg")}
-	if s != nil {
-		v.Who, v.CSRF = s.who, s.csrf
-	}
+	v := view{Prefix: h.cfg.Prefix, Page: page, ReadOnly: h.cfg.ReadOnly, Data: data, Inbox: len(h.cfg.InboxTables) > 0}
 	name := "layout.html"
 	if r.URL.Query().Get("fragment") != "" {
 		name = "body"
+	}
+	if s != nil {
+		v.Who, v.CSRF = s.who, s.csrf
+		if name == "layout.html" {
+			v.Message = h.auth.takeFlash(s)
+		}
 	}
 	var buf bytes.Buffer
 	if err := h.tmpl[page].ExecuteTemplate(&buf, name, v); err != nil {
@@ -161,26 +165,30 @@ func (h *Handler) deadPage(w http.ResponseWriter, r *http.Request, s *session) {
 	if v := q.Get("after"); v != "" {
 		f.After, _ = strconv.ParseInt(v, 10, 64)
 	}
-	where, args := h.where(f, statusDead)
-	list, err := h.events(r.Context(), where, args, h.cfg.PageSize+1, f.hint())
-	if err != nil {
-		h.fail(w, r, err)
-		return
+	var list []event
+	if len(problems) == 0 { // a filter that does not parse lists nothing, never everything
+		where, args := h.where(f, statusDead)
+		var err error
+		if list, err = h.events(r.Context(), where, args, h.cfg.PageSize+1, f.hint()); err != nil {
+			h.fail(w, r, err)
+			return
+		}
 	}
 	next := ""
 	if len(list) > h.cfg.PageSize {
 		list = list[:h.cfg.PageSize]
 		nq := url.Values{}
 		for k, v := range q {
-			if k != "after" && k != "fragment" && k != "msg" {
+			if k != "after" && k != "fragment" {
 				nq[k] = v
 			}
 		}
 		nq.Set("after", strconv.FormatInt(list[len(list)-1].ID, 10))
 		next = "dead?" + nq.Encode()
 	}
+	filtered := f.AggregateType != "" || f.AggregateID != "" || f.EventType != "" || f.Error != "" || q.Get("older_than") != ""
 	h.render(w, r, "dead", s, map[string]any{"List": list, "F": f, "OlderThan": q.Get("older_than"),
-		"Next": next, "Problems": problems, "PageSize": h.cfg.PageSize})
+		"Next": next, "Problems": problems, "PageSize": h.cfg.PageSize, "Filtered": filtered})
 }
 
 // payloadView is the detail view's payload: as text (if UTF-8), as JSON
@@ -287,7 +295,8 @@ func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request, s *session
 	} else {
 		ids, err := formIDs(r)
 		if err != nil || len(ids) == 0 {
-			http.Redirect(w, r, h.cfg.Prefix+"dead?msg="+url.QueryEscape("Select at least one dead letter."), http.StatusSeeOther)
+			h.auth.setFlash(s, "Select at least one dead letter.")
+			http.Redirect(w, r, h.cfg.Prefix+"dead", http.StatusSeeOther)
 			return
 		}
 		sel.Kind = "selection"
@@ -364,7 +373,8 @@ func (h *Handler) deadApply(w http.ResponseWriter, r *http.Request, s *session) 
 	if int(n) < len(ids) {
 		msg += " The others had changed since the confirmation and were left alone."
 	}
-	http.Redirect(w, r, h.cfg.Prefix+"dead?msg="+url.QueryEscape(msg), http.StatusSeeOther)
+	h.auth.setFlash(s, msg)
+	http.Redirect(w, r, h.cfg.Prefix+"dead", http.StatusSeeOther)
 }
 
 // invalidate drops the cached overview after a mutation.
@@ -385,7 +395,9 @@ func (h *Handler) lookupPage(w http.ResponseWriter, r *http.Request, s *session)
 			return
 		}
 		data["List"], data["Searched"] = list, true
-	case q.Get("aggregate_type") != "" || q.Get("aggregate_id") != "":
+	case (q.Get("aggregate_type") != "") != (q.Get("aggregate_id") != ""):
+		data["Problem"] = "Give both the aggregate type and the aggregate ID."
+	case q.Get("aggregate_type") != "":
 		ok, err := h.aggregateIndex(r.Context())
 		if err != nil {
 			h.fail(w, r, err)
@@ -598,8 +610,17 @@ func (h *Handler) inboxApply(w http.ResponseWriter, r *http.Request, s *session)
 			n += k
 		}
 		h.audit.Info("admin mutation", append(attrs, "message_ids", ids, "confirmed", len(ids), "changed", n)...)
-		http.Redirect(w, r, back+"&msg="+url.QueryEscape(fmt.Sprintf("Skipped %d of the %d parked messages confirmed; the runner releases their aggregates at its next request interval.", n, len(ids))), http.StatusSeeOther)
+		h.auth.setFlash(s, fmt.Sprintf("Skipped %d of the %d parked messages confirmed; the runner releases their aggregates at its next request interval.", n, len(ids)))
+		http.Redirect(w, r, back, http.StatusSeeOther)
 	case "retry":
+		// What the request covers now (the runner applies what is parked
+		// or held when it serves it): for the audit log, capped.
+		now, err := in.ListParked(r.Context(), h.cfg.DB, inbox.ParkedFilter{ID: f.ID, AggregateType: f.AggregateType, AggregateID: f.AggregateID, Limit: relay.MaxSelectorIDs + 1})
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		attrs = append(attrs, "parked_or_held_now", len(now))
 		n, err := in.RequestRetry(r.Context(), h.cfg.DB, f)
 		if err != nil && !errors.Is(err, inbox.ErrNothingMatched) {
 			h.audit.Error("admin mutation failed", append(attrs, "target", requestTarget(f.AggregateType, f.AggregateID, f.ID), "err", err)...)
@@ -619,7 +640,8 @@ func (h *Handler) inboxApply(w http.ResponseWriter, r *http.Request, s *session)
 			h.requests[requestKey(table, consumer, t)] = &requestSeen{Table: table, Consumer: consumer, Target: t, Requested: time.Now().UTC()}
 			h.mu.Unlock()
 		}
-		http.Redirect(w, r, back+"&msg="+url.QueryEscape(fmt.Sprintf("Recorded %d retry request(s); the consumer's runner applies them with its own handler.", n)), http.StatusSeeOther)
+		h.auth.setFlash(s, fmt.Sprintf("Recorded %d retry request(s); the consumer's runner applies them with its own handler.", n))
+		http.Redirect(w, r, back, http.StatusSeeOther)
 	default:
 		http.Error(w, "unknown action", http.StatusBadRequest)
 	}

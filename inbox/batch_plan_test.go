@@ -105,3 +105,65 @@ func explain(t *testing.T, db *sql.DB, d driver.Dialect, q string, args []any) s
 	}
 	return b.String()
 }
+
+// TestParkedListingCostFlatOnMySQL counts the rows MariaDB reads
+// (Handler_read_*) to list a consumer's parked messages and the consumers
+// with parked messages: with 20,000 processed rows more in the table it
+// stays what it was with none. MySQL has no partial index; hold_idx starts
+// with the aggregate and holds the processed history, so both listings
+// read every row before they went through retention_idx.
+func TestParkedListingCostFlatOnMySQL(t *testing.T) {
+	t.Parallel()
+	e := testdb.New(t, testdb.Target{Name: "mysql", Dialect: driver.MySQL}, driver.Config{})
+	ctx := context.Background()
+	db := e.RelayDB
+	db.SetMaxOpenConns(1) // SHOW SESSION STATUS reads the session that ran the statement
+	in, err := New(Config{Dialect: driver.MySQL, Table: e.Q("inbox_message"), Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Park(ctx, db, Message{ID: "p-1", AggregateType: "order", AggregateID: "7"}, fmt.Errorf("poison")); err != nil {
+		t.Fatal(err)
+	}
+	reads := func(fn func()) int {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, "FLUSH STATUS"); err != nil {
+			t.Fatal(err)
+		}
+		fn()
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT SUM(VARIABLE_VALUE) FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME LIKE 'HANDLER_READ%'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	measure := func() (list, consumers int) {
+		list = reads(func() {
+			if ps, err := in.ListParked(ctx, db, ParkedFilter{Limit: 51}); err != nil || len(ps) != 1 {
+				t.Fatalf("ListParked = %v, %v", ps, err)
+			}
+		})
+		consumers = reads(func() {
+			if cs, err := Consumers(ctx, db, Config{Dialect: driver.MySQL, Table: e.Q("inbox_message")}); err != nil || len(cs) != 1 || cs[0].Parked != 1 {
+				t.Fatalf("Consumers = %v, %v", cs, err)
+			}
+		})
+		return list, consumers
+	}
+	list0, cons0 := measure()
+	for _, consumer := range []string{"billing", "shipping"} {
+		q := "INSERT INTO " + e.Q("inbox_message") + " (consumer, message_id, status, created_at, updated_at, processed_at) " +
+			"SELECT ?, CONCAT('done-', seq), 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM seq_1_to_10000"
+		if _, err := db.ExecContext(ctx, q, consumer); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list1, cons1 := measure()
+	t.Logf("rows read: ListParked %d then %d, Consumers %d then %d (20,000 processed rows added)", list0, list1, cons0, cons1)
+	if list1 > list0+5 || cons1 > cons0+5 {
+		t.Errorf("rows read grow with the processed history: ListParked %d → %d, Consumers %d → %d", list0, list1, cons0, cons1)
+	}
+}

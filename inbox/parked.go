@@ -167,7 +167,11 @@ func (in *Inbox) ListParked(ctx context.Context, db *sql.DB, f ParkedFilter) ([]
 		return nil, fmt.Errorf("%w: Limit %d, want 1..%d", ErrInvalidFilter, f.Limit, MaxListLimit)
 	}
 	w, args := f.where()
-	rows, err := db.QueryContext(ctx, in.s.q("stored", w, " ORDER BY id LIMIT "+strconv.Itoa(f.Limit)), append([]any{in.cfg.Consumer}, args...)...)
+	query := "stored"
+	if w == "" {
+		query = "stored_all" // every aggregate: through the index of unprocessed rows
+	}
+	rows, err := db.QueryContext(ctx, in.s.q(query, w, " ORDER BY id LIMIT "+strconv.Itoa(f.Limit)), append([]any{in.cfg.Consumer}, args...)...)
 	if err != nil {
 		return nil, in.storeErr(fmt.Errorf("inbox: listing parked messages: %w", err))
 	}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sqloutbox/outbox/driver"
 )
 
 // Retry requests. Retrying a parked message runs the consumer's own
@@ -189,8 +191,9 @@ type ConsumerParked struct {
 
 // Consumers returns the consumers of cfg's inbox table (cfg.Consumer is
 // ignored) that have parked or held messages, with their counts, by name,
-// at most 1,000. It reads only the rows in that state (through the hold
-// index), never the processed history. It returns ErrInvalidConfig for a
+// at most 1,000. It reads only the rows in that state (PostgreSQL and
+// SQLite: the partial hold index; MySQL/MariaDB: one index probe per
+// consumer, then its unprocessed rows), never the processed history. It returns ErrInvalidConfig for a
 // bad dialect or table, ErrSchemaMissing without the table, or the
 // database error, wrapped.
 func Consumers(ctx context.Context, db *sql.DB, cfg Config) ([]ConsumerParked, error) {
@@ -202,12 +205,31 @@ func Consumers(ctx context.Context, db *sql.DB, cfg Config) ([]ConsumerParked, e
 	if err != nil {
 		return nil, err
 	}
+	out := []ConsumerParked{}
+	if cfg.Dialect == driver.MySQL {
+		// No partial index: a skip scan of retention_idx, one probe per
+		// consumer, then each one's count through its unprocessed rows.
+		for next := ""; len(out) < 1000; {
+			if err := db.QueryRowContext(ctx, in.s.q("consumer_next"), next).Scan(&next); errors.Is(err, sql.ErrNoRows) {
+				break
+			} else if err != nil {
+				return nil, in.storeErr(fmt.Errorf("inbox: listing consumers: %w", err))
+			}
+			c := ConsumerParked{Consumer: next}
+			if err := db.QueryRowContext(ctx, in.s.q("consumer_parked"), next).Scan(&c.Parked, &c.Held); err != nil {
+				return nil, in.storeErr(fmt.Errorf("inbox: listing consumers: %w", err))
+			}
+			if c.Parked+c.Held > 0 {
+				out = append(out, c)
+			}
+		}
+		return out, nil
+	}
 	rows, err := db.QueryContext(ctx, in.s.q("consumers_stored"))
 	if err != nil {
 		return nil, in.storeErr(fmt.Errorf("inbox: listing consumers: %w", err))
 	}
 	defer rows.Close()
-	out := []ConsumerParked{}
 	for rows.Next() {
 		var c ConsumerParked
 		if err := rows.Scan(&c.Consumer, &c.Parked, &c.Held); err != nil {

@@ -163,6 +163,19 @@ func (t tmpl) ForUpdate() string {
 	return " FOR UPDATE"
 }
 
+// ParkedIndex is the index hint of the statements that read a consumer's
+// parked and held rows across aggregates: on MySQL/MariaDB retention_idx
+// (consumer, processed_at), whose processed_at IS NULL range holds only
+// those rows (parked and held rows have no processed_at); without it the
+// optimizer walks hold_idx or the primary key through the processed
+// history. Empty on the other dialects, whose hold_idx is partial.
+func (t tmpl) ParkedIndex() string {
+	if t.s.dialect == driver.MySQL {
+		return " FORCE INDEX (" + t.Index("retention_idx") + ")"
+	}
+	return ""
+}
+
 func (t tmpl) ForShare() string {
 	if t.s.dialect == driver.MySQL {
 		return " LOCK IN SHARE MODE"

@@ -21,7 +21,6 @@
     var url = el.getAttribute("data-refresh") || window.location.pathname + window.location.search;
     var u = new URL(url, window.location.href);
     u.searchParams.set("fragment", "1");
-    u.searchParams.delete("msg");
     fetch(u.toString(), { credentials: "same-origin", headers: { "Accept": "text/html" } })
       .then(function (r) {
         if (r.status === 401) { window.location.reload(); return null; }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sqloutbox/outbox/admin"
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/inbox"
 )
 
 // Environment variables of the admin page's token (never a flag value:
@@ -89,16 +90,38 @@ type adminServer struct {
 
 // startAdmin listens on f.listen and serves the page for ob's table
 // through db. It returns a usage error for a busy or bad address.
-func (a *app) startAdmin(f *adminFlags, token string, ob *driver.Outbox, db *sql.DB, log *slog.Logger, relays func() []admin.RelayStatus) (*adminServer, error) {
-	h, err := admin.New(admin.Config{Outbox: ob, DB: db, Token: token, InboxTables: f.inboxTables, ReadOnly: f.readOnly,
+func (a *app) startAdmin(ctx context.Context, f *adminFlags, flag, token string, ob *driver.Outbox, db *sql.DB, log *slog.Logger, relays func() []admin.RelayStatus) (*adminServer, error) {
+	host, port, err := net.SplitHostPort(f.listen)
+	if err != nil {
+		return nil, usageErrorf("--%s %q: want host:port, e.g. 127.0.0.1:8090", flag, f.listen)
+	}
+	cfg := admin.Config{Outbox: ob, DB: db, Token: token, InboxTables: f.inboxTables, ReadOnly: f.readOnly,
 		HidePayloads: f.hidePayloads, SecureCookie: f.secureCookie, Relays: relays, RelayEndpoints: f.endpoints, Logger: log,
-		Audit: log.With("component", "outbox.admin.audit")})
+		Audit: log.With("component", "outbox.admin.audit"),
+		// Cookies do not tell ports apart: one name per port.
+		CookieName: "outbox_admin_" + port}
+	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
+		// On loopback, only loopback names: a DNS-rebinding page in the
+		// operator's browser names its own host.
+		cfg.AllowedHosts = []string{"127.0.0.1", "::1", "localhost"}
+	}
+	h, err := admin.New(cfg)
 	if err != nil {
 		return nil, usageErrorf("%v", err)
 	}
+	// Every inbox table must exist, so that a typo is told at start.
+	for _, table := range f.inboxTables {
+		in, err := inbox.New(inbox.Config{Dialect: ob.Config().Dialect, Table: table, Consumer: "outbox-admin"})
+		if err != nil {
+			return nil, usageErrorf("--inbox-table %q: %v", table, err)
+		}
+		if err := in.Check(ctx, db); err != nil {
+			return nil, fmt.Errorf("--inbox-table %s: %w", table, err)
+		}
+	}
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
-		return nil, &exitError{code: exitRuntime, msg: fmt.Sprintf("cannot serve the admin page on %s: %v", f.listen, err)}
+		return nil, &exitError{code: exitRuntime, msg: fmt.Sprintf("cannot serve the admin page on %s (--%s): %v", f.listen, flag, err)}
 	}
 	s := &adminServer{h: h, ln: ln, done: make(chan error, 1),
 		srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, WriteTimeout: time.Minute}}
@@ -172,7 +195,7 @@ func (a *app) runAdmin(cmd *cobra.Command, f *adminFlags) error {
 	if err := checkSchema(sctx, db, t, a.table, true); err != nil {
 		return err
 	}
-	s, err := a.startAdmin(f, token, ob, db, baseLog, nil)
+	s, err := a.startAdmin(sctx, f, "listen", token, ob, db, baseLog, nil)
 	if err != nil {
 		return err
 	}

@@ -51,7 +51,9 @@ func TestAdminTokenRules(t *testing.T) {
 		{"short file", []string{"--token-file", short}, nil, exitUsage, "at least 16"},
 		{"short env", nil, map[string]string{envAdminToken: "short"}, exitUsage, "at least 16"},
 		{"missing file", []string{"--token-file", filepath.Join(dir, "none")}, nil, exitRuntime, "no such file"},
-		{"busy port", []string{"--token-file", long, "--listen", busy.Addr().String()}, nil, exitRuntime, "cannot serve the admin page on " + busy.Addr().String()},
+		{"busy port", []string{"--token-file", long, "--listen", busy.Addr().String()}, nil, exitRuntime, "cannot serve the admin page on " + busy.Addr().String() + " (--listen)"},
+		{"missing inbox table", []string{"--token-file", long, "--listen", "127.0.0.1:0", "--inbox-table", "no_such_inbox"}, nil, exitRuntime, "--inbox-table no_such_inbox"},
+		{"listen without a port", []string{"--token-file", long, "--listen", "127.0.0.1"}, nil, exitUsage, "want host:port"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -63,6 +65,18 @@ func TestAdminTokenRules(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want exit %d and %q", code, errb.String(), c.code, c.want)
 			}
 		})
+	}
+}
+
+// TestRelayAdminFlagsNeedListen: the relay's admin flags without
+// --admin-listen are a usage error, not silently ignored.
+func TestRelayAdminFlagsNeedListen(t *testing.T) {
+	t.Parallel()
+	tg := sqliteTarget(t)
+	tg.migrate(t, "outbox_message")
+	r := expect(t, cli(t, "--dsn", tg.dsn, "relay", "--brokers", freeAddr(t), "--http", "", "--admin-read-only"), exitUsage)
+	if !strings.Contains(r.stderr, "--admin-read-only configures the admin page, which only --admin-listen serves") {
+		t.Errorf("stderr: %s", r.stderr)
 	}
 }
 

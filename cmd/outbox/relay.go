@@ -280,6 +280,12 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 		if adminToken, err = a.adminToken(&f.admin, "admin-token-file"); err != nil {
 			return err
 		}
+	} else {
+		for _, name := range []string{"admin-token-file", "admin-read-only", "admin-hide-payloads", "admin-inbox-table", "admin-relay-endpoint", "admin-secure-cookie"} {
+			if changed(name) {
+				return usageErrorf("--%s configures the admin page, which only --admin-listen serves", name)
+			}
+		}
 	}
 	t, err := parseDSN(a.dsn)
 	if err != nil {
@@ -351,7 +357,9 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 	if t.dialect != driver.SQLite {
 		db.SetMaxOpenConns(5) // relay 2 and its health ping 1, stats scrape 1, retention 1
 	}
-	if err := checkSchema(sctx, db, t, a.table, false); err != nil {
+	// The admin page needs the latest version (its dead letters' index);
+	// a relay alone, the version writers and relays need.
+	if err := checkSchema(sctx, db, t, a.table, f.admin.listen != ""); err != nil {
 		return err
 	}
 	parts, err := ob.PartitionCount(sctx, db)
@@ -411,7 +419,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 		if t.dialect != driver.SQLite {
 			adb.SetMaxOpenConns(2)
 		}
-		as, err := a.startAdmin(&f.admin, adminToken, ob, adb, baseLog, func() []admin.RelayStatus {
+		as, err := a.startAdmin(sctx, &f.admin, "admin-listen", adminToken, ob, adb, baseLog, func() []admin.RelayStatus {
 			return []admin.RelayStatus{{Instance: r.InstanceID(), Broker: string(plan.kind), Ready: ready()}}
 		})
 		if err != nil {

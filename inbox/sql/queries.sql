@@ -38,6 +38,12 @@ WHERE consumer = ? AND message_id = ? AND status IN (2, 3)
 SELECT id, message_id, status, aggregate_type, aggregate_id, topic, kafka_partition, kafka_offset, msg_key, headers, payload, cause, attempts, {{.Micros "created_at"}}, {{.Micros "updated_at"}}
 FROM {{.Table}} WHERE consumer = ? AND status IN (2, 3)
 
+-- name: stored_all
+-- stored across every aggregate of the consumer (ListParked without an ID
+-- or aggregate), through ParkedIndex on MySQL/MariaDB.
+SELECT id, message_id, status, aggregate_type, aggregate_id, topic, kafka_partition, kafka_offset, msg_key, headers, payload, cause, attempts, {{.Micros "created_at"}}, {{.Micros "updated_at"}}
+FROM {{.Table}}{{.ParkedIndex}} WHERE consumer = ? AND processed_at IS NULL AND status IN (2, 3)
+
 -- name: lock
 SELECT status FROM {{.Table}} WHERE id = ?{{.ForUpdate}}
 
@@ -122,10 +128,22 @@ SELECT message_id, status FROM {{.Table}} WHERE consumer = ? AND message_id = ?
 DELETE FROM {{.Table}} WHERE consumer = ? AND message_id = ?
 
 -- name: consumers_stored
--- Consumers with parked or held messages, and how many, through hold_idx
--- (consumer first, only rows with status 2 or 3): never the processed history.
+-- PostgreSQL and SQLite: consumers with parked or held messages, and how
+-- many, through the partial hold_idx (only rows with status 2 or 3): never
+-- the processed history. (MySQL/MariaDB: consumer_next and consumer_parked.)
 SELECT consumer, SUM(CASE WHEN status = 2 THEN 1 ELSE 0 END), SUM(CASE WHEN status = 3 THEN 1 ELSE 0 END)
 FROM {{.Table}} WHERE status IN (2, 3) GROUP BY consumer ORDER BY consumer LIMIT 1000
+
+-- name: consumer_next
+-- MySQL/MariaDB: the next consumer after ?, one probe of retention_idx (a
+-- skip scan done by the caller, one statement per consumer).
+SELECT consumer FROM {{.Table}}{{.ParkedIndex}} WHERE consumer > ? ORDER BY consumer LIMIT 1
+
+-- name: consumer_parked
+-- One consumer's parked and held counts, through its processed_at IS NULL
+-- range of retention_idx on MySQL/MariaDB.
+SELECT COALESCE(SUM(CASE WHEN status = 2 THEN 1 ELSE 0 END), 0), COALESCE(SUM(CASE WHEN status = 3 THEN 1 ELSE 0 END), 0)
+FROM {{.Table}}{{.ParkedIndex}} WHERE consumer = ? AND processed_at IS NULL AND status IN (2, 3)
 
 -- name: requests_list
 -- A consumer's pending retry requests with when each was recorded, oldest first.
