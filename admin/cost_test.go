@@ -3,6 +3,7 @@ package admin_test
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"testing"
 
 	"github.com/sqloutbox/outbox/admin"
@@ -40,18 +41,13 @@ func TestReadingCostFlatOnPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ids []int64
-	rows, err := e.RelayDB.QueryContext(ctx, "SELECT id FROM "+e.Table+" WHERE status = 2 ORDER BY id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+	for _, v := range testdb.Column(t, ctx, e.RelayDB, "SELECT id FROM "+e.Table+" WHERE status = 2 ORDER BY id") {
+		id, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, id)
 	}
-	rows.Close()
 	buffers := func() map[string]int {
 		out := map[string]int{}
 		for _, s := range h.Statements(ids, "acct", "a5", "m-1-17") {
