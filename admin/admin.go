@@ -27,16 +27,24 @@ import (
 // Prefix or inbox table.
 var ErrInvalidConfig = errors.New("outbox admin: invalid config")
 
-// Defaults and limits of Config. The 5-minute StuckAfter is the seed
-// article's alert on the oldest pending row ("oldest pending > 5 min").
+// Defaults and limits of Config.
 const (
-	DefaultPageSize   = 50
-	MaxPageSize       = relay.MaxSelectorIDs // 500: one confirmation acts on one page at most
-	DefaultCacheFor   = 5 * time.Second
+	// DefaultPageSize is how many rows a listing shows per page.
+	DefaultPageSize = 50
+	// MaxPageSize is the largest PageSize, and the most rows one
+	// confirmation lists and acts on (relay.MaxSelectorIDs, 500).
+	MaxPageSize = relay.MaxSelectorIDs
+	// DefaultCacheFor is how long a reading of the table is reused.
+	DefaultCacheFor = 5 * time.Second
+	// DefaultSessionTTL is a session's lifetime.
 	DefaultSessionTTL = 12 * time.Hour
+	// DefaultStuckAfter is the oldest-pending age that marks a partition
+	// stuck: the seed article's alert ("oldest pending > 5 min").
 	DefaultStuckAfter = 5 * time.Minute
-	DefaultCountCap   = 100_000
-	MinTokenBytes     = 16
+	// DefaultCountCap bounds each count (pending, dead, held rows).
+	DefaultCountCap = 100_000
+	// MinTokenBytes is the shortest login token New accepts.
+	MinTokenBytes = 16
 )
 
 // RelayStatus is what a relay running in this process reports to the
