@@ -478,9 +478,19 @@ func TestRunnerAckWaitRedeliveryIsADuplicate(t *testing.T) {
 	runRunner(t, r.Load())
 	ctx := testCtx(t, 60*time.Second)
 	testdb.Eventually(t, ctx, "every message applied", func() bool { return ledgertest.Count(t, c.DB, c.Ledger) == 9 })
-	testdb.Eventually(t, ctx, "the copy handled", func() bool { return len(rec.outcomesOf(target.Load())) == 2 })
-	if got := rec.outcomesOf(target.Load()); !slices.Equal(got, []inbox.Outcome{inbox.Applied, inbox.Duplicate}) {
-		t.Fatalf("outcomes of sequence %d: %v, want [Applied Duplicate]", target.Load(), got)
+	// At least one copy: under load the 1 s AckWait can run out more than
+	// once before the first delivery is acknowledged, and JetStream sends
+	// another copy each time (a CI run saw three outcomes, and the wait
+	// for exactly two never ended). Each copy must be a duplicate.
+	testdb.Eventually(t, ctx, "the copy handled", func() bool { return len(rec.outcomesOf(target.Load())) >= 2 })
+	got := rec.outcomesOf(target.Load())
+	if got[0] != inbox.Applied {
+		t.Fatalf("outcomes of sequence %d: %v, want Applied, then Duplicate for each copy", target.Load(), got)
+	}
+	for _, o := range got[1:] {
+		if o != inbox.Duplicate {
+			t.Fatalf("outcomes of sequence %d: %v, want Applied, then Duplicate for each copy", target.Load(), got)
+		}
 	}
 	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {
 		t.Fatalf("ledger: %v", probs)

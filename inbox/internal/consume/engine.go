@@ -449,7 +449,23 @@ func (e *Engine) ProcessBatch(stop <-chan struct{}, ds []*Delivery) (done int, o
 // bounded by AttemptTimeout.
 func (e *Engine) park(stop <-chan struct{}, d *Delivery, attempts int, cause error) bool {
 	msg := d.Msg
+	tries := 0
 	ok, invalid := e.retryStore(stop, d, "parking", func(ctx context.Context) error {
+		tries++
+		if tries > 1 {
+			// ParkAfter adds attempts to a parked row, and a try that
+			// failed on its deadline may have committed: a message that
+			// is parked now was parked by that try (only this worker
+			// handles the aggregate), so parking it again would count
+			// its attempts twice.
+			ps, err := e.s.Inbox.ListParked(ctx, e.s.DB, inbox.ParkedFilter{ID: msg.ID, Limit: 1})
+			if err != nil {
+				return err
+			}
+			if len(ps) == 1 && !ps[0].Held {
+				return nil
+			}
+		}
 		return e.s.Inbox.ParkAfter(ctx, e.s.DB, msg, cause, attempts)
 	})
 	if !ok {
