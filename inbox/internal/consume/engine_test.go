@@ -66,7 +66,7 @@ func TestSlowHandlerIsAFailedAttempt(t *testing.T) {
 			ledger := ledgertest.LedgerHandler(pgx.Dialect, c.Ledger)
 			var slowCalls atomic.Int64
 			s := consume.Settings{Inbox: c.Inbox, DB: c.DB, MaxAttempts: 2, Backoff: fastRetry, BatchSize: tc.batch,
-				AttemptTimeout: 200 * time.Millisecond, RequestInterval: -1, Logger: ledgertest.QuietLogger(),
+				AttemptTimeout: time.Second, RequestInterval: -1, Logger: ledgertest.QuietLogger(),
 				Handler: func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
 					if m.AggregateID == "a3" {
 						slowCalls.Add(1)
@@ -97,8 +97,20 @@ func TestSlowHandlerIsAFailedAttempt(t *testing.T) {
 			if len(parked) != 1 || parked[0].ID != "a3-1" || parked[0].Attempts != 2 {
 				t.Errorf("parked %+v, want a3-1 after 2 attempts", parked)
 			}
-			if cnt := e.Counters(); cnt.Parked != 1 || cnt.HandlerErrors != 2 {
-				t.Errorf("counters %+v, want 1 parked after 2 failed attempts", cnt)
+			// The slow handler ran for its 2 attempts (and, in a batch,
+			// once more in the batch that outran its deadline and was then
+			// handled message by message). Under load another message's
+			// handler may outrun the deadline too, a failed attempt that
+			// its retry then applies: a CI run counted 3 handler errors.
+			want := int64(2)
+			if tc.batch > 0 {
+				want = 3
+			}
+			if n := slowCalls.Load(); n != want {
+				t.Errorf("the slow handler ran %d times, want %d", n, want)
+			}
+			if cnt := e.Counters(); cnt.Parked != 1 || cnt.HandlerErrors < 2 {
+				t.Errorf("counters %+v, want 1 parked after at least 2 failed attempts", cnt)
 			}
 		})
 	}
