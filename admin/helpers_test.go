@@ -32,10 +32,7 @@ const (
 )
 
 func forEach(t *testing.T, fn func(t *testing.T, tg testdb.Target)) {
-	for _, tg := range testdb.All {
-		if tg.Name == "pq" {
-			continue // the page's SQL is the dialect's; pgx covers PostgreSQL
-		}
+	for _, tg := range testdb.All { // pq, pgx, mysql (MariaDB), sqlite
 		t.Run(tg.Name, func(t *testing.T) {
 			t.Parallel()
 			fn(t, tg)
