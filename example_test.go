@@ -65,15 +65,13 @@ func Example() {
 		}
 	}()
 
-	ctx = outbox.NewContext(ctx) // once per unit of work
-	tx, err := db.BeginTx(ctx, nil)
+	// One unit of work: a fresh emit scope, BEGIN, domain code, COMMIT
+	// (or ROLLBACK if it fails); by hand that is outbox.NewContext,
+	// db.BeginTx, defer tx.Rollback() and tx.Commit().
+	err = outbox.InTx(ctx, db, func(ctx context.Context, tx *sql.Tx) error {
+		return payOrder(ctx, "o-42")
+	})
 	if err != nil {
-		log.Fatal(err)
-	}
-	if err := payOrder(ctx, "o-42"); err != nil {
-		log.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
 		log.Fatal(err)
 	}
 

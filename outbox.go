@@ -12,6 +12,8 @@
 //	})
 //	err = tx.Commit()                      // rows written, COMMIT, relay woken
 //
+// InTx does those steps (with Rollback on failure) around a function.
+//
 // Setup lives in the sub-packages: driver (wrap and register the database
 // driver, migrate the table), relay (the loop that publishes) and
 // relay/kafka (the Kafka publisher). See docs/guarantees.md for the guarantees.

@@ -202,11 +202,19 @@ func TestDocLinks(t *testing.T) {
 	}
 }
 
-// TestTestCommandCoversEveryModule: the test command (the README's first
-// screen and docs/testing.md's "Tests" section), .ci/run's module list and go.work name
-// the same modules, so a module added to the workspace cannot be left out
-// of the tests (a nested module is not matched by its parent's ./...).
+// testCommand is the whole test suite's command: the README's first
+// screen shows it, docs/testing.md explains it and .ci/run runs it.
+const testCommand = "go test -race -count=1 -timeout 30m work"
+
+// TestTestCommandCoversEveryModule: the test command of the README's first
+// screen and of docs/testing.md is testCommand; .ci/run runs exactly it;
+// .ci/run's module list (its per-module go mod tidy) names the modules
+// go.work lists; and the `work` pattern selects the same packages as
+// those modules' ./m/... patterns (a nested module is not matched by its
+// parent's ./...), so a module added to the workspace cannot be left out
+// of the tests.
 func TestTestCommandCoversEveryModule(t *testing.T) {
+	t.Parallel()
 	readFile := func(name string) string {
 		b, err := os.ReadFile(name)
 		if err != nil {
@@ -232,30 +240,91 @@ func TestTestCommandCoversEveryModule(t *testing.T) {
 	if len(work) < 2 {
 		t.Fatalf("go.work lists %d modules: the pattern found no use entries", len(work))
 	}
-	// README and docs/testing.md: every `go test -race -count=1 -timeout 30m ...` command line.
-	cmds := regexp.MustCompile(`(?m)go test -race -count=1 -timeout 30m ((?:\./[\w./-]*\.\.\.\s*)+)`).FindAllStringSubmatch(readFile("README.md")+readFile(filepath.Join("docs", "testing.md")), -1)
-	if len(cmds) < 2 {
-		t.Fatalf("found %d test commands, want the README's first screen's and docs/testing.md's", len(cmds))
-	}
-	for _, c := range cmds {
-		if got := sortedJoin(strings.Fields(c[1])); got != want {
-			t.Errorf("README test command %q\n names %s\n go.work %s", strings.TrimSpace(c[0]), got, want)
+	// README and docs/testing.md: every `go test -race -count=1 -timeout
+	// 30m ...` command line (the whole suite's) is testCommand.
+	anyCmd := regexp.MustCompile(`(?m)go test -race -count=1 -timeout 30m[^#\n]*?\s*(?:#|$)`)
+	for _, name := range []string{"README.md", filepath.Join("docs", "testing.md")} {
+		cmds := anyCmd.FindAllString(readFile(name), -1)
+		if len(cmds) == 0 {
+			t.Errorf("%s has no test command", name)
+		}
+		for _, c := range cmds {
+			if got := strings.TrimSpace(strings.TrimSuffix(c, "#")); got != testCommand {
+				t.Errorf("%s: test command %q, want %q", name, got, testCommand)
+			}
 		}
 	}
+	ci := readFile(filepath.Join(".ci", "run"))
+	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(testCommand) + `$`).MatchString(ci) {
+		t.Errorf(".ci/run does not run the README's test command %q on a line of its own", testCommand)
+	}
 	// .ci/run: modules=(...), each "." -> ./..., else ./m/...
-	m := regexp.MustCompile(`(?m)^modules=\(([^)]*)\)`).FindStringSubmatch(readFile(filepath.Join(".ci", "run")))
+	m := regexp.MustCompile(`(?m)^modules=\(([^)]*)\)`).FindStringSubmatch(ci)
 	if m == nil {
 		t.Fatal(".ci/run has no modules=(...) list")
 	}
-	var ci []string
+	var mods []string
 	for _, mod := range strings.Fields(m[1]) {
 		if mod == "." {
-			ci = append(ci, "./...")
+			mods = append(mods, "./...")
 		} else {
-			ci = append(ci, "./"+mod+"/...")
+			mods = append(mods, "./"+mod+"/...")
 		}
 	}
-	if got := sortedJoin(ci); got != want {
+	if got := sortedJoin(mods); got != want {
 		t.Errorf(".ci/run's modules name %s\n go.work %s", got, want)
+	}
+	// `go list work` against the modules' patterns: the same packages.
+	goList := func(patterns ...string) []string {
+		cmd := exec.CommandContext(t.Context(), "go", append([]string{"list"}, patterns...)...)
+		cmd.Env = append(os.Environ(), "GOWORK="+filepath.Join(must(os.Getwd()), "go.work"))
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list %s: %v", strings.Join(patterns, " "), err)
+		}
+		pkgs := strings.Fields(string(out))
+		slices.Sort(pkgs)
+		return pkgs
+	}
+	byWork, byModules := goList("work"), goList(work...)
+	if !slices.Equal(byWork, byModules) {
+		t.Errorf("go list work selects %d packages, the modules' patterns %d:\n%v\n%v", len(byWork), len(byModules), byWork, byModules)
+	}
+	if len(byWork) < 40 {
+		t.Errorf("go list work selects %d packages, expected the whole workspace (56 when written)", len(byWork))
+	}
+}
+
+// must returns v, panicking on err (only for calls that cannot fail in a
+// test's working directory).
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// TestREADMEFirstScreen: what a new reader needs before scrolling sits
+// before the README's first section: that no version is tagged (build
+// from a clone), the test command, and a first snippet that keeps the
+// *driver.Outbox Register returns and hands it to relay.New (the snippet
+// once dropped it, and a reader could not start a relay from it).
+func TestREADMEFirstScreen(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, ok := strings.Cut(string(b), "\n## ")
+	if !ok {
+		t.Fatal("README.md has no ## section")
+	}
+	for _, want := range []string{"No version is tagged", testCommand, "relay.New(ob, db,", "*driver.Outbox, error)"} {
+		if !strings.Contains(first, want) {
+			t.Errorf("the README's first screen (before its first section) lacks %q", want)
+		}
+	}
+	if n := strings.Count(first, "\n"); n > 90 {
+		t.Errorf("the README's first screen is %d lines", n)
 	}
 }

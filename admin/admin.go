@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"strings"
@@ -86,7 +87,10 @@ type Config struct {
 	// RelayEndpoints are the base URLs of relays' HTTP servers (the
 	// outbox command's --http address: "http://relay-1:9464"), asked for
 	// /readyz (readiness) and /metrics (the broker label) at each reading,
-	// 2 s at most each; nil: none.
+	// 2 s at most each; nil: none. User information in a URL
+	// ("http://ops:secret@relay-1:9464") is sent as HTTP basic
+	// authentication, and the page shows and logs the URL with the
+	// password replaced by "xxxxx" (url.URL.Redacted).
 	RelayEndpoints []string
 	// Audit receives one INFO record per mutation and per login or
 	// refused request: who (the name given at login, the session and the
@@ -127,6 +131,23 @@ type Config struct {
 	// StuckAfter is the oldest-pending age from which a partition is
 	// marked stuck; default DefaultStuckAfter.
 	StuckAfter time.Duration
+	// TrustedProxies are the reverse proxies in front of the page, as
+	// addresses ("10.0.0.5", "::1") or CIDR prefixes ("10.0.0.0/8"). From
+	// a connection whose peer is one of them, the client's address (for
+	// the login throttle and the audit log) is the right-most address of
+	// X-Forwarded-For that is not a trusted proxy, and the scheme (for
+	// the same-origin check) is X-Forwarded-Proto's. Nil: the peer is the
+	// client, and the headers are ignored; behind a proxy every operator
+	// then shares the proxy's login throttle (10 failed logins a minute).
+	// A bad entry makes New return ErrInvalidConfig.
+	TrustedProxies []string
+	// InboxOnly serves the Consumers page alone, for a database without
+	// an outbox table (a consumer service's own): no overview,
+	// partitions, dead letters or lookups, and the outbox table is never
+	// read. Outbox still names the dialect (driver.New with any table
+	// name); InboxTables must name at least one table, else New returns
+	// ErrInvalidConfig.
+	InboxOnly bool
 }
 
 // Handler is the admin page, an http.Handler. Create it with New.
@@ -149,6 +170,9 @@ type Handler struct {
 	requests map[string]*requestSeen // inbox retry requests this page recorded
 	client   *http.Client
 	schemaOK atomic.Bool // the table was seen at the latest schema version
+
+	trustedProxies []netip.Prefix // Config.TrustedProxies
+	endpointNames  []string       // Config.RelayEndpoints with passwords redacted
 }
 
 var cookieNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -218,8 +242,33 @@ func New(cfg Config) (*Handler, error) {
 			return nil, fmt.Errorf("%w: relay endpoint %q: want http://host:port", ErrInvalidConfig, u)
 		}
 	}
+	// The endpoints are copied (the caller's slice is left alone); a
+	// password in one is used for the requests but never shown or logged:
+	// the page and its logs name the endpoint by url.URL.Redacted.
+	endpoints, names := make([]string, len(cfg.RelayEndpoints)), make([]string, len(cfg.RelayEndpoints))
 	for i, u := range cfg.RelayEndpoints {
-		cfg.RelayEndpoints[i] = strings.TrimSuffix(u, "/")
+		endpoints[i] = strings.TrimSuffix(u, "/")
+		p, _ := url.Parse(endpoints[i])
+		names[i] = p.Redacted()
+	}
+	if cfg.RelayEndpoints != nil {
+		cfg.RelayEndpoints = endpoints
+	}
+	if cfg.InboxOnly && len(cfg.InboxTables) == 0 {
+		return nil, fmt.Errorf("%w: InboxOnly needs at least one inbox table", ErrInvalidConfig)
+	}
+	var trusted []netip.Prefix
+	for _, p := range cfg.TrustedProxies {
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			a, aerr := netip.ParseAddr(p)
+			if aerr != nil {
+				return nil, fmt.Errorf("%w: trusted proxy %q: want an address or a CIDR prefix (10.0.0.0/8)", ErrInvalidConfig, p)
+			}
+			a = a.Unmap()
+			pfx = netip.PrefixFrom(a, a.BitLen())
+		}
+		trusted = append(trusted, pfx.Masked())
 	}
 	for _, t := range cfg.InboxTables {
 		if _, err := inboxOf(c.Dialect, t, "check"); err != nil {
@@ -232,6 +281,7 @@ func New(cfg Config) (*Handler, error) {
 	if h.tmpl, err = parseTemplates(); err != nil {
 		return nil, err
 	}
+	h.trustedProxies, h.endpointNames = trusted, names
 	h.routes()
 	return h, nil
 }
@@ -243,13 +293,22 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /login", h.loginPage)
 	m.HandleFunc("POST /login", h.login)
 	m.HandleFunc("POST /logout", h.mutation(h.logout))
-	m.HandleFunc("GET /{$}", h.page(h.overviewPage))
-	m.HandleFunc("GET /partitions", h.page(h.partitionsPage))
-	m.HandleFunc("GET /dead", h.page(h.deadPage))
-	m.HandleFunc("GET /dead/{id}", h.page(h.deadDetail))
-	m.HandleFunc("POST /dead/confirm", h.mutation(h.deadConfirm))
-	m.HandleFunc("POST /dead/apply", h.mutation(h.deadApply))
-	m.HandleFunc("GET /lookup", h.page(h.lookupPage))
+	if h.cfg.InboxOnly {
+		// No outbox table: the consumers are the whole page.
+		m.HandleFunc("GET /{$}", h.page(func(w http.ResponseWriter, r *http.Request, _ *session) {
+			http.Redirect(w, r, h.cfg.Prefix+"inbox", http.StatusSeeOther)
+		}))
+	} else {
+		m.HandleFunc("GET /{$}", h.page(h.overviewPage))
+		m.HandleFunc("GET /partitions", h.page(h.partitionsPage))
+		m.HandleFunc("GET /dead", h.page(h.deadPage))
+		m.HandleFunc("GET /dead/{id}", h.page(h.deadDetail))
+		m.HandleFunc("POST /dead/confirm", h.mutation(h.deadConfirm))
+		m.HandleFunc("POST /dead/apply", h.mutation(h.deadApply))
+		m.HandleFunc("GET /lookup", h.page(h.lookupPage))
+		m.HandleFunc("POST /pending/confirm", h.mutation(h.pendingConfirm))
+		m.HandleFunc("POST /pending/apply", h.mutation(h.pendingApply))
+	}
 	m.HandleFunc("GET /inbox", h.page(h.inboxPage))
 	m.HandleFunc("POST /inbox/confirm", h.mutation(h.inboxConfirm))
 	m.HandleFunc("POST /inbox/apply", h.mutation(h.inboxApply))
@@ -269,6 +328,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// same-origin check must refuse (the browser test caught this).
 	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("Cache-Control", "no-store")
+	r = r.WithContext(context.WithValue(r.Context(), clientKey{}, h.clientOf(r)))
 	if !h.hostAllowed(r) {
 		http.Error(w, "misdirected request: this page does not answer to that host name", http.StatusMisdirectedRequest)
 		return
@@ -284,8 +344,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Run samples the overview's figures every interval (default 10 s when
 // interval <= 0) until ctx ends, so that the throughput chart covers the
 // time no page was open; without Run it is drawn from the samples that
-// page views took. It returns ctx's error.
+// page views took. With Config.InboxOnly it samples nothing. It returns
+// ctx's error.
 func (h *Handler) Run(ctx context.Context, interval time.Duration) error {
+	if h.cfg.InboxOnly {
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}

@@ -1,10 +1,12 @@
 package admin_test
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,7 +14,7 @@ import (
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/admin"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 func ev(agg string, n int, payload string) outbox.Event {
@@ -209,6 +211,10 @@ func TestRelayEndpoints(t *testing.T) {
 	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/readyz":
+			if u, p, ok := r.BasicAuth(); !ok || u != "ops" || p != "s3cret-pw" {
+				http.Error(w, "no credentials", http.StatusUnauthorized)
+				return
+			}
 			http.Error(w, "not ready: relay unhealthy: "+xssScript, http.StatusServiceUnavailable)
 		case "/metrics":
 			fmt.Fprint(w, "# HELP outbox_relay_up 1 while relaying\n# TYPE outbox_relay_up gauge\noutbox_relay_up{broker=\"nats\"} 0\n")
@@ -219,14 +225,21 @@ func TestRelayEndpoints(t *testing.T) {
 	defer fake.Close()
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close()
+	// A password in an endpoint's URL is sent (basic authentication),
+	// never shown: the page shows the URL redacted.
+	withPassword := strings.Replace(fake.URL, "http://", "http://ops:s3cret-pw@", 1)
+	redacted := strings.Replace(fake.URL, "http://", "http://ops:xxxxx@", 1)
 	s := newSite(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, func(c *admin.Config) {
-		c.RelayEndpoints = []string{fake.URL + "/", dead.URL}
+		c.RelayEndpoints = []string{withPassword + "/", dead.URL, strings.Replace(dead.URL, "http://", "http://ops:s3cret-pw@", 1)}
 	})
 	c := s.client(t)
 	c.login()
 	body := c.get("/")
+	if strings.Contains(body, "s3cret-pw") {
+		t.Errorf("the overview shows an endpoint's password:\n%s", body)
+	}
 	for _, want := range []string{
-		"<td>" + fake.URL + "</td><td>nats</td>",
+		"<td>" + redacted + "</td><td>nats</td>",
 		"not ready: relay unhealthy: &lt;script&gt;alert(1)&lt;/script&gt;",
 		"<td>" + dead.URL + "</td><td></td><td><span class=\"bad\">unreachable: ",
 	} {
@@ -249,7 +262,7 @@ func TestOutdatedSchemaRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			drop := "DROP INDEX " + s.e.Table + "_dead_idx"
+			drop := "DROP INDEX " + s.e.Table + "_dead_held_idx" // the latest migration's index
 			if tg.Dialect == driver.SQLite {
 				drop = "DROP INDEX outbox_message_dead_idx"
 			}
@@ -304,5 +317,111 @@ func TestHostsAndThrottling(t *testing.T) {
 	}
 	if n := strings.Count(s.audit.String(), "admin logins throttled"); n != 1 {
 		t.Errorf("the throttling is audited %d times, want once:\n%s", n, s.audit.String())
+	}
+}
+
+// TestOriginScheme: the same-origin check compares the scheme too: an
+// https page at the page's host and port is another origin, refused on a
+// plain-HTTP page; https is accepted over TLS, from a trusted proxy that
+// says so (X-Forwarded-Proto) and with SecureCookie (a TLS-terminating
+// proxy declared in front).
+func TestOriginScheme(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		mod    func(*admin.Config)
+		scheme string
+		hdr    map[string]string
+		want   int
+	}{
+		{"http origin on http", nil, "http", nil, http.StatusSeeOther},
+		{"https origin on http", nil, "https", nil, http.StatusForbidden},
+		{"https origin, X-Forwarded-Proto from an untrusted peer", nil, "https", map[string]string{"X-Forwarded-Proto": "https"}, http.StatusForbidden},
+		{"https origin, X-Forwarded-Proto from a trusted proxy", func(c *admin.Config) { c.TrustedProxies = []string{"127.0.0.0/8", "::1"} }, "https",
+			map[string]string{"X-Forwarded-Proto": "https"}, http.StatusSeeOther},
+		{"http origin, trusted proxy says https", func(c *admin.Config) { c.TrustedProxies = []string{"127.0.0.1"} }, "http",
+			map[string]string{"X-Forwarded-Proto": "https"}, http.StatusForbidden},
+		{"https origin with SecureCookie", func(c *admin.Config) { c.SecureCookie = true }, "https", nil, http.StatusSeeOther},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSite(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, c.mod)
+			cl := s.client(t)
+			hdr := map[string]string{"Origin": c.scheme + "://" + strings.TrimPrefix(s.srv.URL, "http://")}
+			for k, v := range c.hdr {
+				hdr[k] = v
+			}
+			if code, body, _ := cl.do("POST", "/login", url.Values{"name": {"alice"}, "token": {token}}, hdr); code != c.want {
+				t.Errorf("login with Origin %s: %d %s, want %d", hdr["Origin"], code, body, c.want)
+			}
+		})
+	}
+}
+
+// TestTrustedProxies: behind a trusted proxy the login throttle counts
+// per client (X-Forwarded-For's right-most untrusted address), so ten
+// wrong tokens from one client do not lock out another, and the audit
+// log names the client; from an untrusted peer the header is ignored.
+func TestTrustedProxies(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name         string
+		trusted      []string
+		otherBlocked bool
+	}{
+		{"no trusted proxy: one throttle for all", nil, true},
+		{"trusted proxy: a throttle per client", []string{"127.0.0.1/32", "10.0.0.0/8"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSite(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, func(cfg *admin.Config) { cfg.TrustedProxies = c.trusted })
+			cl := s.client(t)
+			// The attacker forges a left-most entry; the proxies
+			// (10.0.0.7 and the peer) append the address they saw.
+			attacker := map[string]string{"X-Forwarded-For": "192.0.2.99, 198.51.100.7, 10.0.0.7"}
+			for i := 0; i < 10; i++ {
+				if code, _, _ := cl.do("POST", "/login", url.Values{"name": {"mallory"}, "token": {"wrong-token-0123456789"}}, attacker); code != http.StatusUnauthorized {
+					t.Fatalf("wrong token %d: %d, want 401", i, code)
+				}
+			}
+			if code, _, _ := cl.do("POST", "/login", url.Values{"name": {"mallory"}, "token": {token}}, attacker); code != http.StatusTooManyRequests {
+				t.Errorf("the attacker after 10 failures: %d, want 429", code)
+			}
+			want := http.StatusSeeOther
+			if c.otherBlocked {
+				want = http.StatusTooManyRequests
+			}
+			other := map[string]string{"X-Forwarded-For": "203.0.113.5"}
+			if code, _, _ := s.client(t).do("POST", "/login", url.Values{"name": {"alice"}, "token": {token}}, other); code != want {
+				t.Errorf("another operator's login: %d, want %d", code, want)
+			}
+			if audit := s.audit.String(); c.trusted != nil && (!strings.Contains(audit, `"remote":"198.51.100.7"`) || strings.Contains(audit, "192.0.2.99")) {
+				t.Errorf("audit log does not name the client 198.51.100.7 (or believes the forged entry):\n%s", audit)
+			}
+		})
+	}
+	e := testdb.New(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, driver.Config{})
+	if _, err := admin.New(admin.Config{Outbox: e.Outbox, DB: e.RelayDB, Token: token, TrustedProxies: []string{"10.0.0.0/33"}}); !errors.Is(err, admin.ErrInvalidConfig) {
+		t.Errorf("a bad trusted proxy: New = %v, want ErrInvalidConfig", err)
+	}
+}
+
+// TestExpiredRelayMarked: the overview marks a relay heartbeat row that
+// expired (a killed relay's) as expired, with how long ago, and says
+// that relays delete it.
+func TestExpiredRelayMarked(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, testdb.Target{Name: "sqlite", Dialect: driver.SQLite}, nil)
+	// Expired 30 s ago: within 10 lease TTLs (100 s), so the test's
+	// relay does not prune it.
+	if _, err := s.e.RelayDB.ExecContext(s.ctx, "INSERT INTO "+s.e.Table+"_relay (instance_id, expires_at, mode) VALUES ('killed-relay', CAST(unixepoch('subsec') * 1000 AS INTEGER) - 30000, 'at-least-once')"); err != nil {
+		t.Fatal(err)
+	}
+	c := s.client(t)
+	c.login()
+	body := c.get("/")
+	re := regexp.MustCompile(`<td>killed-relay</td><td>at-least-once</td><td><span class="bad">expired</span> [0-9hms]+ ago: killed, or lost the database; a live relay deletes the row after 10 lease TTLs</td>`)
+	if !re.MatchString(body) {
+		t.Errorf("overview does not mark killed-relay expired:\n%s", body)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -104,12 +105,80 @@ func equalSecret(a, b string) bool {
 	return subtle.ConstantTimeCompare(ha[:], hb[:]) == 1
 }
 
-func remoteIP(r *http.Request) string {
+// clientKey is the request context's key of the client (ServeHTTP sets
+// it from Config.TrustedProxies).
+type clientKey struct{}
+
+// client is who sent a request: its address and the scheme it used.
+type client struct{ ip, scheme string }
+
+// peerIP is the address of the connection's other end.
+func peerIP(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr
 	}
 	return host
+}
+
+// remoteIP is the client's address: the one ServeHTTP took from
+// X-Forwarded-For of a trusted proxy, else the connection's peer.
+func remoteIP(r *http.Request) string {
+	if c, ok := r.Context().Value(clientKey{}).(client); ok {
+		return c.ip
+	}
+	return peerIP(r)
+}
+
+// trusted reports whether ip is one of Config.TrustedProxies.
+func (h *Handler) trusted(ip string) bool {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return false
+	}
+	a = a.Unmap()
+	for _, p := range h.trustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// clientOf tells who sent r. From a peer that is not a trusted proxy, or
+// without trusted proxies, it is the peer, and the scheme is https over
+// TLS, else http. From a trusted proxy it is the right-most address of
+// X-Forwarded-For that is not itself a trusted proxy (the left-most if
+// all are; entries to its left are the client's to choose, so never
+// believed), and the scheme is X-Forwarded-Proto's (http or https).
+func (h *Handler) clientOf(r *http.Request) client {
+	c := client{ip: peerIP(r), scheme: "http"}
+	if r.TLS != nil {
+		c.scheme = "https"
+	}
+	if !h.trusted(c.ip) {
+		return c
+	}
+	var hops []string
+	for _, v := range r.Header.Values("X-Forwarded-For") {
+		for _, a := range strings.Split(v, ",") {
+			hops = append(hops, strings.TrimSpace(a))
+		}
+	}
+	for i := len(hops) - 1; i >= 0; i-- {
+		a, err := netip.ParseAddr(hops[i])
+		if err != nil {
+			break // a garbled list: believe nothing further left
+		}
+		c.ip = a.Unmap().String()
+		if !h.trusted(c.ip) {
+			break
+		}
+	}
+	if p := strings.ToLower(strings.TrimSpace(strings.Split(r.Header.Get("X-Forwarded-Proto"), ",")[0])); p == "http" || p == "https" {
+		c.scheme = p
+	}
+	return c
 }
 
 func (h *Handler) session(r *http.Request) *session {
@@ -143,15 +212,28 @@ func (h *Handler) hostAllowed(r *http.Request) bool {
 
 // sameOrigin reports whether a state-changing request comes from this
 // page: a browser's Sec-Fetch-Site, if sent, must be same-origin (or none:
-// typed by the user), and an Origin header, if sent, must name this host.
-// Browsers send at least one of them on every cross-site POST.
-func sameOrigin(r *http.Request) bool {
+// typed by the user), and an Origin header, if sent, must name this host
+// and the scheme the request came by (https over TLS or from a trusted
+// proxy saying so, else http; with Config.SecureCookie, which declares a
+// TLS-terminating proxy in front, https too). Browsers send at least one
+// of them on every cross-site POST. The scheme matters: a page served
+// over https at the same host and port is another origin.
+func (h *Handler) sameOrigin(r *http.Request) bool {
 	if s := r.Header.Get("Sec-Fetch-Site"); s != "" && s != "same-origin" && s != "none" {
 		return false
 	}
 	if o := r.Header.Get("Origin"); o != "" {
 		u, err := url.Parse(o)
 		if err != nil || u.Host != r.Host {
+			return false
+		}
+		scheme := "http"
+		if c, ok := r.Context().Value(clientKey{}).(client); ok {
+			scheme = c.scheme
+		} else if r.TLS != nil {
+			scheme = "https"
+		}
+		if u.Scheme != scheme && !(u.Scheme == "https" && h.cfg.SecureCookie) {
 			return false
 		}
 	}
@@ -190,7 +272,7 @@ func (h *Handler) page(fn func(w http.ResponseWriter, r *http.Request, s *sessio
 func (h *Handler) mutation(fn func(w http.ResponseWriter, r *http.Request, s *session)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
-		if !sameOrigin(r) {
+		if !h.sameOrigin(r) {
 			h.refuse(w, r, "cross-site request")
 			return
 		}
@@ -215,7 +297,8 @@ func (h *Handler) mutation(fn func(w http.ResponseWriter, r *http.Request, s *se
 	}
 }
 
-// Failed logins per remote address: after loginFailures within
+// Failed logins per client address (remoteIP: the connection's peer, or
+// the client a trusted proxy names in X-Forwarded-For): after loginFailures within
 // loginWindow, that address is answered 429 until the window ends, and
 // the audit log records the first refusal only.
 const (
@@ -274,7 +357,7 @@ func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
 // it goes into the audit log as who acted.
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
-	if !sameOrigin(r) {
+	if !h.sameOrigin(r) {
 		h.refuse(w, r, "cross-site login")
 		return
 	}

@@ -26,6 +26,9 @@ type member struct {
 	Left           time.Duration // negative: expired
 }
 
+// Expired is how long ago the row expired (0 if it has not).
+func (m member) Expired() time.Duration { return max(0, -m.Left) }
+
 type partitionRow struct {
 	Partition     int
 	Owner         string
@@ -82,15 +85,15 @@ func (h *Handler) readOverview(ctx context.Context, force bool) (*overviewData, 
 
 // ErrSchemaOutdated is returned (wrapped) by the page's readings while
 // the table is below the schema version this build knows: the dead
-// letters' index (PostgreSQL 8, SQLite 7) may be missing, and the page
-// would read the sent history. It is driver.ErrSchemaOutdated.
+// letters' indexes (PostgreSQL 8 and 10, SQLite 7) may be missing, and
+// the page would read the sent history. It is driver.ErrSchemaOutdated.
 var ErrSchemaOutdated = driver.ErrSchemaOutdated
 
 // schemaReady returns nil once the table is at the latest schema version
 // (remembered), else an error wrapping ErrSchemaOutdated (checked again
 // at the next call).
 func (h *Handler) schemaReady(ctx context.Context) error {
-	if h.schemaOK.Load() {
+	if h.schemaOK.Load() || h.cfg.InboxOnly {
 		return nil
 	}
 	cur, latest, err := driver.SchemaVersion(ctx, h.cfg.DB, h.cfg.Outbox.Config())
@@ -98,7 +101,7 @@ func (h *Handler) schemaReady(ctx context.Context) error {
 		return err
 	}
 	if cur < latest {
-		return fmt.Errorf("%w: table %s is at schema version %d, the admin page needs %d (its dead letters' index): run `outbox migrate apply` or Migrate",
+		return fmt.Errorf("%w: table %s is at schema version %d, the admin page needs %d (its dead letters' indexes): run `outbox migrate apply` or Migrate",
 			ErrSchemaOutdated, h.cfg.Outbox.Config().Table, cur, latest)
 	}
 	h.schemaOK.Store(true)

@@ -18,7 +18,10 @@
 //     as text, pretty JSON or hex), and retry or skip for one, an
 //     aggregate or a selection.
 //   - Lookup by message ID or aggregate: every event with its status, in
-//     order (the outbox table only: archived rows are not searched).
+//     order (the outbox table only: archived rows are not searched), and
+//     dead-lettering of pending events (one whose route does not exist
+//     stays pending for ever): relay.DeadLetters.DeadLetterPending on the
+//     confirmed ids, holding the aggregate or releasing it.
 //   - Consumers: the inbox's parked and held messages per consumer, skip,
 //     and retry requests that the consumer's runner serves.
 //

@@ -35,21 +35,23 @@ func (h *Handler) readEndpoints(ctx context.Context) []endpointStatus {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i] = h.readEndpoint(ctx, u)
+			out[i] = h.readEndpoint(ctx, u, h.endpointNames[i])
 		}()
 	}
 	wg.Wait()
 	return out
 }
 
-func (h *Handler) readEndpoint(ctx context.Context, base string) endpointStatus {
-	st := endpointStatus{URL: base}
+// readEndpoint asks base; name is base with its password redacted, what
+// the page shows (an error's text is redacted too).
+func (h *Handler) readEndpoint(ctx context.Context, base, name string) endpointStatus {
+	st := endpointStatus{URL: name}
 	ctx, cancel := context.WithTimeout(ctx, endpointTimeout)
 	defer cancel()
 	code, body, err := h.fetch(ctx, base+"/readyz", 4<<10)
 	switch {
 	case err != nil:
-		st.Reason = "unreachable: " + err.Error()
+		st.Reason = "unreachable: " + strings.ReplaceAll(err.Error(), base, name)
 		return st
 	case code == http.StatusOK:
 		st.Ready = true

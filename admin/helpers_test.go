@@ -12,13 +12,14 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/admin"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -58,19 +59,25 @@ type site struct {
 	audit *testdb.SyncBuffer
 	ctx   context.Context
 
-	mu   sync.Mutex
-	fail map[string]bool
+	mu      sync.Mutex
+	fail    map[string]bool
+	noRoute map[string]bool // refused as unroutable (ErrUnavailable): stays pending
+	refused atomic.Int64    // publishes refused as unroutable
 }
 
 func newSite(t *testing.T, tg testdb.Target, mod func(*admin.Config)) *site {
 	t.Helper()
 	e := testdb.New(t, tg, driver.Config{})
-	s := &site{e: e, pub: outboxtest.NewPublisher(), audit: &testdb.SyncBuffer{}, ctx: testCtx(t), fail: map[string]bool{}}
+	s := &site{e: e, pub: outboxtest.NewPublisher(), audit: &testdb.SyncBuffer{}, ctx: testCtx(t), fail: map[string]bool{}, noRoute: map[string]bool{}}
 	s.pub.FailWith(func(m relay.Message) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.fail[m.MessageID] {
 			return fmt.Errorf("%w: broker says %s", relay.ErrPermanent, xssScript)
+		}
+		if s.noRoute[m.MessageID] {
+			s.refused.Add(1)
+			return fmt.Errorf("%w: no stream binds subject fu.nowhere", relay.ErrUnavailable)
 		}
 		return nil
 	})
@@ -139,6 +146,17 @@ func (s *site) heal() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.fail = map[string]bool{}
+	s.noRoute = map[string]bool{}
+}
+
+// unroutable makes the publisher refuse ids as unroutable
+// (ErrUnavailable): they count no attempt and stay pending.
+func (s *site) unroutable(ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		s.noRoute[id] = true
+	}
 }
 
 // status reads a row's status (0 pending, 1 sent, 2 dead) and whether it
@@ -147,7 +165,8 @@ func (s *site) status(t *testing.T, messageID string) (int, bool) {
 	t.Helper()
 	var st int
 	var held bool
-	q := "SELECT status, next_retry_at IS NOT NULL FROM " + s.e.Table + " WHERE message_id = " + s.e.Placeholder(1)
+	q := "SELECT CASE WHEN status = 2 THEN 2 WHEN " + s.e.IsPending() + " THEN 0 ELSE 1 END, next_retry_at IS NOT NULL FROM " + s.e.Table +
+		" WHERE message_id = " + s.e.Placeholder(1)
 	if err := s.e.RelayDB.QueryRowContext(s.ctx, q, messageID).Scan(&st, &held); err != nil {
 		t.Fatalf("status of %s: %v", messageID, err)
 	}

@@ -5,13 +5,16 @@ import (
 	"database/sql"
 	"errors"
 	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/sqloutbox/outbox/admin"
+	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // inboxTableBeside names an inbox table in the outbox table's schema.
@@ -117,4 +120,83 @@ func TestInboxPage(t *testing.T) {
 			t.Errorf("unknown inbox table: %d, want 400", code)
 		}
 	})
+}
+
+// TestInboxOnly: on a database with inbox tables and no outbox table (a
+// consumer service's own), InboxOnly serves the Consumers page alone: the
+// overview sends to it, the outbox pages are not served and not in the
+// menu, and skipping a parked message works; without InboxOnly the page
+// cannot serve that database.
+func TestInboxOnly(t *testing.T) {
+	t.Parallel()
+	for _, tg := range []testdb.Target{{Name: "pgx", Dialect: driver.Postgres}, {Name: "sqlite", Dialect: driver.SQLite}} {
+		t.Run(tg.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			e := testdb.New(t, tg, driver.Config{})
+			table := inboxTableBeside(e.Table)
+			missing := strings.TrimSuffix(table, "billing_inbox") + "no_outbox_here"
+			ob, err := driver.New(driver.Config{Dialect: tg.Dialect, Table: missing})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in, err := inbox.New(inbox.Config{Dialect: tg.Dialect, Table: table, Consumer: "billing"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := in.Migrate(ctx, e.RelayDB); err != nil {
+				t.Fatal(err)
+			}
+			if err := in.ParkAfter(ctx, e.RelayDB, msg("Q-1", "Q"), errors.New("billing refuses"), 3); err != nil {
+				t.Fatal(err)
+			}
+			serve := func(inboxOnly bool) *browserless {
+				h, err := admin.New(admin.Config{Outbox: ob, DB: e.RelayDB, Token: token, InboxTables: []string{table}, InboxOnly: inboxOnly})
+				if err != nil {
+					t.Fatal(err)
+				}
+				srv := httptest.NewServer(h)
+				t.Cleanup(srv.Close)
+				jar, _ := cookiejar.New(nil)
+				return &browserless{t: t, base: srv.URL, c: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+			}
+			c := serve(false)
+			if code, _, _ := c.do("POST", "/login", url.Values{"name": {"alice"}, "token": {token}}, nil); code != http.StatusSeeOther {
+				t.Fatalf("login: %d", code)
+			}
+			if code, _, _ := c.do("GET", "/inbox", nil, nil); code == http.StatusOK {
+				t.Errorf("without InboxOnly, the consumers page of a database without an outbox table: %d", code)
+			}
+
+			c = serve(true)
+			if code, _, _ := c.do("POST", "/login", url.Values{"name": {"alice"}, "token": {token}}, nil); code != http.StatusSeeOther {
+				t.Fatalf("login: %d", code)
+			}
+			if code, _, hdr := c.do("GET", "/", nil, nil); code != http.StatusSeeOther || hdr.Get("Location") != "/inbox" {
+				t.Errorf("GET /: %d to %q, want 303 to /inbox", code, hdr.Get("Location"))
+			}
+			for _, p := range []string{"/partitions", "/dead", "/lookup?message_id=x"} {
+				if code, _, _ := c.do("GET", p, nil, nil); code != http.StatusNotFound {
+					t.Errorf("GET %s: %d, want 404", p, code)
+				}
+			}
+			body := c.get("/inbox?table=" + url.QueryEscape(table) + "&consumer=billing")
+			if !strings.Contains(body, "Q-1") || strings.Contains(body, ">Dead letters<") || strings.Contains(body, ">Overview<") {
+				t.Errorf("consumers page lacks Q-1 or shows the outbox pages:\n%s", body)
+			}
+			csrf := csrfRE.FindStringSubmatch(body)
+			if csrf == nil {
+				t.Fatal("no CSRF token")
+			}
+			code, _, hdr := c.post("/inbox/apply", url.Values{"csrf": {csrf[1]}, "action": {"skip"}, "table": {table}, "consumer": {"billing"},
+				"aggregate_type": {"acct"}, "aggregate_id": {"Q"}, "skip_id": {"Q-1"}})
+			if flash := c.follow(hdr); code != http.StatusSeeOther || !strings.Contains(flash, "Skipped 1 of the 1") {
+				t.Fatalf("skip apply: %d, flash %q", code, flash)
+			}
+			parked, err := in.ListParked(ctx, e.RelayDB, inbox.ParkedFilter{Limit: 10})
+			if err != nil || len(parked) != 0 {
+				t.Errorf("after the skip: parked %+v, %v; want none", parked, err)
+			}
+		})
+	}
 }

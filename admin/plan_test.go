@@ -13,7 +13,7 @@ import (
 	"github.com/sqloutbox/outbox/admin"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/dialect"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // Rows of the plan tests' table: mostly sent history, a few dead letters

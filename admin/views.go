@@ -92,6 +92,7 @@ type view struct {
 	CSRF     string
 	ReadOnly bool
 	Inbox    bool // inbox tables configured: the Consumers page is in the menu
+	Outbox   bool // an outbox table (not Config.InboxOnly): its pages are in the menu
 	Message  string
 	Data     any
 }
@@ -99,7 +100,7 @@ type view struct {
 // render writes a page, or only its "body" block for a fragment request
 // (?fragment=1: the page's refresh).
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, page string, s *session, data any) {
-	v := view{Prefix: h.cfg.Prefix, Page: page, ReadOnly: h.cfg.ReadOnly, Data: data, Inbox: len(h.cfg.InboxTables) > 0}
+	v := view{Prefix: h.cfg.Prefix, Page: page, ReadOnly: h.cfg.ReadOnly, Data: data, Inbox: len(h.cfg.InboxTables) > 0, Outbox: !h.cfg.InboxOnly}
 	name := "layout.html"
 	if r.URL.Query().Get("fragment") != "" {
 		name = "body"
@@ -274,6 +275,7 @@ type selection struct {
 	Parked       []inbox.Parked
 	Aggregate    [2]string
 	MessageID    string
+	Pending      []relay.PendingEvent // pending
 }
 
 func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request, s *session) {
@@ -377,6 +379,100 @@ func (h *Handler) deadApply(w http.ResponseWriter, r *http.Request, s *session) 
 	http.Redirect(w, r, h.cfg.Prefix+"dead", http.StatusSeeOther)
 }
 
+// pendingConfirm lists the pending events a dead-lettering would change
+// (the rows selected on the lookup page, or an aggregate's pending
+// events), for pendingApply: action "dead" holds their aggregates,
+// "skip" releases them.
+func (h *Handler) pendingConfirm(w http.ResponseWriter, r *http.Request, s *session) {
+	if h.cfg.ReadOnly {
+		h.refuse(w, r, "read-only mode")
+		return
+	}
+	action := r.PostForm.Get("action")
+	if action != "dead" && action != "skip" {
+		http.Error(w, "unknown action", http.StatusBadRequest)
+		return
+	}
+	sel := selection{Action: action, Kind: "pending"}
+	var rs relay.Selector
+	if at, ai := r.PostForm.Get("aggregate_type"), r.PostForm.Get("aggregate_id"); at != "" || ai != "" {
+		sel.Aggregate = [2]string{at, ai}
+		rs = relay.Selector{AggregateType: at, AggregateID: ai}
+	} else {
+		ids, err := formIDs(r)
+		if err != nil || len(ids) == 0 {
+			h.auth.setFlash(s, "Select at least one pending event.")
+			http.Redirect(w, r, h.cfg.Prefix+"lookup", http.StatusSeeOther)
+			return
+		}
+		rs = relay.Selector{IDs: ids}
+	}
+	list, err := h.dl.ListPending(r.Context(), rs, relay.MaxSelectorIDs+1)
+	if errors.Is(err, relay.ErrInvalidSelector) {
+		http.Error(w, "bad request: give both the aggregate type and ID, or row ids", http.StatusBadRequest)
+		return
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if len(list) > relay.MaxSelectorIDs {
+		list, sel.More = list[:relay.MaxSelectorIDs], true
+	}
+	sel.Pending = list
+	h.render(w, r, "confirm", s, sel)
+}
+
+// pendingApply dead-letters exactly the pending events the confirmation
+// listed (their ids come back in the form), and only those still
+// pending: one the relay published meanwhile is left alone.
+func (h *Handler) pendingApply(w http.ResponseWriter, r *http.Request, s *session) {
+	if h.cfg.ReadOnly {
+		h.refuse(w, r, "read-only mode")
+		return
+	}
+	action := r.PostForm.Get("action")
+	ids, err := formIDs(r)
+	if err != nil || len(ids) == 0 || (action != "dead" && action != "skip") {
+		http.Error(w, "bad request: want action dead or skip and 1 to 500 row ids", http.StatusBadRequest)
+		return
+	}
+	policy, reason := relay.HoldAggregate, "dead-lettered while pending by "+s.who+" on the admin page"
+	if action == "skip" {
+		policy, reason = relay.SkipDead, "dead-lettered while pending by "+s.who+" on the admin page, aggregate released"
+	}
+	n, err := h.dl.DeadLetterPending(r.Context(), ids, policy, reason)
+	attrs := append(s.actor(r), "action", "pending "+action, "table", h.cfg.Outbox.Config().Table, "ids", ids, "confirmed", len(ids), "changed", n)
+	if err != nil {
+		h.audit.Error("admin mutation failed", append(attrs, "err", err)...)
+		h.fail(w, r, err)
+		return
+	}
+	h.audit.Info("admin mutation", attrs...)
+	h.invalidate()
+	msg := fmt.Sprintf("Dead-lettered %d of the %d pending events confirmed", n, len(ids))
+	if action == "skip" {
+		msg += "; their aggregates are released"
+	}
+	msg += "."
+	if int(n) < len(ids) {
+		msg += " The others were published or changed since the confirmation and were left alone."
+	}
+	h.auth.setFlash(s, msg+" Retry them here once their route exists.")
+	http.Redirect(w, r, h.cfg.Prefix+"dead", http.StatusSeeOther)
+}
+
+// hasPending reports whether list holds a pending event (the lookup page
+// then offers to dead-letter it).
+func hasPending(list []event) bool {
+	for _, e := range list {
+		if e.Status == statusPending {
+			return true
+		}
+	}
+	return false
+}
+
 // invalidate drops the cached overview after a mutation.
 func (h *Handler) invalidate() {
 	h.mu.Lock()
@@ -394,7 +490,7 @@ func (h *Handler) lookupPage(w http.ResponseWriter, r *http.Request, s *session)
 			h.fail(w, r, err)
 			return
 		}
-		data["List"], data["Searched"] = list, true
+		data["List"], data["Searched"], data["HasPending"] = list, true, hasPending(list)
 	case (q.Get("aggregate_type") != "") != (q.Get("aggregate_id") != ""):
 		data["Problem"] = "Give both the aggregate type and the aggregate ID."
 	case q.Get("aggregate_type") != "":
@@ -419,7 +515,7 @@ func (h *Handler) lookupPage(w http.ResponseWriter, r *http.Request, s *session)
 			data["Next"] = "lookup?" + url.Values{"aggregate_type": {q.Get("aggregate_type")}, "aggregate_id": {q.Get("aggregate_id")},
 				"after": {strconv.FormatInt(list[len(list)-1].ID, 10)}}.Encode()
 		}
-		data["List"], data["Searched"] = list, true
+		data["List"], data["Searched"], data["HasPending"] = list, true, hasPending(list)
 	}
 	h.render(w, r, "lookup", s, data)
 }

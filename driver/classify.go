@@ -310,7 +310,19 @@ func (l *lexer) statements(first *stmtHead) (more []stmtHead) {
 // Where a backslash could change where a string ends (MySQL without
 // NO_BACKSLASH_ESCAPES, PostgreSQL with standard_conforming_strings off),
 // the text is lexed both ways, and a disagreement is kindUncertain.
+//
+// Most statements are plain, and plainFast proves that of most of them in
+// one pass without tokens; the others are lexed (classifyFull).
 func classify(d Dialect, query string) stmtClass {
+	if plainFast(d, query) {
+		return stmtClass{}
+	}
+	return classifyFull(d, query)
+}
+
+// classifyFull is classify without the fast path: the lexer's verdict,
+// which plainFast must agree with (FuzzClassifyFast).
+func classifyFull(d Dialect, query string) stmtClass {
 	c, open := classifyLexed(d, query, d == MySQL)
 	if d != SQLite && strings.IndexByte(query, '\\') >= 0 {
 		alt, altOpen := classifyLexed(d, query, d != MySQL)
@@ -483,18 +495,36 @@ var keywords = []string{
 
 // keyword returns w's upper-case form if it is one of keywords, else ""
 // (without allocating: most statements' first word is SELECT, INSERT or
-// UPDATE).
+// UPDATE). Case is folded in ASCII only: a word with another byte cannot
+// be a keyword (no keyword has the length of a word in which a non-ASCII
+// rune folds to one of its letters, such as U+017F to S).
 func keyword(w string) string {
-	if len(w) > len("TRANSACTION") {
+	const longest = len("TRANSACTION")
+	if len(w) > longest || len(w) < 2 {
 		return ""
 	}
-	for _, k := range keywords {
-		if len(k) == len(w) && strings.EqualFold(k, w) {
-			return k
+	var up [longest]byte
+	for i := 0; i < len(w); i++ {
+		c := w[i]
+		switch {
+		case c >= 'a' && c <= 'z':
+			c -= 'a' - 'A'
+		case c < 'A' || c > 'Z':
+			return "" // no keyword has a digit, '_', '$' or a non-ASCII byte
 		}
+		up[i] = c
 	}
-	return ""
+	return keywordSet[string(up[:len(w)])] // a map index: not allocated
 }
+
+// keywordSet maps each of keywords to itself.
+var keywordSet = func() map[string]string {
+	m := make(map[string]string, len(keywords))
+	for _, k := range keywords {
+		m[k] = k
+	}
+	return m
+}()
 
 // containsFold reports whether s contains the lower-case ASCII word w in
 // any case.
@@ -520,4 +550,161 @@ func asciiLower(s string) string {
 		}
 	}
 	return s
+}
+
+// plainFast reports whether query is certainly plain on dialect d, in one
+// pass over its bytes and without tokens: its first token (after blanks and
+// comments) is not a keyword, and after it come no top-level semicolon, no
+// MySQL executable comment, and no quote or comment left open. Where it is
+// not sure (a backslash anywhere, a PostgreSQL dollar quote, a block
+// comment holding "/*", a semicolon even at the end) it says false, and
+// classify lexes the text. What it calls plain, classifyFull calls plain
+// (FuzzClassifyFast holds it to that).
+//
+// A quote is skipped to the next same quote: a quote doubled inside a
+// string reads as that string closed and another opened, which ends where
+// the lexer's escape does. Without a backslash in the text,
+// PostgreSQL's E'...' and MySQL's backslash escapes end where '...' does.
+func plainFast(d Dialect, query string) bool {
+	if strings.IndexByte(query, '\\') >= 0 {
+		return false
+	}
+	var special *[256]bool
+	switch d {
+	case Postgres:
+		special = &fastSpecial[0]
+	case MySQL:
+		special = &fastSpecial[1]
+	case SQLite:
+		special = &fastSpecial[2]
+	default:
+		return false
+	}
+	i := 0
+lead:
+	for i < len(query) {
+		switch c := query[i]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			i++
+		case c == ';', c == '$' && d == Postgres:
+			return false // an empty statement, a dollar quote or parameter: the lexer decides
+		case isWordByte(c):
+			j := i + 1
+			for j < len(query) && isWordByte(query[j]) {
+				j++
+			}
+			// (PostgreSQL's E'...' is a string, not the word E: no keyword either way.)
+			if keyword(query[i:j]) != "" {
+				return false
+			}
+			i = j
+			break lead
+		default:
+			end, ok, comment := skipComment(d, query, i)
+			if !ok {
+				return false
+			}
+			if !comment {
+				break lead // a quote or punctuation first: no command classify knows
+			}
+			i = end
+		}
+	}
+	for {
+		for i < len(query) && !special[query[i]] {
+			i++
+		}
+		if i >= len(query) {
+			return true
+		}
+		switch c := query[i]; c {
+		case ';':
+			return false
+		case '\'', '"', '`', '[':
+			closer := c
+			if c == '[' {
+				closer = ']'
+			}
+			j := strings.IndexByte(query[i+1:], closer)
+			if j < 0 {
+				return false
+			}
+			i += j + 2
+		case '$': // PostgreSQL: inside a word (a$b), a parameter ($1), or a dollar quote
+			if i > 0 && isWordByte(query[i-1]) || i+1 < len(query) && query[i+1] >= '0' && query[i+1] <= '9' {
+				i++
+				continue
+			}
+			return false
+		default: // '-', '#', '/': a comment, or an operator
+			end, ok, comment := skipComment(d, query, i)
+			switch {
+			case !ok:
+				return false
+			case comment:
+				i = end
+			default:
+				i++
+			}
+		}
+	}
+}
+
+// fastSpecial marks, per dialect (PostgreSQL, MySQL, SQLite), the bytes
+// plainFast stops at: those that may open a quote or a comment, the
+// semicolon, and on PostgreSQL the dollar.
+var fastSpecial = func() (t [3][256]bool) {
+	for i, set := range []string{`;'"-/$`, ";'\"`-#/", ";'\"`[-/"} {
+		for _, c := range []byte(set) {
+			t[i][c] = true
+		}
+	}
+	return t
+}()
+
+// skipComment reads a comment at query[i], as the lexer does: comment is
+// false if there is none, and ok false for one plainFast leaves to the
+// lexer (a MySQL executable comment, an unterminated block comment, one
+// holding "/*", which nests on PostgreSQL and overlaps "*/" in "/*/").
+// end is where the comment ends.
+func skipComment(d Dialect, query string, i int) (end int, ok, comment bool) {
+	c := query[i]
+	switch {
+	case c == '-' && i+1 < len(query) && query[i+1] == '-' && (d != MySQL || i+2 >= len(query) || query[i+2] <= ' '),
+		c == '#' && d == MySQL:
+		j := strings.IndexByte(query[i:], '\n')
+		if j < 0 {
+			return len(query), true, true
+		}
+		return i + j + 1, true, true
+	case c == '/' && i+1 < len(query) && query[i+1] == '*':
+		if d == MySQL && (strings.HasPrefix(query[i:], "/*!") || strings.HasPrefix(query[i:], "/*M!")) {
+			return 0, false, true
+		}
+		body := query[i+2:]
+		j := strings.Index(body, "*/")
+		if j < 0 || strings.Contains(body[:j+1], "/*") {
+			return 0, false, true
+		}
+		return i + 2 + j + 2, true, true
+	}
+	return i, true, false
+}
+
+// classify is classify for c's dialect, answered from c.plain for a
+// statement classified plain recently (a statement's class depends on its
+// text and the dialect alone). Statements longer than plainMemoBytes are
+// not remembered: an idle connection keeps at most plainMemo of them.
+func (c *conn) classify(query string) stmtClass {
+	for i := range c.plain {
+		if c.plain[i] == query {
+			return stmtClass{}
+		}
+	}
+	cls := classify(c.o.cfg.Dialect, query)
+	if cls.kind == kindPlain && len(query) <= plainMemoBytes {
+		c.plain[c.plainNext] = query
+		c.plainNext = (c.plainNext + 1) % plainMemo
+	}
+	return cls
 }

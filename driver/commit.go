@@ -25,11 +25,11 @@ import (
 // never committed without their events. A transaction that emitted nothing
 // commits with no extra statement.
 func (o *Outbox) commit(t *tx) error {
-	events := t.b.batch.Take()
+	events := t.batch.Take()
 	if len(events) == 0 {
 		return t.parent.Commit()
 	}
-	ctx := t.b.ctx
+	ctx := t.ctx
 	err := o.checkServer(ctx, t.c)
 	if err == nil {
 		err = o.write(ctx, t.c, events)

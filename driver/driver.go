@@ -77,7 +77,8 @@ type Config struct {
 	// if the two differ, instead of writing rows no relay owns.
 	Partitions int
 	// Limits bound what one transaction may emit (see emit.Limits for the
-	// defaults).
+	// defaults). Outbox.SetLimits changes them after Register, once the
+	// broker connection says what it accepts.
 	Limits emit.Limits
 	// Capture, if set, adds headers to every event emitted into a
 	// transaction of this Outbox: Emit calls it with its ctx and the
@@ -162,6 +163,10 @@ type Outbox struct {
 	// partitions is the stored relay partition count once read (0 before);
 	// see outbox.go.
 	partitions atomic.Int64
+
+	// limits is what transactions begun from now on may emit
+	// (Config.Limits, then SetLimits).
+	limits atomic.Pointer[emit.Limits]
 }
 
 // New validates cfg and returns an Outbox. It does not touch a database:
@@ -186,8 +191,36 @@ func New(cfg Config) (*Outbox, error) {
 	if err := cfg.Limits.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	return &Outbox{cfg: cfg, dialect: d}, nil
+	o := &Outbox{cfg: cfg, dialect: d}
+	o.limits.Store(&cfg.Limits)
+	return o, nil
 }
+
+// SetLimits replaces the limits of what one transaction may emit
+// (Config.Limits; zero fields take emit's defaults) for the transactions
+// begun from now on; those already open keep the limits they began with.
+// It lets an application register the driver at start-up and set the
+// broker's record limit once its connection is up, e.g.
+//
+//	l := ob.Limits()
+//	l.MaxRecordBytes = pub.MaxRecordBytes() // relay/kafka, relay/nats, ...
+//	err := ob.SetLimits(l)
+//
+// It returns an error wrapping ErrInvalidConfig (and emit.ErrInvalidField)
+// for invalid limits (see emit.Limits.Validate), leaving the current ones
+// in force. Safe for concurrent use with transactions and Emit.
+func (o *Outbox) SetLimits(l emit.Limits) error {
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	l = l.WithDefaults()
+	o.limits.Store(&l)
+	return nil
+}
+
+// Limits returns the limits transactions begun now get, defaults filled
+// in (Config.Limits, or the last SetLimits).
+func (o *Outbox) Limits() emit.Limits { return *o.limits.Load() }
 
 var registerMu sync.Mutex
 
@@ -250,8 +283,13 @@ func (o *Outbox) WrapConnector(c sqldriver.Connector) sqldriver.Connector {
 }
 
 // Config returns o's configuration with defaults filled in (Partitions
-// stays 0 unless set: the stored count is read with PartitionCount).
-func (o *Outbox) Config() Config { return o.cfg }
+// stays 0 unless set: the stored count is read with PartitionCount;
+// Limits is the current one, see SetLimits).
+func (o *Outbox) Config() Config {
+	c := o.cfg
+	c.Limits = o.Limits()
+	return c
+}
 
 // Wakeup subscribes to the post-commit signal: after every COMMIT that
 // wrote outbox rows has returned success, each subscriber's channel

@@ -21,10 +21,14 @@ import (
 // of it committed). It matches emit.ErrDuplicateID (outbox.ErrDuplicateID)
 // and, returned from Commit, ErrWriteEvents; errors.As yields the ID.
 //
-// A reuse is caught only while the earlier row is still in the table:
-// once retention (relay.Retention) or a delete-on-publish setup removed it,
-// the same ID commits again and consumers deduplicate it (at-least-once
-// delivery; see docs/guarantees.md).
+// A reuse is caught while the earlier row is in the table: pending, sent
+// (marking an event sent leaves its row in place) or dead, from its commit
+// until retention (relay.Retention) removes it, at the first pass after
+// the row is sent and older than RetentionConfig.After (7 days by default,
+// counted from its created_at); dead letters are never removed by
+// retention. Once the row is gone (retention, or a delete-on-publish
+// setup at once), the same ID commits again and consumers deduplicate it
+// (at-least-once delivery; see docs/guarantees.md).
 type DuplicateIDError struct {
 	// ID is the reused message ID; empty if the database did not say which
 	// of the transaction's IDs it was and the lookup after the rollback

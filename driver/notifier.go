@@ -20,7 +20,7 @@ import (
 // commit hook did until issue 12) therefore put every writer of the
 // database in one line for its WAL flush: with 64 writers and
 // synchronous_commit on, 1,235 to 1,655 commits/s instead of 3,600 to 4,000
-// without it (internal/notifybench, BENCHMARKS.md).
+// without it (internal/testkit/notifybench, BENCHMARKS.md).
 //
 // Instead, each wrapped connector (one per *sql.DB) has a notifier: one
 // goroutine and one connection of its own, opened from the same wrapped
@@ -231,7 +231,7 @@ func (n *notifier) send(c **conn) error {
 		}
 		// A bare wrapper (no statement cache, never bound): its exec
 		// helpers handle drivers without ExecerContext.
-		*c = &conn{parent: pc, o: n.o}
+		*c = n.o.newConn(pc)
 	}
 	err := recovered(func() error { _, err := (*c).execParentOrPrepare(ctx, n.query, nil); return err })
 	if err != nil {

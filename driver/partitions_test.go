@@ -14,7 +14,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/partition"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // TestRawUnwrapsToTheDriversConnection: inside (*sql.Conn).Raw the

@@ -32,14 +32,6 @@ var (
 	ErrUncertainStatement = errors.New("outbox: cannot tell what the statement does to the savepoints of a transaction bound to an emit scope")
 )
 
-// boundTx is what one bound transaction carries from BeginTx to Commit:
-// the batch Emit buffers into and the savepoints opened in it.
-type boundTx struct {
-	ctx        context.Context // BeginTx's
-	batch      *emit.Batch
-	savepoints []savepoint // oldest first
-}
-
 // savepoint is an open savepoint: its folded name and the batch position
 // when it was set.
 type savepoint struct {
@@ -48,7 +40,7 @@ type savepoint struct {
 }
 
 // find returns the index of the newest open savepoint called name, or -1.
-func (b *boundTx) find(name string) int {
+func (b *tx) find(name string) int {
 	for i := len(b.savepoints) - 1; i >= 0; i-- {
 		if b.savepoints[i].name == name {
 			return i
@@ -83,7 +75,7 @@ func (c *conn) check(cls stmtClass, query string) error {
 // are checked when executed: the savepoint may be set in between.
 // It returns the statement's class for wrapStmt.
 func (c *conn) checkPrepare(query string) (stmtClass, error) {
-	cls := classify(c.o.cfg.Dialect, query)
+	cls := c.classify(query)
 	if c.tx != nil && (cls.kind == kindTxControl || cls.kind == kindUncertain) {
 		return cls, c.check(cls, query)
 	}

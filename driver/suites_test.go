@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sqloutbox/outbox/driver/dsn"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // TestDriverSuitesPassThrough runs lib/pq's and go-sql-driver/mysql's own

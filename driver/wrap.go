@@ -132,14 +132,37 @@ func (c *wrappedConnector) Close() error {
 // the fallback to Begin/Prepare database/sql itself uses).
 //
 // database/sql uses a connection from one goroutine at a time (it holds
-// the connection's lock for every call), so tx needs no lock of its own.
+// the connection's lock for every call), so tx and plain need no lock.
 type conn struct {
 	parent sqldriver.Conn
 	o      *Outbox
 	cache  *stmtCache // nil when the statement cache does not apply
-	tx     *boundTx   // the bound transaction open on this connection
+	tx     *tx        // the bound transaction open on this connection
 	wake   *notifier  // signalled after commits with events; nil: none
+
+	// The wrapped connection's optional interfaces, asserted once when it
+	// is wrapped (a value's type never changes); nil where it lacks one.
+	beginTx   sqldriver.ConnBeginTx
+	preparer  sqldriver.ConnPrepareContext
+	execer    sqldriver.ExecerContext
+	queryer   sqldriver.QueryerContext
+	checker   sqldriver.NamedValueChecker
+	resetter  sqldriver.SessionResetter
+	validator sqldriver.Validator
+
+	// plain remembers the last statements classified plain on this
+	// connection (round robin; see classify).
+	plain     [plainMemo]string
+	plainNext int
 }
+
+// plainMemo is how many plain statements a connection remembers: a
+// transaction's few statements, repeated transaction after transaction,
+// are compared (length first) instead of scanned again.
+const plainMemo = 8
+
+// plainMemoBytes is the longest statement a connection remembers.
+const plainMemoBytes = 4096
 
 var (
 	_ sqldriver.Conn               = (*conn)(nil)
@@ -153,8 +176,23 @@ var (
 	_ sqldriver.NamedValueChecker  = (*conn)(nil)
 )
 
+// newConn is a bare wrapper of c: every conn is made here, so that its
+// optional interfaces are asserted.
+func (o *Outbox) newConn(c sqldriver.Conn) *conn {
+	w := &conn{parent: c, o: o}
+	w.beginTx, _ = c.(sqldriver.ConnBeginTx)
+	w.preparer, _ = c.(sqldriver.ConnPrepareContext)
+	w.execer, _ = c.(sqldriver.ExecerContext)
+	w.queryer, _ = c.(sqldriver.QueryerContext)
+	w.checker, _ = c.(sqldriver.NamedValueChecker)
+	w.resetter, _ = c.(sqldriver.SessionResetter)
+	w.validator, _ = c.(sqldriver.Validator)
+	return w
+}
+
 func (o *Outbox) wrapConn(c sqldriver.Conn, wake *notifier) *conn {
-	w := &conn{parent: c, o: o, wake: wake}
+	w := o.newConn(c)
+	w.wake = wake
 	if o.cacheable(c) {
 		w.cache = &stmtCache{finalize: o.cfg.Dialect == SQLite}
 	}
@@ -212,8 +250,8 @@ var (
 func (c *conn) BeginTx(ctx context.Context, opts sqldriver.TxOptions) (sqldriver.Tx, error) {
 	var t sqldriver.Tx
 	var err error
-	if bt, ok := c.parent.(sqldriver.ConnBeginTx); ok {
-		t, err = bt.BeginTx(ctx, opts)
+	if c.beginTx != nil {
+		t, err = c.beginTx.BeginTx(ctx, opts)
 	} else {
 		switch {
 		case opts.Isolation != 0:
@@ -235,9 +273,8 @@ func (c *conn) BeginTx(ctx context.Context, opts sqldriver.TxOptions) (sqldriver
 		c.tx = nil
 		return t, nil
 	}
-	b := &boundTx{ctx: ctx, batch: sc.BeginWith(c.o.cfg.Limits, c.o.cfg.Capture)}
-	c.tx = b
-	return &tx{parent: t, c: c, b: b}, nil
+	c.tx = &tx{parent: t, c: c, ctx: ctx, batch: sc.BeginWith(c.o.Limits(), c.o.cfg.Capture)}
+	return c.tx, nil
 }
 
 // Prepare and PrepareContext return the driver's statement, except for the
@@ -273,8 +310,8 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (sqldriver.Stmt
 }
 
 func (c *conn) prepareParent(ctx context.Context, query string) (sqldriver.Stmt, error) {
-	if pc, ok := c.parent.(sqldriver.ConnPrepareContext); ok {
-		return pc.PrepareContext(ctx, query)
+	if c.preparer != nil {
+		return c.preparer.PrepareContext(ctx, query)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -286,7 +323,7 @@ func (c *conn) prepareParent(ctx context.Context, query string) (sqldriver.Stmt,
 // transaction it first classifies it (savepoint.go).
 func (c *conn) ExecContext(ctx context.Context, query string, args []sqldriver.NamedValue) (sqldriver.Result, error) {
 	if c.tx != nil {
-		if cls := classify(c.o.cfg.Dialect, query); cls.kind != kindPlain {
+		if cls := c.classify(query); cls.kind != kindPlain {
 			return c.execControl(ctx, cls, query, args, c.execParent)
 		}
 	}
@@ -294,8 +331,8 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []sqldriver.N
 }
 
 func (c *conn) execParent(ctx context.Context, query string, args []sqldriver.NamedValue) (sqldriver.Result, error) {
-	if ex, ok := c.parent.(sqldriver.ExecerContext); ok {
-		return ex.ExecContext(ctx, query, args)
+	if c.execer != nil {
+		return c.execer.ExecContext(ctx, query, args)
 	}
 	//lint:ignore SA1019 fallback for drivers that lack ExecerContext
 	if ex, ok := c.parent.(sqldriver.Execer); ok {
@@ -317,7 +354,7 @@ func (c *conn) execParent(ctx context.Context, query string, args []sqldriver.Na
 // the wrapper applies it, and answered with an empty result set.
 func (c *conn) QueryContext(ctx context.Context, query string, args []sqldriver.NamedValue) (sqldriver.Rows, error) {
 	if c.tx != nil {
-		if cls := classify(c.o.cfg.Dialect, query); cls.kind != kindPlain {
+		if cls := c.classify(query); cls.kind != kindPlain {
 			if _, err := c.execControl(ctx, cls, query, args, c.execParentOrPrepare); err != nil {
 				return nil, err
 			}
@@ -328,8 +365,8 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []sqldriver.
 }
 
 func (c *conn) queryParent(ctx context.Context, query string, args []sqldriver.NamedValue) (sqldriver.Rows, error) {
-	if q, ok := c.parent.(sqldriver.QueryerContext); ok {
-		return q.QueryContext(ctx, query, args)
+	if c.queryer != nil {
+		return c.queryer.QueryContext(ctx, query, args)
 	}
 	//lint:ignore SA1019 fallback for drivers that lack QueryerContext
 	if q, ok := c.parent.(sqldriver.Queryer); ok {
@@ -376,15 +413,15 @@ func (c *conn) Ping(ctx context.Context) error {
 }
 
 func (c *conn) ResetSession(ctx context.Context) error {
-	if r, ok := c.parent.(sqldriver.SessionResetter); ok {
-		return r.ResetSession(ctx)
+	if c.resetter != nil {
+		return c.resetter.ResetSession(ctx)
 	}
 	return nil
 }
 
 func (c *conn) IsValid() bool {
-	if v, ok := c.parent.(sqldriver.Validator); ok {
-		return v.IsValid()
+	if c.validator != nil {
+		return c.validator.IsValid()
 	}
 	return true
 }
@@ -392,17 +429,21 @@ func (c *conn) IsValid() bool {
 // CheckNamedValue forwards to the wrapped connection; without one,
 // driver.ErrSkip makes database/sql apply its default conversion.
 func (c *conn) CheckNamedValue(nv *sqldriver.NamedValue) error {
-	if ch, ok := c.parent.(sqldriver.NamedValueChecker); ok {
-		return ch.CheckNamedValue(nv)
+	if c.checker != nil {
+		return c.checker.CheckNamedValue(nv)
 	}
 	return sqldriver.ErrSkip
 }
 
-// tx is a bound transaction: Commit runs the commit hook (commit.go).
+// tx is a bound transaction: what it carries from BeginTx to Commit (the
+// batch Emit buffers into, the savepoints opened in it) in one allocation.
+// Commit runs the commit hook (commit.go).
 type tx struct {
-	parent sqldriver.Tx
-	c      *conn
-	b      *boundTx
+	parent     sqldriver.Tx
+	c          *conn
+	ctx        context.Context // BeginTx's
+	batch      *emit.Batch
+	savepoints []savepoint // oldest first
 }
 
 // Commit writes the buffered events and commits (see Outbox.commit).
@@ -414,7 +455,7 @@ func (t *tx) Commit() error {
 // Rollback drops the buffered events and rolls back.
 func (t *tx) Rollback() error {
 	t.c.tx = nil
-	t.b.batch.Discard()
+	t.batch.Discard()
 	return t.parent.Rollback()
 }
 

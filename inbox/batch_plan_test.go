@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // TestBatchLookupPlans: HandleBatch's per-message lookups (the recorded

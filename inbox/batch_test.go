@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/sqloutbox/outbox/inbox"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // TestHandleBatch: the batch's outcomes, case by case, on every target.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // BenchmarkHandleOverhead measures one consumer's handler transaction

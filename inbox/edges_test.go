@@ -14,7 +14,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // lockWaiters counts the sessions waiting on a row lock of table (the

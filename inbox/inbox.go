@@ -75,6 +75,17 @@ var (
 	// ErrSchemaOutdated: Check found the table at an older version than
 	// this build needs; run Migrate.
 	ErrSchemaOutdated = errors.New("inbox: inbox schema is outdated")
+	// ErrNotReady is wrapped by a broker runner's Ready (inbox/nats,
+	// inbox/rabbitmq, inbox/redis, inbox/kafka) while the runner is not
+	// consuming: before Run, after it returned, or while it cannot consume
+	// (the cause is wrapped too, e.g. ErrSourceMissing).
+	ErrNotReady = errors.New("inbox: runner not ready")
+	// ErrSourceMissing is wrapped by a broker runner's errors when what it
+	// consumes from does not exist: the NATS stream, the RabbitMQ
+	// exchange its queue binds, the Redis stream key, the Kafka topic. The
+	// error names what to create (and the outbox command that creates it,
+	// where there is one). Each runner re-exports it under its own name.
+	ErrSourceMissing = errors.New("inbox: what the runner consumes from does not exist")
 )
 
 // Message is one received message as the inbox sees it.

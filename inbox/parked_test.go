@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/inbox"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 func orderMsg(id, order string, offset int64) inbox.Message {

@@ -35,7 +35,11 @@ require (
 	gorm.io/gorm v1.31.2
 )
 
-require github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+require (
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+	github.com/jackc/pgio v1.0.0 // indirect
+	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1 // indirect
+)
 
 require (
 	dario.cat/mergo v1.0.2 // indirect

@@ -74,18 +74,27 @@
 //     reconciling a partition: committed at the broker but not yet marked
 //     in the database (a relay killed between the two). Each is a
 //     duplicate the exactly-once mode prevented.
+//   - outbox_relay_source_messages_total{source} (counter, messages):
+//     messages the relay's cycles found, by source: table (claimed) or
+//     wal (read from the replication stream, relay.SourceWAL). With the
+//     WAL source a rising table share means the stream is down or keeps
+//     handing rows back to the table (docs/wal.md).
+//   - outbox_relay_wal_streaming (gauge): 1 while a relay with
+//     relay.SourceWAL reads its replication slot, 0 while it stands by,
+//     cannot open the slot, or is stopped; 0 without the WAL source.
 //
 // # Table metrics (NewStatsCollector)
 //
 // Read with relay.ReadStats on every scrape; all gauges with the constant
 // label table.
 //
-//   - outbox_pending_events (rows): pending rows (status 0), including
-//     rows waiting for a retry or held behind a dead letter.
+//   - outbox_pending_events (rows): pending rows (the pending set,
+//     <table>_pending), including rows waiting for a retry or held behind
+//     a dead letter.
 //   - outbox_oldest_pending_age_seconds (seconds): age of the oldest
 //     pending row by the database clock, 0 if none.
-//   - outbox_sent_events (rows): sent rows (status 1) not yet removed by
-//     retention.
+//   - outbox_sent_events (rows): sent rows (neither pending nor dead) not
+//     yet removed by retention.
 //   - outbox_dead_letters (rows): dead-lettered rows (status 2) in the
 //     table now; relay.DeadLetters lists, retries or skips them.
 //   - outbox_partition_pending_events{partition} (rows) and

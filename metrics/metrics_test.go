@@ -26,7 +26,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/metrics"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/partition"
@@ -109,8 +109,8 @@ func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	var obs relay.Observer = m // the point of the type
 
 	// Before anything happens every series exists, errors at 0 per class.
-	if n := testutil.CollectAndCount(m); n != 19 {
-		t.Errorf("CollectAndCount = %d, want 19 (11 single series + 4 error classes + 4 transaction outcomes)", n)
+	if n := testutil.CollectAndCount(m); n != 22 {
+		t.Errorf("CollectAndCount = %d, want 22 (12 single series + 4 error classes + 4 transaction outcomes + 2 sources)", n)
 	}
 	if n := testutil.CollectAndCount(m, metrics.MetricPublishErrors); n != 4 {
 		t.Errorf("error classes exported = %d, want 4", n)
@@ -139,6 +139,13 @@ func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	to.Transaction(7, relay.TxnFenced, 1)
 	to.Reconciled(3, 0)
 	to.Reconciled(7, 40)
+	so := obs.(relay.SourceObserver)
+	so.FromSource(relay.SourceTable, 300)
+	so.FromSource(relay.SourceWAL, 20)
+	so.FromSource(relay.SourceWAL, 22)
+	so.WALStreaming(true, nil)
+	so.WALStreaming(false, errors.New("slot active"))
+	so.WALStreaming(true, nil)
 
 	want := `
 # HELP outbox_dead_lettered_total Outbox messages dead-lettered (marked failed).
@@ -175,11 +182,18 @@ outbox_transactions_total{outcome="unknown",table="orders_outbox"} 0
 # HELP outbox_reconciled_rows_total Rows marked sent by reconciling: committed at the broker, not yet marked in the database (each a duplicate avoided).
 # TYPE outbox_reconciled_rows_total counter
 outbox_reconciled_rows_total{table="orders_outbox"} 40
+# HELP outbox_relay_source_messages_total Messages the relay's cycles found, by source (table: claimed; wal: read from the replication stream).
+# TYPE outbox_relay_source_messages_total counter
+outbox_relay_source_messages_total{source="table",table="orders_outbox"} 300
+outbox_relay_source_messages_total{source="wal",table="orders_outbox"} 42
+# HELP outbox_relay_wal_streaming 1 while the relay reads its replication slot (relay.SourceWAL), else 0.
+# TYPE outbox_relay_wal_streaming gauge
+outbox_relay_wal_streaming{table="orders_outbox"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		metrics.MetricDeadLettered, metrics.MetricPartitionsOwned, metrics.MetricPublishErrors,
 		metrics.MetricPublished, metrics.MetricOrderViolations, metrics.MetricRelayUp, metrics.MetricRetries,
-		metrics.MetricTransactions, metrics.MetricReconciledRows); err != nil {
+		metrics.MetricTransactions, metrics.MetricReconciledRows, metrics.MetricSourceMessages, metrics.MetricWALStreaming); err != nil {
 		t.Error(err)
 	}
 
@@ -507,7 +521,8 @@ func TestIntegrationSQLite(t *testing.T) {
 		metrics.MetricPublished, metrics.MetricPublishErrors, metrics.MetricRetries, metrics.MetricDeadLettered,
 		metrics.MetricCommitToPublish, metrics.MetricBatchSize, metrics.MetricClaimDuration,
 		metrics.MetricPartitionsOwned, metrics.MetricRelayUp, metrics.MetricRelayPartitionMismatch,
-		metrics.MetricOrderViolations, metrics.MetricTransactions, metrics.MetricReconciledRows, metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
+		metrics.MetricOrderViolations, metrics.MetricTransactions, metrics.MetricReconciledRows,
+		metrics.MetricSourceMessages, metrics.MetricWALStreaming, metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
 		metrics.MetricPartitionPendingEvents, metrics.MetricPartitionOldestPendingAge, metrics.MetricPartitionOwnerInfo,
 		metrics.MetricStatsScrapeError, metrics.MetricPartitions, metrics.MetricLeasePartitions,
 		metrics.MetricOutOfRangePending, metrics.MetricPartitionMismatch,

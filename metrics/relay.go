@@ -68,6 +68,17 @@ const (
 	// had committed at the broker but were not marked sent in the
 	// database. Each is a duplicate the exactly-once mode prevented.
 	MetricReconciledRows = "outbox_reconciled_rows_total"
+	// MetricSourceMessages is a counter of messages the relay's cycles
+	// found, labelled source: "table" (claimed from the table) or "wal"
+	// (read from the replication stream, relay.SourceWAL). With the WAL
+	// source, a rising share of "table" means the stream is down or keeps
+	// handing rows back (see docs/wal.md).
+	MetricSourceMessages = "outbox_relay_source_messages_total"
+	// MetricWALStreaming is a gauge: 1 while a relay with relay.SourceWAL
+	// reads its replication slot, 0 while it stands by (another relay
+	// reads the slot), cannot open it, or is stopped. It stays 0 without
+	// the WAL source.
+	MetricWALStreaming = "outbox_relay_wal_streaming"
 )
 
 // ErrInvalidConfig is returned (wrapped) by NewRelayMetrics for a nil
@@ -117,6 +128,10 @@ type RelayMetrics struct {
 	transactions    *prometheus.CounterVec
 	txnOutcomes     map[relay.TransactionOutcome]prometheus.Counter
 	reconciledRows  prometheus.Counter
+	sourceMessages  *prometheus.CounterVec
+	fromTable       prometheus.Counter
+	fromWAL         prometheus.Counter
+	walStreaming    prometheus.Gauge
 }
 
 var (
@@ -125,6 +140,7 @@ var (
 	_ relay.ReadinessObserver   = (*RelayMetrics)(nil)
 	_ relay.OrderObserver       = (*RelayMetrics)(nil)
 	_ relay.TransactionObserver = (*RelayMetrics)(nil)
+	_ relay.SourceObserver      = (*RelayMetrics)(nil)
 )
 
 // NewRelayMetrics creates the relay metrics of ob's table (its
@@ -219,7 +235,19 @@ func newRelayMetrics(table string) *RelayMetrics {
 			Help:        "Rows marked sent by reconciling: committed at the broker, not yet marked in the database (each a duplicate avoided).",
 			ConstLabels: cl,
 		}),
+		sourceMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        MetricSourceMessages,
+			Help:        "Messages the relay's cycles found, by source (table: claimed; wal: read from the replication stream).",
+			ConstLabels: cl,
+		}, []string{"source"}),
+		walStreaming: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        MetricWALStreaming,
+			Help:        "1 while the relay reads its replication slot (relay.SourceWAL), else 0.",
+			ConstLabels: cl,
+		}),
 	}
+	m.fromTable = m.sourceMessages.WithLabelValues(relay.SourceTable.String())
+	m.fromWAL = m.sourceMessages.WithLabelValues(relay.SourceWAL.String())
 	m.txnOutcomes = map[relay.TransactionOutcome]prometheus.Counter{}
 	for _, o := range []relay.TransactionOutcome{relay.TxnCommitted, relay.TxnAborted, relay.TxnUnknown, relay.TxnFenced} {
 		m.txnOutcomes[o] = m.transactions.WithLabelValues(string(o))
@@ -237,7 +265,7 @@ func newRelayMetrics(table string) *RelayMetrics {
 func (m *RelayMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.published, m.errors, m.retries, m.deadLettered,
 		m.commitToPublish, m.batchSize, m.claimDuration, m.partitionsOwned, m.up, m.mismatch, m.orderViolations,
-		m.transactions, m.reconciledRows}
+		m.transactions, m.reconciledRows, m.sourceMessages, m.walStreaming}
 }
 
 // Describe implements prometheus.Collector: it sends the descriptors of
@@ -352,6 +380,26 @@ func (m *RelayMetrics) Transaction(_ int, outcome relay.TransactionOutcome, _ in
 		return
 	}
 	m.transactions.WithLabelValues(string(outcome)).Inc() // an outcome added to relay later
+}
+
+// WALStreaming implements relay.SourceObserver: it sets
+// outbox_relay_wal_streaming to 1 or 0.
+func (m *RelayMetrics) WALStreaming(streaming bool, _ error) {
+	if streaming {
+		m.walStreaming.Set(1)
+		return
+	}
+	m.walStreaming.Set(0)
+}
+
+// FromSource implements relay.SourceObserver: it adds n to
+// outbox_relay_source_messages_total{source}.
+func (m *RelayMetrics) FromSource(source relay.Source, n int) {
+	if source == relay.SourceWAL {
+		m.fromWAL.Add(float64(n))
+		return
+	}
+	m.fromTable.Add(float64(n))
 }
 
 // Reconciled implements relay.TransactionObserver: it adds rows to

@@ -18,14 +18,16 @@ import (
 // constant label table. Every instance that scrapes the same table reports
 // the same values: aggregate them with max, not sum.
 const (
-	// MetricPendingEvents is the number of pending rows (status 0: not yet
-	// published, waiting for a retry, or held behind a dead letter).
+	// MetricPendingEvents is the number of pending rows (in the pending set,
+	// <table>_pending: not yet published, waiting for a retry, or held
+	// behind a dead letter).
 	MetricPendingEvents = "outbox_pending_events"
 	// MetricOldestPendingAge is the age, in seconds by the database clock,
 	// of the oldest pending row; 0 when none is pending.
 	MetricOldestPendingAge = "outbox_oldest_pending_age_seconds"
-	// MetricSentEvents is the number of sent rows (status 1) still in the
-	// table, that is not yet removed by retention (relay.Retention).
+	// MetricSentEvents is the number of sent rows (neither pending nor dead)
+	// still in the table, that is not yet removed by retention
+	// (relay.Retention).
 	MetricSentEvents = "outbox_sent_events"
 	// MetricDeadLetters is the number of dead-lettered rows (status 2)
 	// currently in the table; relay.DeadLetters retries or skips them.
@@ -103,9 +105,9 @@ func NewStatsCollector(ob *driver.Outbox, db *sql.DB, timeout time.Duration) pro
 	}
 	return &statsCollector{
 		ob: ob, db: db, timeout: timeout,
-		pending:     desc(MetricPendingEvents, "Outbox rows pending publication (status 0)."),
+		pending:     desc(MetricPendingEvents, "Outbox rows pending publication (the pending set)."),
 		oldest:      desc(MetricOldestPendingAge, "Age in seconds of the oldest pending outbox row (database clock), 0 if none."),
-		sent:        desc(MetricSentEvents, "Sent outbox rows (status 1) not yet removed by retention."),
+		sent:        desc(MetricSentEvents, "Sent outbox rows (neither pending nor dead) not yet removed by retention."),
 		dead:        desc(MetricDeadLetters, "Dead-lettered outbox rows (status 2) currently in the table."),
 		partPending: desc(MetricPartitionPendingEvents, "Outbox rows pending publication, per relay partition.", "partition"),
 		partOldest:  desc(MetricPartitionOldestPendingAge, "Age in seconds of the oldest pending outbox row, per relay partition.", "partition"),

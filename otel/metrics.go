@@ -72,7 +72,19 @@ const (
 	// relay marked sent when it reconciled a partition: committed at the
 	// broker, not yet marked in the database (metrics.MetricReconciledRows).
 	MetricReconciledRows = "outbox.relay.reconciled_rows"
+	// MetricSourceMessages is an Int64Counter, unit {message}, of the
+	// messages the relay's cycles found, with the attribute SourceKey
+	// (table or wal; relay.SourceObserver, metrics.MetricSourceMessages).
+	MetricSourceMessages = "outbox.relay.source_messages"
+	// MetricWALStreaming is an Int64Gauge, unit 1: 1 while a relay with
+	// relay.SourceWAL reads its replication slot, else 0
+	// (metrics.MetricWALStreaming).
+	MetricWALStreaming = "outbox.relay.wal_streaming"
 )
+
+// SourceKey is MetricSourceMessages' attribute: table or wal
+// (relay.Source's String).
+const SourceKey = attribute.Key("outbox.relay.source")
 
 // TransactionOutcomeKey is MetricTransactions' attribute: committed,
 // aborted, unknown or fenced (relay.TransactionOutcome).
@@ -145,6 +157,8 @@ type instruments struct {
 	orderViolations metric.Int64Counter
 	transactions    metric.Int64Counter
 	reconciledRows  metric.Int64Counter
+	sourceMessages  metric.Int64Counter
+	walStreaming    metric.Int64Gauge
 }
 
 var (
@@ -154,6 +168,7 @@ var (
 	_ relay.PublishObserver     = (*Metrics)(nil)
 	_ relay.OrderObserver       = (*Metrics)(nil)
 	_ relay.TransactionObserver = (*Metrics)(nil)
+	_ relay.SourceObserver      = (*Metrics)(nil)
 )
 
 // NewMetrics creates the relay instruments of ob's table (its
@@ -239,6 +254,12 @@ func NewMetrics(ob *driver.Outbox, next relay.Observer, opts ...Option) (*Metric
 	in.reconciledRows, err = meter.Int64Counter(MetricReconciledRows, metric.WithUnit("{message}"),
 		metric.WithDescription("Rows marked sent by reconciling: committed at the broker, not yet marked in the database."))
 	check(MetricReconciledRows, err)
+	in.sourceMessages, err = meter.Int64Counter(MetricSourceMessages, metric.WithUnit("{message}"),
+		metric.WithDescription("Messages the relay's cycles found, by source (table: claimed; wal: read from the replication stream)."))
+	check(MetricSourceMessages, err)
+	in.walStreaming, err = meter.Int64Gauge(MetricWALStreaming, metric.WithUnit("1"),
+		metric.WithDescription("1 while the relay reads its replication slot (relay.SourceWAL), else 0."))
+	check(MetricWALStreaming, err)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -430,5 +451,30 @@ func (m *Metrics) Reconciled(partition, rows int) {
 	}
 	if to, ok := m.observer().(relay.TransactionObserver); ok {
 		to.Reconciled(partition, rows)
+	}
+}
+
+// WALStreaming implements relay.SourceObserver: it records 1 or 0 in
+// outbox.relay.wal_streaming, then forwards to the wrapped Observer if it
+// implements relay.SourceObserver.
+func (m *Metrics) WALStreaming(streaming bool, err error) {
+	if in := m.instruments(); in != nil {
+		in.walStreaming.Record(bg, boolInt(streaming), in.table)
+	}
+	if so, ok := m.observer().(relay.SourceObserver); ok {
+		so.WALStreaming(streaming, err)
+	}
+}
+
+// FromSource implements relay.SourceObserver: it adds n to
+// outbox.relay.source_messages with the source, then forwards to the
+// wrapped Observer if it implements relay.SourceObserver.
+func (m *Metrics) FromSource(source relay.Source, n int) {
+	if in := m.instruments(); in != nil {
+		kvs := append(append(make([]attribute.KeyValue, 0, len(in.extra)+1), in.extra...), SourceKey.String(source.String()))
+		in.sourceMessages.Add(bg, int64(n), metric.WithAttributeSet(attribute.NewSet(kvs...)))
+	}
+	if so, ok := m.observer().(relay.SourceObserver); ok {
+		so.FromSource(source, n)
 	}
 }

@@ -59,7 +59,9 @@ func (l *callLog) OrderViolation(m relay.Message) { l.log("OrderViolation %s", m
 func (l *callLog) Transaction(p int, o relay.TransactionOutcome, n int) {
 	l.log("Transaction %d %s %d", p, o, n)
 }
-func (l *callLog) Reconciled(p, rows int) { l.log("Reconciled %d %d", p, rows) }
+func (l *callLog) Reconciled(p, rows int)           { l.log("Reconciled %d %d", p, rows) }
+func (l *callLog) WALStreaming(on bool, err error)  { l.log("WALStreaming %v %v", on, err) }
+func (l *callLog) FromSource(s relay.Source, n int) { l.log("FromSource %s %d", s, n) }
 func (l *callLog) StartPublish(ctx context.Context, msgs []relay.Message) (context.Context, func(error)) {
 	l.log("StartPublish %d", len(msgs))
 	return ctx, func(err error) { l.log("end %v", err) }
@@ -271,6 +273,17 @@ func TestMetrics(t *testing.T) {
 			{name: outboxotel.MetricTransactions, unit: "{transaction}", attrs: []attribute.KeyValue{outboxotel.TransactionOutcomeKey.String("aborted")}, value: 2},
 			{name: outboxotel.MetricReconciledRows, unit: "{message}", value: 40},
 		}, []string{"Transaction 3 aborted 5", "Transaction 4 aborted 1", "Reconciled 3 40"}},
+		{"Sources", func(m *outboxotel.Metrics) {
+			m.FromSource(relay.SourceTable, 300)
+			m.FromSource(relay.SourceWAL, 20)
+			m.FromSource(relay.SourceWAL, 22)
+			m.WALStreaming(false, boom)
+			m.WALStreaming(true, nil)
+		}, []point{
+			{name: outboxotel.MetricSourceMessages, unit: "{message}", attrs: []attribute.KeyValue{outboxotel.SourceKey.String("table")}, value: 300},
+			{name: outboxotel.MetricSourceMessages, unit: "{message}", attrs: []attribute.KeyValue{outboxotel.SourceKey.String("wal")}, value: 42},
+			{name: outboxotel.MetricWALStreaming, unit: "1", value: 1},
+		}, []string{"FromSource table 300", "FromSource wal 20", "FromSource wal 22", "WALStreaming false boom", "WALStreaming true <nil>"}},
 		{"StartPublishForwardsOnly", func(m *outboxotel.Metrics) {
 			_, end := m.StartPublish(context.Background(), []relay.Message{msg, msg})
 			end(boom)

@@ -104,6 +104,22 @@ func (o *Observer) Reconciled(partition, rows int) {
 	}
 }
 
+// WALStreaming forwards to the wrapped Observer if it implements
+// relay.SourceObserver.
+func (o *Observer) WALStreaming(streaming bool, err error) {
+	if so, ok := o.Observer.(relay.SourceObserver); ok {
+		so.WALStreaming(streaming, err)
+	}
+}
+
+// FromSource forwards to the wrapped Observer if it implements
+// relay.SourceObserver.
+func (o *Observer) FromSource(source relay.Source, n int) {
+	if so, ok := o.Observer.(relay.SourceObserver); ok {
+		so.FromSource(source, n)
+	}
+}
+
 // StartPublish implements relay.PublishObserver: it starts the batch's
 // producer span, linked to each message's originating span context, and
 // returns ctx with the span and an end func that records Publish's

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/relay"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -167,7 +167,7 @@ func benchDrain(b *testing.B, tg testdb.Target) {
 		}
 
 		var pending int
-		if err := rdb.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+e.Table+" WHERE status = 0").Scan(&pending); err != nil {
+		if err := rdb.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+testdb.PendingTable(e.Table)).Scan(&pending); err != nil {
 			b.Fatal(err)
 		}
 		if pending != 0 || obs.n.Load() != benchDrainRows {

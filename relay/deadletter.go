@@ -240,3 +240,134 @@ func (dl *DeadLetters) exec(ctx context.Context, query string, sel Selector) (in
 	}
 	return n, nil
 }
+
+// ErrAllPending is returned (wrapping ErrInvalidSelector) by ListPending
+// and DeadLetterPending for a Selector with All set: dead-lettering every
+// pending event would stop the whole outbox, so an operator names the
+// events (a message ID, an aggregate or row ids).
+var ErrAllPending = fmt.Errorf("%w: pending events are selected by message ID, aggregate or row ids, never all", ErrInvalidSelector)
+
+// PendingEvent is one event still waiting to be published (in the
+// pending set), as ListPending shows it to an operator who may
+// dead-letter it.
+type PendingEvent struct {
+	ID            int64
+	MessageID     string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Topic         string
+	// Attempts counted so far (0 for an event whose route is unroutable:
+	// errors wrapping ErrUnavailable count none).
+	Attempts int
+	// LastError is the last counted publish error, or "".
+	LastError string
+	// CreatedAt is when it was emitted (database clock).
+	CreatedAt time.Time
+}
+
+// ListPending returns up to limit pending events matching sel, oldest
+// first (limit <= 0 means 100). sel must not be All (ErrAllPending); other
+// invalid selectors return ErrInvalidSelector.
+func (dl *DeadLetters) ListPending(ctx context.Context, sel Selector, limit int) ([]PendingEvent, error) {
+	if sel.All {
+		return nil, ErrAllPending
+	}
+	where, args, err := sel.where()
+	if err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := dl.db.QueryContext(ctx, dl.d.WithSelector("pending_list", where, limit), args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listing pending events: %w", err)
+	}
+	defer rows.Close()
+	var out []PendingEvent
+	for rows.Next() {
+		var x PendingEvent
+		var micros int64
+		if err := rows.Scan(&x.ID, &x.MessageID, &x.AggregateType, &x.AggregateID, &x.EventType, &x.Topic,
+			&x.Attempts, &x.LastError, &micros); err != nil {
+			return nil, fmt.Errorf("outbox: reading pending event: %w", err)
+		}
+		x.CreatedAt = time.UnixMicro(micros).UTC()
+		out = append(out, x)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: listing pending events: %w", err)
+	}
+	return out, nil
+}
+
+// DeadLetterPending dead-letters the pending events with the given row
+// ids (PendingEvent.ID, at most MaxSelectorIDs: the ones an operator was
+// shown and confirmed) and returns how many it changed. The events are
+// marked failed with reason as their last error (at most 2,000 bytes
+// kept) and their attempt count unchanged; under HoldAggregate they hold
+// their aggregate's later events like any dead letter, under SkipDead
+// they do not. They can then be retried or skipped with Retry and Skip.
+//
+// Only rows still pending change: an id the relay has marked sent
+// meanwhile, or that is already dead, is left alone (and not counted).
+// The statement locks the ids' pending-set rows first, so a relay's
+// concurrent mark-sent either comes first (the row stays sent) or waits
+// and finds the row dead. An event the relay was publishing at that
+// moment may still have reached the broker: retrying it then delivers it
+// twice, with the same message ID. It returns ErrInvalidSelector
+// (wrapped) for no ids or too many, and database errors wrapped.
+func (dl *DeadLetters) DeadLetterPending(ctx context.Context, ids []int64, policy DeadLetterPolicy, reason string) (int64, error) {
+	if len(ids) == 0 || len(ids) > MaxSelectorIDs {
+		return 0, fmt.Errorf("%w: DeadLetterPending takes 1 to %d row ids, got %d", ErrInvalidSelector, MaxSelectorIDs, len(ids))
+	}
+	if policy != HoldAggregate && policy != SkipDead {
+		return 0, fmt.Errorf("%w: unknown DeadLetterPolicy %d", ErrInvalidConfig, policy)
+	}
+	if len(reason) > 2000 {
+		reason = reason[:2000]
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	tx, err := dl.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: dead-lettering pending events: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	rows, err := tx.QueryContext(ctx, dl.d.WithIDs("pending_lock", len(args)), args...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: dead-lettering pending events: %w", err)
+	}
+	locked := []any{reason}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("outbox: dead-lettering pending events: %w", err)
+		}
+		locked = append(locked, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("outbox: dead-lettering pending events: %w", err)
+	}
+	if len(locked) == 1 {
+		return 0, nil
+	}
+	query := "pending_dead"
+	if policy == SkipDead {
+		query = "pending_dead_released"
+	}
+	res, err := tx.ExecContext(ctx, dl.d.WithIDs(query, len(locked)-1), locked...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: dead-lettering pending events: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("outbox: dead-lettering pending events: %w", err)
+	}
+	return n, nil
+}

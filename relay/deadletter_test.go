@@ -150,3 +150,108 @@ func TestNewDeadLettersValidates(t *testing.T) {
 		t.Errorf("nil db: %v", err)
 	}
 }
+
+// TestDeadLetterPending: an event whose route is unroutable (ErrUnavailable:
+// no attempt is counted, it stays pending for ever) is dead-lettered by
+// an operator. Under HoldAggregate it then holds its aggregate like any
+// dead letter, and a retry delivers it before the events it held; under
+// SkipDead the aggregate goes on. Rows no longer pending (sent, already
+// dead) are left alone, and All is refused.
+func TestDeadLetterPending(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdbTarget) {
+		var unroutable atomic.Bool
+		var refused atomic.Int64
+		unroutable.Store(true)
+		b := setup(t, tg, nil)
+		b.pub.FailWith(func(m relay.Message) error {
+			if unroutable.Load() && (m.MessageID == "U-1" || m.MessageID == "W-1") {
+				refused.Add(1)
+				return fmt.Errorf("%w: no stream binds subject fu.nowhere", relay.ErrUnavailable)
+			}
+			return nil
+		})
+		dl, err := relay.NewDeadLetters(b.e.Outbox, b.e.RelayDB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.emit(t, event("U", 1), event("U", 2), event("V", 1), event("W", 1), event("W", 2))
+		if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "V")) == 1 }); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, b.ctx, "the unroutable events refused", func() bool { return refused.Load() >= 2 })
+		eventually(t, b.ctx, "V-1 marked sent", func() bool { s, _ := b.status(t, "V-1"); return s == 1 })
+
+		if _, err := dl.ListPending(b.ctx, relay.Selector{All: true}, 0); !errors.Is(err, relay.ErrAllPending) || !errors.Is(err, relay.ErrInvalidSelector) {
+			t.Errorf("ListPending(All) = %v, want ErrAllPending", err)
+		}
+		if _, err := dl.DeadLetterPending(b.ctx, nil, relay.HoldAggregate, "x"); !errors.Is(err, relay.ErrInvalidSelector) {
+			t.Errorf("DeadLetterPending(no ids) = %v, want ErrInvalidSelector", err)
+		}
+		pu, err := dl.ListPending(b.ctx, relay.Selector{AggregateType: "acct", AggregateID: "U"}, 0)
+		if err != nil || len(pu) != 2 || pu[0].MessageID != "U-1" || pu[1].MessageID != "U-2" || pu[0].Attempts != 0 || pu[0].CreatedAt.IsZero() {
+			t.Fatalf("ListPending(U) = %+v, %v; want U-1, U-2 with no attempts", pu, err)
+		}
+		if l, err := dl.ListPending(b.ctx, relay.Selector{MessageID: "V-1"}, 0); err != nil || len(l) != 0 {
+			t.Errorf("ListPending(sent V-1) = %+v, %v; want none", l, err)
+		}
+
+		// Hold: U-1 dead, holding U-2.
+		n, err := dl.DeadLetterPending(b.ctx, []int64{pu[0].ID}, relay.HoldAggregate, "dead-lettered by the test")
+		if err != nil || n != 1 {
+			t.Fatalf("DeadLetterPending(U-1) = %d, %v", n, err)
+		}
+		if n, err := dl.DeadLetterPending(b.ctx, []int64{pu[0].ID}, relay.HoldAggregate, "again"); err != nil || n != 0 {
+			t.Errorf("second DeadLetterPending(U-1) = %d, %v; want 0", n, err)
+		}
+		if s, a := b.status(t, "U-1"); s != 2 || a != 0 {
+			t.Errorf("U-1: status %d, %d attempts; want dead, 0 attempts", s, a)
+		}
+		d, err := dl.List(b.ctx, relay.Selector{MessageID: "U-1"}, 0)
+		if err != nil || len(d) != 1 || !d[0].Held || d[0].LastError != "dead-lettered by the test" {
+			t.Errorf("dead letter U-1 = %+v, %v; want held, with the reason", d, err)
+		}
+
+		// Release: W-1 dead, W-2 flows.
+		pw, err := dl.ListPending(b.ctx, relay.Selector{MessageID: "W-1"}, 0)
+		if err != nil || len(pw) != 1 {
+			t.Fatalf("ListPending(W-1) = %+v, %v", pw, err)
+		}
+		// The sent V-1's id beside it is left alone.
+		var v1 int64
+		if err := b.e.RelayDB.QueryRow("SELECT id FROM "+b.e.Table+" WHERE message_id = "+b.e.Placeholder(1), "V-1").Scan(&v1); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := dl.DeadLetterPending(b.ctx, []int64{pw[0].ID, v1}, relay.SkipDead, "skipped by the test"); err != nil || n != 1 {
+			t.Fatalf("DeadLetterPending(W-1, sent V-1) = %d, %v; want 1", n, err)
+		}
+		if s, _ := b.status(t, "V-1"); s != 1 {
+			t.Errorf("sent V-1 has status %d after DeadLetterPending, want still sent", s)
+		}
+		b.r.Notify()
+		msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "W")) == 1 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(order(msgs, "W")); got != "[W-2]" {
+			t.Errorf("W delivered as %s, want [W-2]", got)
+		}
+		if got := order(msgs, "U"); len(got) != 0 {
+			t.Errorf("held aggregate U delivered %v", got)
+		}
+
+		// The route fixed, a retry delivers U-1, then U-2.
+		unroutable.Store(false)
+		if n, err := dl.Retry(b.ctx, relay.Selector{MessageID: "U-1"}); err != nil || n != 1 {
+			t.Fatalf("Retry(U-1) = %d, %v", n, err)
+		}
+		b.r.Notify()
+		msgs, err = b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "U")) == 2 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(order(msgs, "U")); got != "[U-1 U-2]" {
+			t.Errorf("U delivered as %s", got)
+		}
+	})
+}

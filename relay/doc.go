@@ -29,17 +29,39 @@
 // idle relay runs one claim query per PollInterval (see Cost of an idle
 // relay below).
 //
+// # The pending set
+//
+// Since schema version 9 (PostgreSQL; 8 on SQLite, 6 on MySQL/MariaDB) the
+// events waiting to be published are listed in a table of their own,
+// <table>_pending (id, partition_key), which triggers on the outbox table
+// keep: a row written with status 0 enters it, a dead-lettered row
+// (status 2) leaves it, a retried dead letter enters it again, a deleted
+// row leaves it. Marking an event sent deletes its entry there: one
+// primary-key probe and one small WAL record (redo record on InnoDB),
+// where the UPDATE of status it replaces wrote a new copy of the row,
+// payload included, and entries in two indexes (on PostgreSQL it could
+// never be a HOT update: status is in the partial indexes' predicates).
+// The outbox row is written once and, when all goes well, never touched
+// again: it is the history (lookups, the admin page, retention, the
+// archive) and keeps its message ID unique. A row is pending if its id is
+// in the set, sent if its status is 0 or 1 and it is not, dead if its
+// status is 2. A message that failed before it was sent (attempts > 0)
+// is marked with an UPDATE instead (status 1, its retry time cleared), so
+// that the hold index keeps only rows that can hold.
+//
 // # Claiming
 //
-// The claim reads pending rows (status 0) in id order whose retry is due
-// by the database's clock, read once per claim (statement_timestamp(),
-// UTC_TIMESTAMP(6), or SQLite's
-// unixepoch), and only those whose aggregate has no earlier row waiting for
+// The claim walks the pending set in id order and reads each row by
+// primary key (a probe of about four pages per claimed row: 1-1.5 µs of
+// server CPU per row on the benchmark machine), keeping those whose retry
+// is due by the database's clock, read once per claim
+// (statement_timestamp(), UTC_TIMESTAMP(6), or SQLite's unixepoch), and
+// only those whose aggregate has no earlier row waiting for
 // a retry or dead-lettered. So while event k of an aggregate waits, k+1 is
 // not handed out (the seed article's query, "status=0 AND due ORDER BY id",
-// would send it first), and other aggregates flow on. It reads by status,
-// never "id greater than the last seen", so a transaction that got a lower
-// id but committed late is still published. The hold check probes an index
+// would send it first), and other aggregates flow on. It reads the pending
+// set, never "id greater than the last seen", so a transaction that got a
+// lower id but committed late is still published. The hold check probes an index
 // over the rows that can hold (those with a next_retry_at: retrying or
 // dead), which is empty in normal operation, so a claim's cost does not
 // grow with the backlog; on PostgreSQL one test per claim skips the probes
@@ -63,10 +85,10 @@
 // joins: the only plan left is the index walk in id order that stops
 // after BatchSize rows.
 //
-// Dead index entries. PostgreSQL keeps the pending index's entries of rows
-// marked sent until VACUUM removes them, and a walk from the start of the
-// index reads them all (1,000,000 such entries: 2,944 pages per claim
-// instead of 212, TestClaimCostFlatOnPostgres). So the PostgreSQL claim
+// Dead index entries. PostgreSQL keeps the pending set's index entries of
+// rows marked sent until VACUUM removes them, and a walk from the start of
+// the index reads them all (1,000,000 such entries: about 2,700 pages per
+// claim, TestClaimCostFlatOnPostgres). So the PostgreSQL claim
 // starts its walk at a scan floor: an id below which none of the relay's
 // partitions' rows is pending or can still become pending. The floor
 // moves up only on a proof, never on "the last id seen" (floor.go): a
@@ -108,11 +130,10 @@
 // SQLite removes index entries at once (it has no MVCC); for MariaDB's
 // purge see BENCHMARKS.md.
 //
-// On MySQL/MariaDB a row marked sent leaves a delete-marked entry in the
-// pending range of the status index until InnoDB's purge removes it
-// (later under write load; never while a long transaction holds purge
-// back), and a claim walks every such entry, with a primary-key lookup
-// each on pages the writers keep recent. The relay therefore remembers,
+// On MySQL/MariaDB a row marked sent leaves a delete-marked record in the
+// pending set until InnoDB's purge removes it (later under write load;
+// never while a long transaction holds purge back), and a claim walks
+// every such record. The relay therefore remembers,
 // as ranges of consecutive ids, the rows its own mark-sent statements
 // changed (only statements that changed every row they named) and the
 // claim leaves those ranges out of its index range. That is exact, not a
@@ -125,13 +146,16 @@
 //
 // # Outcomes
 //
-//   - Acknowledged: marked sent (status 1) with one statement per batch
-//     (DeleteOnPublish on MySQL/MariaDB: one per 500 ids), in the
-//     background while the next batch is claimed and published. On
-//     PostgreSQL that statement commits with synchronous_commit off (for
-//     its own transaction only): a server crash can lose the last marks
-//     (about 3 x wal_writer_delay), whose messages are then sent again,
-//     and the relay's loop never waits for a WAL flush.
+//   - Acknowledged: marked sent (its entry deleted from the pending set,
+//     the lease fence read once for the statement on PostgreSQL and
+//     SQLite) with one statement per batch (on MySQL/MariaDB one per 500
+//     ids), in the background while the next batch is claimed and
+//     published; messages that had failed before are marked with an
+//     UPDATE first (status 1). On PostgreSQL that statement commits with
+//     synchronous_commit off (for its own transaction only): a server
+//     crash can lose the last marks (about 3 x wal_writer_delay), whose
+//     messages are then sent again, and the relay's loop never waits for a
+//     WAL flush. (The exactly-once mode marks durably: see below.)
 //   - A per-message failure (PublishErrors): the aggregate's first failed
 //     message counts an attempt and gets next_retry_at = database now +
 //     backoff (RetryInitial x 2^(attempt-1), jittered, capped at RetryMax;
@@ -145,7 +169,9 @@
 //   - Errors wrapping ErrUnavailable (misconfiguration: authorization,
 //     unknown topic): no attempt is counted, OnUnavailable is called, and
 //     the relay backs off as a whole. A configuration mistake never
-//     dead-letters the backlog.
+//     dead-letters the backlog. An event whose route will never exist (a
+//     mistyped Topic) stays pending until an operator dead-letters it
+//     (DeadLetters.ListPending, then DeadLetterPending on the ids shown).
 //   - The whole batch failed (broker unreachable, timeout): nothing is
 //     recorded; the relay backs off as a whole (exponential, 100 ms to
 //     30 s) and re-sends later. No attempt is burned by an outage.
@@ -216,12 +242,18 @@
 // a lease also fences the previous owner, frozen or not) and again after
 // any outcome of its own it did not learn (ErrOutcomeUnknown, a mark-sent
 // that failed); it marks the ids Reconcile returns sent and claims nothing
-// from the partition until that succeeded. It marks each batch sent before
-// claiming the next (the broker keeps only the last publish's record per
-// partition), so this mode does not pipeline mark-sent. Per-message
-// outcomes add ErrAborted (not delivered because its transaction was
-// aborted for another message: no attempt, no hold) and ErrFenced. A
-// TransactionObserver hears each transaction's outcome.
+// from the partition until that succeeded. The broker keeps only the last
+// publish's record per partition: a Reconciler that is also a Pipeliner
+// (relay/kafka's) records the batch before as well, whose mark-sent is
+// still running (Carry), so the relay marks one batch while it publishes
+// the next, as at least once; otherwise it marks each batch before it
+// claims the next. In this mode marks commit durably (on PostgreSQL not
+// with synchronous_commit off): a mark the relay saw succeed is no longer
+// in any manifest, so a database crash must not undo it
+// (TestExactlyOnceDatabaseCrash). Per-message outcomes add ErrAborted (not
+// delivered because its transaction was aborted for another message: no
+// attempt, no hold) and ErrFenced. A TransactionObserver hears each
+// transaction's outcome.
 //
 // # Stopping
 //
@@ -243,7 +275,9 @@
 // Membership and balance. Every LeaseHeartbeat (LeaseTTL/4, 2.5 s by
 // default) an instance upserts its row in <table>_relay (expiring after
 // LeaseTTL by the database clock, and carrying its delivery mode: see
-// ErrModeMismatch), renews its leases, counts the live
+// ErrModeMismatch; once a minute it also deletes the rows expired for
+// longer than MemberPruneAfter LeaseTTLs, killed relays'), renews its
+// leases, counts the live
 // instances L and aims for ceil(N/L) partitions: it takes free or expired
 // partitions up to that share, in one statement and one commit (a relay
 // starting beside busy writers used to commit once per partition before
@@ -353,6 +387,37 @@
 // into Relay.Notify for relays elsewhere. On MySQL/MariaDB
 // and SQLite the poll is adaptive: MinPollInterval after a cycle that found
 // work, doubling to PollInterval when idle.
+//
+// # The WAL source (PostgreSQL)
+//
+// With Config.Source SourceWAL a relay also reads the table's committed
+// inserts from a logical replication slot (pgoutput, a publication of the
+// table, inserts only; github.com/jackc/pglogrepl speaks the protocol) and
+// fills batches from that stream instead of claiming: the claim query and
+// its walk of the pending set go, the outbox rows are not read back, and
+// a relay in another process than the writers needs no NOTIFY. The table
+// stays the source of truth. Each batch from the stream is checked in one
+// statement (walclaim.go): a row goes out only while it is pending, in a
+// partition this relay holds, and no earlier event of its aggregate is
+// failed and unsent; the relay claims from the table at start, after a
+// gap in the stream (a reconnection), when it acquires a partition, when
+// the check refuses a row for its aggregate's sake, after a dead letter
+// is retried (the floor epoch), after a failed cycle, and every
+// PollInterval, each time until a claim comes back short. So a stream
+// that breaks, lags or is invalidated costs speed, never an event.
+//
+// The slot's position advances as the loop takes rows, never held back by
+// a retry or a held aggregate (their rows are in the table), so one stuck
+// aggregate does not make the server keep WAL. One relay reads the slot;
+// the others stand by, claim their partitions from the table, and take
+// the slot over when its reader goes; a reader whose relay's membership
+// expired (a frozen or partitioned process whose replication connection
+// stays open) is terminated with pg_terminate_backend. Publishing stays
+// under the partition leases and their trust window, as with claims, so
+// a frozen reader's in-flight batch is fenced as any relay's. Events of
+// one aggregate go out in commit order, which is their id order when the
+// application serialises an aggregate's transactions. docs/wal.md has
+// the setup, the figures, the monitoring and the limits.
 //
 // # Tracing
 //

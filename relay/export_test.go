@@ -27,3 +27,13 @@ func (r *Relay) FloorEpoch() int64 { return r.floor.epoch }
 // OnLoopsStarted makes Run call fn once its background loops have started
 // (before the first cycle). Call it before Run.
 func (r *Relay) OnLoopsStarted(fn func()) { r.loopsStarted = fn }
+
+// WALCounts returns how many rows the WAL source's cycles published from
+// the stream and how many they claimed from the table.
+func (r *Relay) WALCounts() (fromStream, fromTable int64) {
+	return r.walPublished.Load(), r.walClaimed.Load()
+}
+
+// OnStream reports whether the WAL source vouches for its stream: the
+// stream is open and the last claim from the table came back short.
+func (r *Relay) OnStream() bool { return r.onStream.Load() }

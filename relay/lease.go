@@ -41,6 +41,10 @@ type leases struct {
 	ttl, beat  time.Duration
 	mode       string // delivery mode stored in the membership row (modeOf)
 
+	// pruned is when this instance last removed the membership rows
+	// expired for longer than MemberPruneAfter LeaseTTLs (zero: not yet).
+	pruned time.Time
+
 	// conflict is the last other-mode instance a heartbeat saw ("" none),
 	// so that the error is logged when it appears or changes.
 	conflict string
@@ -55,7 +59,19 @@ type leases struct {
 	trusted   time.Time
 	toRelease map[int]bool
 	changed   chan struct{} // signalled when partitions were acquired or trusted again after a lapse
+
+	// Catching up (run, heartbeat): while this instance owns fewer
+	// partitions than its share and another one is expected to release
+	// them, it beats every catchUpBeat instead of every beat, for at most
+	// two beats after its share or the membership last changed.
+	lastDeficit, lastLive int
+	catchUpUntil          time.Time
+	catchingUp            bool
 }
+
+// catchUpBeat is the heartbeat interval of an instance catching up: a
+// twentieth of beat, at least 50 ms (125 ms at the default LeaseTTL).
+func (l *leases) catchUpBeat() time.Duration { return max(l.beat/20, 50*time.Millisecond) }
 
 func newInstanceID() string {
 	host, _ := os.Hostname()
@@ -161,8 +177,19 @@ func (l *leases) released(ps []int) {
 	}
 }
 
-// release gives partitions up in the database.
+// release gives partitions up in the database; the ones it could not
+// release (they expire by themselves) are logged in one line.
 func (l *leases) release(ctx context.Context, ps []int) {
+	if failed, err := l.releaseEach(ctx, ps); err != nil {
+		l.r.log.Warn("releasing partition leases failed; they expire by themselves", "partitions", failed, "error", err)
+	}
+}
+
+// releaseEach gives partitions up in the database, one statement each,
+// and returns those it could not release with the first error (nil if
+// all were released). It logs nothing: a closed pool fails every
+// partition, and the caller says so once.
+func (l *leases) releaseEach(ctx context.Context, ps []int) (failed []int, first error) {
 	l.op.Lock()
 	defer l.op.Unlock()
 	for _, p := range ps {
@@ -170,10 +197,44 @@ func (l *leases) release(ctx context.Context, ps []int) {
 		_, err := l.r.db.ExecContext(qctx, l.r.d.Lease("lease_release"), p, l.id)
 		cancel()
 		if err != nil {
-			l.r.log.Warn("releasing a partition lease failed; it expires by itself", "partition", p, "error", err)
+			failed = append(failed, p)
+			if first == nil {
+				first = err
+			}
 		}
 	}
 	l.released(ps)
+	return failed, first
+}
+
+// MemberPruneAfter is how many LeaseTTLs a membership row (<table>_relay)
+// may stay expired before a live relay deletes it: 10, 100 s at the
+// default LeaseTTL. A relay that stops deletes its own row; one that was
+// killed leaves it, expired, until then. Every relay prunes at its first
+// heartbeat and then once a minute (memberPruneEvery).
+const MemberPruneAfter = 10
+
+// memberPruneEvery is how often a relay's heartbeat prunes expired
+// membership rows.
+const memberPruneEvery = time.Minute
+
+// prune deletes the membership rows expired for longer than
+// MemberPruneAfter LeaseTTLs, at most once per memberPruneEvery; a
+// failure is logged, never returned (the rows are only clutter).
+func (l *leases) prune(ctx context.Context) {
+	now := time.Now()
+	if !l.pruned.IsZero() && now.Sub(l.pruned) < memberPruneEvery {
+		return
+	}
+	l.pruned = now
+	res, err := l.r.db.ExecContext(ctx, l.r.d.Lease("member_prune"), MemberPruneAfter*l.ttlMicros())
+	if err != nil {
+		l.r.log.Warn("pruning expired relay memberships failed; the next heartbeat tries again in a minute", "error", err)
+		return
+	}
+	if n, err := res.RowsAffected(); err == nil && n > 0 {
+		l.r.log.Info("pruned the membership rows of relays expired for longer than 10 lease TTLs", "rows", n, "after", (MemberPruneAfter * l.ttl).String())
+	}
 }
 
 // heartbeat runs one round: membership, renewal, balancing.
@@ -187,6 +248,7 @@ func (l *leases) heartbeat(ctx context.Context) error {
 	if _, err := db.ExecContext(qctx, d.Lease("member_beat"), l.id, l.ttlMicros(), l.mode); err != nil {
 		return fmt.Errorf("membership heartbeat: %w", err)
 	}
+	l.prune(qctx)
 	if d.RenewsLeasesOneByOne() {
 		// MySQL/MariaDB: one partition per statement, by primary key, so
 		// that no renewal holds one lease row while waiting for another
@@ -237,6 +299,7 @@ func (l *leases) heartbeat(ctx context.Context) error {
 	l.trusted = started.Add(l.ttl - l.ttl/5)
 	l.r.cfg.Observer.Leases(len(mine))
 	pendingRelease := len(l.toRelease)
+	var releasing []int
 	if excess := len(mine) - target; excess > 0 && pendingRelease == 0 {
 		ps := make([]int, 0, len(mine))
 		for p := range mine {
@@ -246,9 +309,26 @@ func (l *leases) heartbeat(ctx context.Context) error {
 		for _, p := range ps[:excess] {
 			l.toRelease[p] = true
 		}
+		releasing = ps[:excess]
+		sort.Ints(releasing)
 	}
 	deficit := target - len(mine)
+	// A joining instance owns less than its share until the others give
+	// partitions up at their next heartbeat: it beats faster meanwhile, so
+	// that released partitions do not wait up to a whole beat for it (a
+	// handover from one relay to two cost up to LeaseHeartbeat, 2.5 s, of
+	// latency to half the aggregates: emit-to-consumer p99 1.5 s, issue 36).
+	now := time.Now()
+	if deficit != l.lastDeficit || live != l.lastLive {
+		l.catchUpUntil = now.Add(2 * l.beat)
+	}
+	l.lastDeficit, l.lastLive = deficit, live
+	l.catchingUp = deficit > 0 && pendingRelease == 0 && now.Before(l.catchUpUntil)
 	l.mu.Unlock()
+	if len(releasing) > 0 {
+		l.r.log.Info("releasing partition leases to balance the relays", "instance", l.id,
+			"partitions", releasing, "owned", len(mine), "target", target, "instances", live)
+	}
 	if lapsed {
 		select {
 		case l.changed <- struct{}{}:
@@ -282,6 +362,9 @@ func (l *leases) heartbeat(ctx context.Context) error {
 		}
 		l.mu.Lock()
 		l.owned = mine
+		if acquired >= deficit {
+			l.catchingUp = false // its share is taken: back to the normal beat
+		}
 		l.mu.Unlock()
 		l.r.cfg.Observer.Leases(len(mine))
 		l.r.log.Info("partition leases acquired", "instance", l.id, "acquired", acquired, "owned", len(mine), "instances", live)
@@ -405,9 +488,10 @@ func (l *leases) free(ctx context.Context) ([]int, error) {
 	return ps, nil
 }
 
-// run heartbeats every l.beat until ctx ends.
+// run heartbeats every l.beat until ctx ends (every catchUpBeat while
+// catching up: see leases.catchingUp).
 func (l *leases) run(ctx context.Context) {
-	t := time.NewTicker(l.beat)
+	t := time.NewTimer(l.next())
 	defer t.Stop()
 	for {
 		select {
@@ -415,16 +499,48 @@ func (l *leases) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := l.heartbeat(ctx); err != nil && ctx.Err() == nil {
+		t.Reset(l.beat) // from the start of this round, as a ticker would
+		var fast bool
+		err := l.heartbeat(ctx)
+		if err != nil && ctx.Err() == nil {
 			l.r.log.Warn("lease heartbeat failed; leases lapse unless a later one succeeds", "instance", l.id, "error", err)
 		}
 		if ctx.Err() == nil {
 			l.r.watchPartitions(ctx, l.partitions, false)
 		}
+		l.mu.Lock()
+		if err != nil {
+			// A failing database gets the normal beat, not a fast one.
+			l.catchingUp = false
+		}
+		fast = l.catchingUp
+		l.mu.Unlock()
+		if fast {
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
+			t.Reset(l.catchUpBeat())
+		}
 	}
 }
 
-// leave releases every partition and the membership (graceful stop).
+// next is the wait before the first heartbeat of run.
+func (l *leases) next() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.catchingUp {
+		return l.catchUpBeat()
+	}
+	return l.beat
+}
+
+// leave releases every partition and the membership (graceful stop). If
+// the database cannot be reached (a pool closed before the relay stopped,
+// a database down) it logs one WARN line naming the partitions left to
+// expire, not one per partition.
 func (l *leases) leave(ctx context.Context) {
 	l.mu.Lock()
 	ps := make([]int, 0, len(l.owned))
@@ -432,10 +548,16 @@ func (l *leases) leave(ctx context.Context) {
 		ps = append(ps, p)
 	}
 	l.mu.Unlock()
-	l.release(ctx, ps)
+	sort.Ints(ps)
+	failed, err := l.releaseEach(ctx, ps)
 	qctx, cancel := context.WithTimeout(ctx, l.r.cfg.QueryTimeout)
 	defer cancel()
-	if _, err := l.r.db.ExecContext(qctx, l.r.d.Lease("member_leave"), l.id); err != nil {
-		l.r.log.Warn("leaving the relay group failed; the membership expires by itself", "error", err)
+	if _, lerr := l.r.db.ExecContext(qctx, l.r.d.Lease("member_leave"), l.id); lerr != nil && err == nil {
+		err = lerr
 	}
+	if err == nil {
+		return
+	}
+	l.r.log.Warn("leaving the relay group failed; the partition leases and the membership expire by themselves after LeaseTTL (stop the relay and wait for Run before closing its pool)",
+		"partitions", failed, "lease_ttl", l.ttl.String(), "error", err)
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -188,6 +188,40 @@ func TestModeMismatchLoggedWhileRunning(t *testing.T) {
 		if _, err := e.RelayDB.Exec("DELETE FROM " + e.Table + "_relay WHERE instance_id = 'lapsed'"); err != nil {
 			t.Fatal(err)
 		}
+		stopRelay(t, r, run)
+	})
+}
+
+// TestExpiredMembershipsPruned: a relay deletes the membership rows of
+// relays that were killed (expired for longer than MemberPruneAfter
+// LeaseTTLs: 20 s here), and keeps the recently expired ones and the
+// live ones.
+func TestExpiredMembershipsPruned(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, tg testdb.Target) {
+		e := testdb.New(t, tg, driver.Config{})
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		long, recent := "'2000-01-01 00:00:00'", "clock_timestamp() - interval '1 second'"
+		switch tg.Dialect {
+		case driver.SQLite:
+			long, recent = "946684800000", "CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000"
+		case driver.MySQL:
+			recent = "UTC_TIMESTAMP(6) - INTERVAL 1 SECOND"
+		}
+		for id, at := range map[string]string{"killed-long-ago": long, "killed-just-now": recent} {
+			if _, err := e.RelayDB.Exec("INSERT INTO " + e.Table + "_relay (instance_id, expires_at, mode) VALUES ('" + id + "', " + at + ", 'at-least-once')"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, run := startModeRelay(t, e, outboxtest.NewPublisher(), nil)
+		members := func() []string {
+			return testdb.Column(t, ctx, e.RelayDB, "SELECT instance_id FROM "+e.Table+"_relay ORDER BY instance_id")
+		}
+		eventually(t, ctx, "the long-expired membership pruned", func() bool {
+			m := members()
+			return len(m) == 2 && m[0] == "killed-just-now" && m[1] != "killed-long-ago"
+		})
 		stopRelay(t, r, run)
 	})
 }

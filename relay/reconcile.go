@@ -96,6 +96,28 @@ func modeOf(rec Reconciler) string {
 	return m
 }
 
+// Pipeliner is a Reconciler whose publishes can record the rows of the
+// publish before them as well (relay/kafka's exactly-once mode: the
+// transaction's manifest lists them), so that the relay marks one batch
+// sent while it claims and publishes the next, as in the at-least-once
+// mode, instead of marking each batch before the next claim.
+//
+// Before each Publish the relay calls Carry with the rows of the previous
+// batch whose mark-sent has not been confirmed yet, by relay partition
+// (ascending ids; nil when none): every transaction that Publish commits
+// for a relay partition must record them beside its own rows, so that
+// Reconcile, after a crash or an unknown outcome, returns them too. The
+// relay confirms a mark before the Publish after the next (it waits for
+// the mark-sent of one batch before it records the outcomes of the next),
+// and in this mode its marks are durable (the database's commit waits for
+// the WAL flush), so a confirmed row is never pending again after a
+// database crash. Carry is called from the relay's loop only, never
+// concurrently with Publish.
+type Pipeliner interface {
+	Reconciler
+	Carry(ids map[int][]int64)
+}
+
 // PublisherWrapper is implemented by a Publisher that wraps another (for
 // timing, logging, tracing): the relay looks through Unwrap for a
 // Reconciler, so that wrapping relay/kafka's exactly-once publisher keeps
@@ -212,7 +234,7 @@ func (r *Relay) reconcile(ctx context.Context, set leaseSet) (leaseSet, error) {
 			defer cancel()
 			ids, err := r.rec.Reconcile(rctx, p, epoch)
 			if err == nil {
-				err = r.markSentIDs(ctx, ids)
+				err = r.markReconciledIDs(ctx, ids)
 			} else {
 				r.unavailable(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -183,12 +184,21 @@ type Config struct {
 	// its StartPublish (tracing spans); if PartitionObserver, it hears
 	// about partition mismatches.
 	Observer Observer
+	// Source is where the relay learns of committed events: SourceTable
+	// (default) or SourceWAL (PostgreSQL only; WAL configures it; see
+	// docs/wal.md). New returns ErrInvalidConfig for SourceWAL on another
+	// dialect or without WAL.DSN.
+	Source Source
+	// WAL configures SourceWAL; ignored otherwise.
+	WAL WALConfig
 	// Clock is the host clock the relay's backoff computations read
 	// (cenkalti/backoff's Clock). Default the system clock. No decision
 	// about due retries compares host time with the database: due times are
 	// computed and compared in SQL by the database's clock; Clock exists so
 	// tests can skew the host clock and show nothing changes.
 	Clock backoff.Clock
+
+	tableName string // set by New before withDefaults: the default publication's name
 }
 
 func (c Config) withDefaults() Config {
@@ -258,6 +268,17 @@ func (c Config) withDefaults() Config {
 	if c.InstanceID == "" {
 		c.InstanceID = newInstanceID()
 	}
+	if c.Source == SourceWAL {
+		if c.WAL.Publication == "" {
+			c.WAL.Publication = PublicationName(c.tableName)
+		}
+		if c.WAL.Buffer == 0 {
+			c.WAL.Buffer = 4 * c.MaxBatchSize
+		}
+		if c.WAL.StatusInterval == 0 {
+			c.WAL.StatusInterval = time.Second
+		}
+	}
 	return c
 }
 
@@ -287,6 +308,27 @@ type Relay struct {
 	hard context.CancelFunc // cancels in-flight work on a hard stop
 
 	marking *markJob // owned by the Run goroutine
+	// wal is the WAL source's reader (Config.Source SourceWAL), set by
+	// Run; tableDue and walEpoch are owned by the Run goroutine
+	// (walclaim.go).
+	wal            *walReader
+	tableDue       bool
+	onStream       atomic.Bool // the WAL source vouches for its stream (tableDue false): tests, and Ready's detail
+	walEpoch       int64
+	walLeases      map[int]int64 // the partitions (lease epochs) the last claim that caught up covered
+	lastTableClaim time.Time
+	// walPublished and walClaimed count the rows the WAL source's cycles
+	// published from the stream and claimed from the table (tests, and
+	// the progress line).
+	walPublished, walClaimed atomic.Int64
+	// pipe is rec if it is a Pipeliner: then the exactly-once mode marks
+	// one batch sent while it publishes the next.
+	pipe Pipeliner
+	// claimConn is the connection the loop claims on (PostgreSQL,
+	// claimconn.go); owned by the Run goroutine.
+	claimConn   *sql.Conn
+	claimStmt   *sql.Stmt // the claim prepared on claimConn
+	claimNoPrep bool      // preparing it failed: run it unprepared
 	// rec is cfg.Publisher if it is a Reconciler (reconcile.go), and
 	// recon which partitions it reconciled; recon is owned by the Run
 	// goroutine.
@@ -327,6 +369,7 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 	if ob == nil || db == nil || cfg.Publisher == nil {
 		return nil, fmt.Errorf("%w: a *driver.Outbox, a *sql.DB and a Publisher are required", ErrInvalidConfig)
 	}
+	cfg.tableName = ob.Config().Table
 	cfg = cfg.withDefaults()
 	if cfg.PollInterval < 0 || cfg.MinPollInterval < 0 || cfg.MinPollInterval > cfg.PollInterval || cfg.BatchSize < 1 || cfg.MaxBatchSize < cfg.BatchSize || cfg.MaxBatchBytes < 1 || cfg.MaxAttempts < 1 || cfg.RetryInitial < 0 ||
 		cfg.RetryMax < cfg.RetryInitial || cfg.RetryJitter < 0 || cfg.RetryJitter >= 1 ||
@@ -349,10 +392,14 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	table := ob.Config().Table
+	if err := checkSource(cfg, d); err != nil {
+		return nil, err
+	}
 	rec := reconcilerOf(cfg.Publisher)
+	pipe, _ := rec.(Pipeliner)
 	log := cfg.Logger.With("component", "outbox.relay", "table", table)
 	return &Relay{
-		ob: ob, db: db, cfg: cfg, d: d, batch: cfg.BatchSize, table: table, rec: rec,
+		ob: ob, db: db, cfg: cfg, d: d, batch: cfg.BatchSize, table: table, rec: rec, pipe: pipe,
 		log:        log,
 		cycleLog:   newRepeatLog(log, slog.LevelWarn, "relay cycle failed; backing off"),
 		unavailLog: newRepeatLog(log, slog.LevelError, "the broker refuses the route (misconfigured, not authorized, or full); backing off without counting attempts"),
@@ -427,6 +474,14 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	if err != nil || parts == 0 { // 0: stopped while retrying
 		return err
 	}
+	// The claim's own connection, its session prepared before the relay
+	// takes partitions (claimconn.go); a failure here is retried by the
+	// first claim.
+	defer r.dropClaimSession()
+	if _, err := r.claimSession(hardCtx); err != nil {
+		r.log.Warn("preparing the claim connection failed; the first claim retries", "error", err)
+	}
+	r.openPool(hardCtx)
 	r.leases = &leases{r: r, id: r.cfg.InstanceID, partitions: parts, ttl: r.cfg.LeaseTTL, beat: r.cfg.LeaseHeartbeat, mode: modeOf(r.rec),
 		owned: map[int]int64{}, toRelease: map[int]bool{}, changed: make(chan struct{}, 1)}
 	if err := r.startLeases(hardCtx); err != nil {
@@ -476,6 +531,8 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	if wakeup == nil {
 		wakeup = r.ob.Wakeup() // subscribed here, not in New: a New that is never run subscribes nothing
 	}
+	walSignal, stopWAL := r.startWAL(hardCtx)
+	defer stopWAL()
 	bo := r.loopBackoff()
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
@@ -483,9 +540,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	for {
 		select {
 		case <-r.stopping:
-			if err := r.waitMark(); err != nil {
-				r.log.Warn("recording the last acknowledged batch failed; it will be re-sent", "error", err)
-			}
+			r.finishMark()
 			r.log.Info("relay stopped")
 			return nil
 		default:
@@ -496,6 +551,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		switch {
 		case err != nil:
 			r.batch = r.cfg.BatchSize
+			r.claimTable("cycle failed") // what failed is pending in the table (no-op without the WAL source)
 			wait = bo.NextBackOff()
 			if !errors.Is(err, ErrUnavailable) { // logged at ERROR by unavailable
 				r.cycleLog.failed(err, "retry_in", wait.String())
@@ -538,9 +594,12 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		select {
 		case <-r.stopping:
 		case <-poll.C:
+			r.pollDue() // the fallback poll: retries that came due, rows no stream carries
 		case <-r.notify:
 		case <-wakeup:
+		case <-walSignal: // rows read from the WAL (nil without the WAL source)
 		case <-r.leases.changed: // partitions acquired (they may hold a backlog), or trusted again
+			r.claimTable("partitions acquired") // (no-op without the WAL source)
 		}
 	}
 }
@@ -644,9 +703,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	if len(release) > 0 {
 		// Give up excess partitions only once this instance's work on
 		// them is recorded, so the next owner starts where it stopped.
-		if err := r.waitMark(); err != nil {
-			r.log.Warn("marking a published batch sent failed; it will be re-sent", "error", err)
-		}
+		r.finishMark()
 		r.leases.release(ctx, release)
 	}
 	if len(set.epochs) == 0 || !time.Now().Before(set.trustedUntil) {
@@ -662,7 +719,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		}
 	}
 	claimStart := time.Now()
-	msgs, err := r.claim(ctx, set)
+	msgs, err := r.next(ctx, set)
 	if err != nil || len(msgs) == 0 {
 		return 0, err
 	}
@@ -675,6 +732,11 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, budget)
+	if r.pipe != nil {
+		// The batch still being marked sent is published: its rows go in
+		// this publish's manifests too, until their mark is confirmed.
+		r.pipe.Carry(r.marking.byPartition())
+	}
 	var perr error
 	if po, ok := r.cfg.Observer.(PublishObserver); ok {
 		sctx, end := po.StartPublish(pctx, msgs)
@@ -695,9 +757,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	failpoint.Inject(failpoint.AfterPublish)
 	// The previous batch's mark-sent ran while this batch was claimed and
 	// published; it must finish before this batch's outcomes are written.
-	if err := r.waitMark(); err != nil {
-		r.log.Warn("marking a published batch sent failed; it will be re-sent", "error", err)
-	}
+	r.finishMark()
 	took := time.Since(claimStart)
 	if perr == nil {
 		for i := range msgs {
@@ -705,19 +765,21 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		}
 		r.health.published.Add(int64(len(msgs)))
 		r.health.busy.Add(int64(took))
-		if r.rec != nil {
+		if r.rec != nil && r.pipe == nil {
 			// A Reconciler's broker keeps only the last publish's record per
-			// partition: this batch is marked before the next one is
-			// claimed, and a failed mark-sent is reconciled.
+			// partition: unless it carries the batch before (a Pipeliner),
+			// this batch is marked before the next one is claimed, and a
+			// failed mark-sent is reconciled.
 			if err := r.markSent(ctx, msgs); err != nil {
 				r.unreconcile(msgs)
-				return len(msgs), err
+				return len(msgs), fmt.Errorf("%w (their relay partitions are reconciled before the next claim: no message is sent twice)", err)
 			}
 			return len(msgs), nil
 		}
 		// Pipelining: mark this batch sent while the next one is claimed
 		// and published. Its rows are still pending in the table until
-		// then, so claim skips them (r.marking).
+		// then, so claim skips them (r.marking); in the exactly-once mode
+		// the next publish's manifests list them too (Pipeliner).
 		r.startMark(ctx, msgs)
 		return len(msgs), nil
 	}
@@ -834,19 +896,57 @@ type aggregateKey struct{ typ, id string }
 
 // markJob is an asynchronous mark-sent of one acknowledged batch.
 type markJob struct {
-	ids  []int64 // in claim order
-	done chan error
+	ids   []int64 // in claim order
+	parts []int   // ids[i]'s relay partition
+	done  chan error
+}
+
+// byPartition returns the job's ids by relay partition, ascending, or nil
+// for a nil job (no mark-sent running).
+func (j *markJob) byPartition() map[int][]int64 {
+	if j == nil {
+		return nil
+	}
+	out := map[int][]int64{}
+	for i, id := range j.ids {
+		out[j.parts[i]] = append(out[j.parts[i]], id)
+	}
+	for _, ids := range out {
+		slices.Sort(ids)
+	}
+	return out
 }
 
 // startMark marks msgs sent in the background; at most one job runs, and
 // only the relay's loop goroutine touches r.marking.
 func (r *Relay) startMark(ctx context.Context, msgs []Message) {
-	j := &markJob{ids: make([]int64, len(msgs)), done: make(chan error, 1)}
+	j := &markJob{ids: make([]int64, len(msgs)), parts: make([]int, len(msgs)), done: make(chan error, 1)}
 	for i := range msgs {
-		j.ids[i] = msgs[i].ID
+		j.ids[i], j.parts[i] = msgs[i].ID, msgs[i].Partition
 	}
 	r.marking = j
 	go func() { j.done <- r.markSent(ctx, msgs) }()
+}
+
+// finishMark waits for the running mark-sent job, if any. If it failed,
+// its messages are pending in the table although the broker has them:
+// at least once they are sent again; in the exactly-once mode their relay
+// partitions are reconciled before the next claim (the broker's
+// manifests list them), so they are marked, not sent again.
+func (r *Relay) finishMark() {
+	j := r.marking
+	err := r.waitMark()
+	if err == nil {
+		return
+	}
+	if r.rec == nil {
+		r.log.Warn("marking a published batch sent failed; its messages will be sent again (the same message IDs)", "error", err)
+		return
+	}
+	for _, p := range j.parts {
+		delete(r.recon.done, p)
+	}
+	r.log.Warn("marking a published batch sent failed; its relay partitions are reconciled before the next claim (no message is sent twice)", "error", err)
 }
 
 // waitMark waits for the running mark-sent job, if any, and returns its error.
@@ -881,8 +981,26 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 	if floored {
 		r.floor.cover(set.epochs)
 		check, want := r.floor.args(time.Now())
-		rows, err = r.db.QueryContext(qctx, r.d.ClaimFloor(), r.floor.floor, r.floor.epoch, r.batch,
-			dialect.IDArray(skip), dialect.IntArray(parts), check, want)
+		var qr interface {
+			QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+		} = r.db
+		conn, cerr := r.claimSession(qctx)
+		if cerr != nil {
+			return nil, fmt.Errorf("claiming from %s: %w", r.table, cerr)
+		}
+		if conn != nil {
+			qr = conn
+		}
+		if st := r.claimStatement(qctx); st != nil {
+			rows, err = st.QueryContext(qctx, r.floor.floor, r.floor.epoch, r.batch,
+				dialect.IDArray(skip), dialect.IntArray(parts), check, want)
+		} else {
+			rows, err = qr.QueryContext(qctx, r.d.ClaimFloor(), r.floor.floor, r.floor.epoch, r.batch,
+				dialect.IDArray(skip), dialect.IntArray(parts), check, want)
+		}
+		if err != nil {
+			r.dropClaimSession() // it may be broken: the next claim takes another
+		}
 	} else {
 		q, args := r.d.ClaimBatch(r.batch, parts, skip, r.sent.ranges())
 		rows, err = r.db.QueryContext(qctx, q, args...)
@@ -930,6 +1048,9 @@ func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {
+		if floored {
+			r.dropClaimSession()
+		}
 		return nil, fmt.Errorf("claiming from %s: %w", r.table, err)
 	}
 	if floored {
@@ -962,32 +1083,122 @@ func nextBatch(cfg Config, limit, n, bytes int) int {
 // recording (otherwise the message is re-sent as a duplicate).
 func (r *Relay) markSent(ctx context.Context, msgs []Message) error {
 	ids := make([]int64, len(msgs))
+	var retried []int64
 	for i := range msgs {
 		ids[i] = msgs[i].ID
+		if msgs[i].Attempts > 0 {
+			retried = append(retried, msgs[i].ID)
+		}
 	}
-	return r.markSentIDs(ctx, ids)
+	return r.markSentIDs(ctx, ids, retried)
 }
 
-// markSentIDs is markSent by outbox id. Ids of rows already sent, or not
-// in a partition this relay owns, are left as they are.
-func (r *Relay) markSentIDs(ctx context.Context, ids []int64) error {
+// markSentIDs is markSent by outbox id. retried lists those of ids whose
+// messages had failed before (their rows carry a retry time, cleared by an
+// UPDATE; the others only leave the pending set). Ids of rows already
+// sent, or not in a partition this relay owns, are left as they are.
+func (r *Relay) markSentIDs(ctx context.Context, ids, retried []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	mark, name := r.d.MarkSent, "mark_sent"
 	if r.cfg.DeleteOnPublish {
-		mark, name = r.d.DeleteSent, "delete_sent"
+		return r.markIDs(ctx, ids, "delete_sent", r.d.DeleteSent)
 	}
-	// Each statement touches only its ids' rows, by primary key (see
-	// queries.sql): it never waits on a row outside the batch, such as a
-	// writer's row whose COMMIT has not completed.
+	done := int64(0)
+	rest := ids
+	if len(retried) > 0 {
+		// The rest go through mark_sent: an id no longer in the pending set
+		// would cost MySQL/MariaDB a gap lock there under REPEATABLE READ.
+		again := make(map[int64]bool, len(retried))
+		for _, id := range retried {
+			again[id] = true
+		}
+		rest = make([]int64, 0, len(ids)-len(retried))
+		for _, id := range ids {
+			if !again[id] {
+				rest = append(rest, id)
+			}
+		}
+		// First: their UPDATE removes them from the pending set as well,
+		// so a crash between the two statements leaves nothing half done.
+		_, markRetried := r.marks()
+		for _, c := range dialect.Chunks(len(retried), r.d.MaxIDs("mark_sent_retried")) {
+			q, args := markRetried(retried[c[0]:c[1]], r.cfg.InstanceID)
+			qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+			res, err := r.db.ExecContext(qctx, q, args...)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("marking %d messages sent: %w", len(ids), err)
+			}
+			if n, err := res.RowsAffected(); err == nil {
+				done += n
+			}
+		}
+	}
+	if len(rest) == 0 {
+		if done == int64(len(ids)) {
+			r.sent.add(ids)
+		}
+		return nil
+	}
+	mark, _ := r.marks()
+	if err := r.markIDs(ctx, rest, "mark_sent", mark); err != nil {
+		return err
+	}
+	if done == int64(len(retried)) && len(retried) > 0 {
+		r.sent.add(retried)
+	}
+	return nil
+}
+
+// markReconciledIDs marks sent the ids a Reconciler returned, whose
+// messages' attempts the relay does not know: the UPDATE of
+// MarkRetriedSent takes those that had failed before, then the pending
+// set's entries of the others go.
+func (r *Relay) markReconciledIDs(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 || r.cfg.DeleteOnPublish {
+		return r.markSentIDs(ctx, ids, nil)
+	}
+	mark, markRetried := r.marks()
+	for _, c := range dialect.Chunks(len(ids), r.d.MaxIDs("mark_sent_retried")) {
+		q, args := markRetried(ids[c[0]:c[1]], r.cfg.InstanceID)
+		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		_, err := r.db.ExecContext(qctx, q, args...)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("marking %d reconciled messages sent: %w", len(ids), err)
+		}
+	}
+	return r.markIDs(ctx, ids, "mark_sent", mark)
+}
+
+// marks returns the mark-sent statements of the relay's mode: in the
+// exactly-once mode (a Reconciler publisher) the durable ones, whose
+// commit survives a database crash: a transaction's manifest lists the
+// rows of the batch before it only until their mark is confirmed
+// (Pipeliner), so a confirmed mark must not be lost. Otherwise a lost mark
+// only re-sends its messages.
+func (r *Relay) marks() (mark, markRetried func([]int64, string) (string, []any)) {
+	if r.rec != nil {
+		return r.d.MarkSentDurable, r.d.MarkRetriedSentDurable
+	}
+	return r.d.MarkSent, r.d.MarkRetriedSent
+}
+
+// markIDs runs the id-list statement mark (mark_sent or delete_sent, by
+// name) over ids in chunks of the dialect's MaxIDs. Each statement
+// touches only its ids' rows, by primary key (see queries.sql): it never
+// waits on a row outside the batch, such as a writer's row whose COMMIT
+// has not completed. A chunk whose every id is now sent is remembered for
+// the MySQL claim (sentids.go).
+func (r *Relay) markIDs(ctx context.Context, ids []int64, name string, mark func([]int64, string) (string, []any)) error {
 	for _, c := range dialect.Chunks(len(ids), r.d.MaxIDs(name)) {
 		q, args := mark(ids[c[0]:c[1]], r.cfg.InstanceID)
 		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 		res, err := r.db.ExecContext(qctx, q, args...)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("marking %d messages sent (they will be re-sent): %w", len(ids)-c[0], err)
+			return fmt.Errorf("marking %d messages sent: %w", len(ids)-c[0], err)
 		}
 		if n, err := res.RowsAffected(); err == nil && n == int64(c[1]-c[0]) {
 			r.sent.add(ids[c[0]:c[1]]) // every id of the chunk is sent now (sentids.go)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -98,9 +98,12 @@ func event(agg string, n int) outbox.Event {
 	return outbox.Event{ID: fmt.Sprintf("%s-%d", agg, n), AggregateType: "acct", AggregateID: agg, Type: "t", Payload: []byte(fmt.Sprintf("%d", n))}
 }
 
+// status returns the row's state (0 pending: in the pending set, 1 sent,
+// 2 dead) and its count of failed attempts.
 func (b *bundle) status(t *testing.T, id string) (status, attempts int) {
 	t.Helper()
-	q := "SELECT status, attempts FROM " + b.e.Table + " WHERE message_id = " + b.e.Placeholder(1)
+	q := "SELECT CASE WHEN status = 2 THEN 2 WHEN " + b.e.IsPending() + " THEN 0 ELSE 1 END, attempts FROM " + b.e.Table +
+		" WHERE message_id = " + b.e.Placeholder(1)
 	if err := b.e.RelayDB.QueryRow(q, id).Scan(&status, &attempts); err != nil {
 		t.Fatal(err)
 	}
@@ -162,11 +165,11 @@ func TestRetryKeepsAggregateOrder(t *testing.T) {
 			t.Errorf("B delivered as %v", got)
 		}
 		eventually(t, b.ctx, "A-1 marked sent", func() bool { s, _ := b.status(t, "A-1"); return s == 1 })
-		if _, attempts := b.status(t, "A-1"); attempts != 3 {
-			t.Errorf("A-1 attempts = %d, want 3", attempts)
+		if _, attempts := b.status(t, "A-1"); attempts != 2 {
+			t.Errorf("A-1 attempts = %d, want 2 (the failed ones)", attempts)
 		}
-		if _, attempts := b.status(t, "A-2"); attempts != 1 {
-			t.Errorf("A-2 attempts = %d, want 1 (held, never failed itself)", attempts)
+		if _, attempts := b.status(t, "A-2"); attempts != 0 {
+			t.Errorf("A-2 attempts = %d, want 0 (held, never failed itself)", attempts)
 		}
 	})
 }
@@ -265,9 +268,9 @@ func TestBatchFailureCountsNoAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, ctx, "marked sent", func() bool {
-		var s, a int
-		_ = e.RelayDB.QueryRow("SELECT status, attempts FROM "+e.Table).Scan(&s, &a)
-		return s == 1 && a == 1
+		var pending, a int
+		_ = e.RelayDB.QueryRow("SELECT (SELECT COUNT(*) FROM "+testdb.PendingTable(e.Table)+"), attempts FROM "+e.Table).Scan(&pending, &a)
+		return pending == 0 && a == 0
 	})
 	cancel()
 	if err := <-done; err != nil {
@@ -361,8 +364,8 @@ func TestUnavailableCountsNoAttempt(t *testing.T) {
 		t.Errorf("U delivered as %s", got)
 	}
 	eventually(t, b.ctx, "U-1 sent", func() bool { s, _ := b.status(t, "U-1"); return s == 1 })
-	if s, a := b.status(t, "U-1"); s != 1 || a != 1 {
-		t.Errorf("U-1 status %d attempts %d, want sent after 1 counted attempt", s, a)
+	if s, a := b.status(t, "U-1"); s != 1 || a != 0 {
+		t.Errorf("U-1 status %d attempts %d, want sent with no failed attempt counted", s, a)
 	}
 	if alerts.Load() == 0 {
 		t.Error("OnUnavailable never called")

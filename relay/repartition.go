@@ -60,7 +60,7 @@ func Repartition(ctx context.Context, ob *driver.Outbox, db *sql.DB, n int) (err
 		}
 	}()
 	var pending, live int
-	if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+dd.QuotedTable()+" WHERE status = 0").Scan(&pending); err != nil {
+	if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+dd.PendingTable()).Scan(&pending); err != nil {
 		return fmt.Errorf("outbox: counting pending rows: %w", err)
 	}
 	if err := tx.QueryRowContext(ctx, dd.Lease("member_count")).Scan(&live); err != nil {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/dialect"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
@@ -130,7 +130,8 @@ func TestFenceRejectsStaleOwner(t *testing.T) {
 		if err := db.QueryRow("SELECT id, partition_key FROM "+b.e.Table).Scan(&id, &part); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := db.Exec(d.Bind("UPDATE "+b.e.Table+" SET status = 0 WHERE id = ?"), id); err != nil {
+		// Pending again (in the pending set), as if never sent.
+		if _, err := db.Exec(d.Bind("INSERT INTO "+testdb.PendingTable(b.e.Table)+" (id, partition_key) VALUES (?, ?)"), id, part); err != nil {
 			t.Fatal(err)
 		}
 		// owner-b holds the partition now.

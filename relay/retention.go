@@ -25,8 +25,13 @@ const (
 
 // RetentionConfig configures a Retention.
 type RetentionConfig struct {
-	// After is how long sent rows are kept (by sent_at, database clock).
-	// Default DefaultRetention (7 days).
+	// After is how long sent rows are kept, counted from when they were
+	// written (created_at, database clock): a row is removed by the first
+	// pass after it is both sent and older than After. Since the pending
+	// set (schema version 9 on PostgreSQL, 8 on SQLite, 6 on
+	// MySQL/MariaDB) a row sent at its first attempt records no send time.
+	// A message ID can be used again (driver.DuplicateIDError until then)
+	// once its row is removed. Default DefaultRetention (7 days).
 	After time.Duration
 	// BatchSize is the most rows per transaction, 1..MaxRetentionBatch.
 	// Default DefaultRetentionBatch.
@@ -118,7 +123,16 @@ func (r *Retention) batch(ctx context.Context) (int64, error) {
 	if err := rows.Err(); err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	tx, err := r.db.BeginTx(ctx, nil)
+	// MySQL/MariaDB: READ COMMITTED, so that the delete trigger's probe of
+	// the pending set for a sent row (no entry there) takes no gap lock,
+	// which under REPEATABLE READ would hold up writers adding pending
+	// entries above it (with an empty pending set, every writer) until
+	// this transaction commits.
+	var opts *sql.TxOptions
+	if r.d.Name() == dialect.MySQL {
+		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	tx, err := r.db.BeginTx(ctx, opts)
 	if err != nil {
 		return 0, err
 	}

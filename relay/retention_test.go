@@ -10,7 +10,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/relay"
 )
 
@@ -47,11 +47,11 @@ func TestRetentionAndStats(t *testing.T) {
 				}
 				b.emit(t, event("pending", 1)) // no relay now: stays pending
 				back := map[driver.Dialect]string{
-					driver.Postgres: "sent_at - interval '8 days'",
-					driver.MySQL:    "sent_at - INTERVAL 8 DAY",
-					driver.SQLite:   "sent_at - 8 * 86400000",
+					driver.Postgres: "created_at - interval '8 days'",
+					driver.MySQL:    "created_at - INTERVAL 8 DAY",
+					driver.SQLite:   "created_at - 8 * 86400000",
 				}[tg.Dialect]
-				if _, err := b.e.RelayDB.Exec("UPDATE " + b.e.Table + " SET sent_at = " + back + " WHERE status = 1 AND id <= (SELECT m FROM (SELECT MIN(id) + 2199 AS m FROM " + b.e.Table + ") x)"); err != nil {
+				if _, err := b.e.RelayDB.Exec("UPDATE " + b.e.Table + " SET created_at = " + back + " WHERE status <> 2 AND id <= (SELECT m FROM (SELECT MIN(id) + 2199 AS m FROM " + b.e.Table + ") x)"); err != nil {
 					t.Fatal(err)
 				}
 				st, err := relay.ReadStats(b.ctx, b.e.Outbox, b.e.RelayDB)

@@ -22,8 +22,9 @@ const maxSentRanges = 64
 // Only ids of a statement that changed exactly as many rows as it named
 // are recorded: each of them then went from pending to sent (or was
 // deleted, with DeleteOnPublish) in that statement, and no relay statement
-// ever makes a sent row pending again (dead letters are status 2, never
-// status 1), so leaving them out never hides a pending row. A statement
+// ever makes a sent row pending again (DeadLetters.Retry puts dead letters
+// back in the pending set, never sent rows), so leaving them out never
+// hides a pending row. A statement
 // that changed fewer rows (a fence that rejected some: those rows stay
 // pending) records nothing. Forgetting ranges is always safe: it only
 // costs the walk again. This is not "the last id seen": a row with a

@@ -36,7 +36,8 @@ type Stats struct {
 	// 0..PartitionCount-1: rows no relay can own, written by a writer
 	// configured with another count. Their partitions are in Partitions.
 	OutOfRange int64
-	// ByStatus counts rows per status: 0 pending, 1 sent, 2 failed (dead).
+	// Pending, Sent and Dead count rows per state: pending (the pending
+	// set), sent (neither pending nor dead), dead (status 2).
 	Pending, Sent, Dead int64
 	// OldestPending is the age of the oldest pending row, 0 if none.
 	OldestPending time.Duration

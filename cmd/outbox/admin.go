@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -40,6 +42,8 @@ type adminFlags struct {
 	inboxTables  []string
 	endpoints    []string
 	secureCookie bool
+	trusted      []string
+	inboxOnly    bool // set by runAdmin: no outbox table, --inbox-table given
 }
 
 // register adds the flags; prefix is "" for `outbox admin` and "admin-"
@@ -53,6 +57,7 @@ func (f *adminFlags) register(fs *pflag.FlagSet, prefix, listenDefault string) {
 	fs.StringSliceVar(&f.inboxTables, prefix+"inbox-table", nil, "inbox table(s) whose parked and held messages the admin page shows, comma-separated (same database)")
 	fs.StringSliceVar(&f.endpoints, prefix+"relay-endpoint", nil, "base URL of a relay's --http server (http://relay-1:9464), comma-separated or repeated: the admin page shows its broker and its /readyz")
 	fs.BoolVar(&f.secureCookie, prefix+"secure-cookie", false, "mark the admin session cookie Secure (behind a TLS-terminating proxy; direct TLS requests always get it)")
+	fs.StringSliceVar(&f.trusted, prefix+"trusted-proxy", nil, "address or CIDR prefix of a reverse proxy in front of the admin page, comma-separated or repeated: from it, the client's address is taken from X-Forwarded-For (login throttle, audit log) and the scheme from X-Forwarded-Proto")
 }
 
 // token reads the login token: --token-file or OUTBOX_ADMIN_TOKEN, one of
@@ -96,14 +101,19 @@ func (a *app) startAdmin(ctx context.Context, f *adminFlags, flag, token string,
 		return nil, usageErrorf("--%s %q: want host:port, e.g. 127.0.0.1:8090", flag, f.listen)
 	}
 	cfg := admin.Config{Outbox: ob, DB: db, Token: token, InboxTables: f.inboxTables, ReadOnly: f.readOnly,
-		HidePayloads: f.hidePayloads, SecureCookie: f.secureCookie, Relays: relays, RelayEndpoints: f.endpoints, Logger: log,
+		HidePayloads: f.hidePayloads, SecureCookie: f.secureCookie, TrustedProxies: f.trusted, InboxOnly: f.inboxOnly, Relays: relays, RelayEndpoints: f.endpoints, Logger: log,
 		Audit: log.With("component", "outbox.admin.audit"),
 		// Cookies do not tell ports apart: one name per port.
 		CookieName: "outbox_admin_" + port}
 	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
 		// On loopback, only loopback names: a DNS-rebinding page in the
 		// operator's browser names its own host.
+		// The listen address itself too (127.0.0.2, [::1]): the page
+		// answers to the address it was told to serve.
 		cfg.AllowedHosts = []string{"127.0.0.1", "::1", "localhost"}
+		if !slices.Contains(cfg.AllowedHosts, strings.ToLower(host)) {
+			cfg.AllowedHosts = append(cfg.AllowedHosts, host)
+		}
 	}
 	h, err := admin.New(cfg)
 	if err != nil {
@@ -145,7 +155,8 @@ rows and their age, partitions and their owners, relays' heartbeats, dead
 letters (filter, inspect, retry or skip with a confirmation that lists the
 exact rows), lookups by message ID or aggregate, and, with --inbox-table,
 the consumers' parked and held messages (skip, or a retry request that the
-consumer's runner serves).
+consumer's runner serves). On a database with no outbox table (a consumer
+service's own), --inbox-table serves the consumers page alone.
 
 Security: the page listens on 127.0.0.1:8090 by default. Every page needs
 a login: a name (for the audit log) and the token from --token-file or
@@ -192,9 +203,16 @@ func (a *app) runAdmin(cmd *cobra.Command, f *adminFlags) error {
 	if t.dialect != driver.SQLite {
 		db.SetMaxOpenConns(2) // the page never starves the application
 	}
-	if err := checkSchema(sctx, db, t, a.table, true); err != nil {
+	// A consumer service's own database has inbox tables and no outbox
+	// table: with --inbox-table the page serves the consumers alone.
+	inboxOnly := false
+	if cur, _, err := driver.SchemaVersion(sctx, db, ob.Config()); err == nil && cur == 0 && len(f.inboxTables) > 0 {
+		inboxOnly = true
+		log.Info("no outbox table: serving the consumers page only", "table", a.table, "inbox_tables", f.inboxTables)
+	} else if err := checkSchema(sctx, db, t, a.table, true); err != nil {
 		return err
 	}
+	f.inboxOnly = inboxOnly
 	s, err := a.startAdmin(sctx, f, "listen", token, ob, db, baseLog, nil)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,7 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/inbox"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
@@ -176,5 +178,126 @@ func TestAdminListensOnLoopback(t *testing.T) {
 		if got := cmd.Flags().Lookup(parts[1]).DefValue; got != want {
 			t.Errorf("%s defaults to %q, want %q", path, got, want)
 		}
+	}
+}
+
+// TestAdminAnswersItsListenAddress: on a loopback address other than
+// 127.0.0.1 (--listen 127.0.0.2:P) the page answers to that address, and
+// still refuses a foreign Host (421).
+func TestAdminAnswersItsListenAddress(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Fatalf("127.0.0.2 is loopback on Linux: %v", err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	tg := sqliteTarget(t)
+	tg.migrate(t, "outbox_message")
+	env := func(k string) string {
+		if k == envAdminToken {
+			return testAdminToken
+		}
+		return ""
+	}
+	r := startRelay(t, env, "--dsn", tg.dsn, "admin", "--listen", addr)
+	var code int
+	testdb.Eventually(t, r.ctx, "the admin page answers", func() bool {
+		code, _ = get(r.ctx, "http://"+addr+"/login")
+		return code != 0
+	})
+	if code != http.StatusOK {
+		t.Errorf("GET http://%s/login: %d, want 200", addr, code)
+	}
+	req, _ := http.NewRequestWithContext(r.ctx, http.MethodGet, "http://"+addr+"/login", nil)
+	req.Host = "rebound.example"
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf("foreign Host: %d, want 421", res.StatusCode)
+	}
+}
+
+// TestAdminTrustedProxyFlag: `outbox admin --help` and `outbox relay
+// --help` list the trusted-proxy flag with its text (golden lines), and
+// the relay refuses it without --admin-listen.
+func TestAdminTrustedProxyFlag(t *testing.T) {
+	t.Parallel()
+	const text = "address or CIDR prefix of a reverse proxy in front of the admin page, comma-separated or repeated: from it, the client's address is taken from X-Forwarded-For (login throttle, audit log) and the scheme from X-Forwarded-Proto"
+	for cmd, want := range map[string]string{
+		"admin": "      --trusted-proxy strings    " + text,
+		"relay": "      --admin-trusted-proxy strings",
+	} {
+		r := expect(t, cli(t, cmd, "--help"), 0)
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("outbox %s --help lacks %q:\n%s", cmd, want, r.stdout)
+		}
+	}
+	r := cli(t, "--dsn", "sqlite:///nonexistent.db", "relay", "--broker", "nats://127.0.0.1:1", "--admin-trusted-proxy", "10.0.0.1")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "--admin-trusted-proxy configures the admin page") {
+		t.Errorf("--admin-trusted-proxy without --admin-listen: %v", r)
+	}
+}
+
+// TestAdminInboxOnly: `outbox admin --inbox-table` on a database with
+// inbox tables and no outbox table serves the consumers page (help says
+// so); without --inbox-table it still asks for the outbox table.
+func TestAdminInboxOnly(t *testing.T) {
+	t.Parallel()
+	if r := expect(t, cli(t, "admin", "--help"), 0); !strings.Contains(r.stdout, "On a database with no outbox table (a consumer\nservice's own), --inbox-table serves the consumers page alone.") {
+		t.Errorf("help lacks the inbox-only sentence:\n%s", r.stdout)
+	}
+	tg := sqliteTarget(t)
+	db := tg.plainDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in, err := inbox.New(inbox.Config{Dialect: tg.dialect, Table: "billing_inbox", Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	env := func(k string) string {
+		if k == envAdminToken {
+			return testAdminToken
+		}
+		return ""
+	}
+	var out, errb testdb.SyncBuffer
+	if code := runEnv(ctx, []string{"--dsn", tg.dsn, "admin", "--listen", freeAddr(t)}, &out, &errb, env); code == 0 || !strings.Contains(errb.String(), "outbox_message does not exist") {
+		t.Errorf("without --inbox-table: exit %d, %s; want the missing outbox table", code, errb.String())
+	}
+	addr := freeAddr(t)
+	r := startRelay(t, env, "--dsn", tg.dsn, "admin", "--listen", addr, "--inbox-table", "billing_inbox")
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar}
+	var landed string
+	testdb.Eventually(t, r.ctx, "the admin page serves, or the command ends", func() bool {
+		select {
+		case code := <-r.exited:
+			r.exited <- code // for the cleanup
+			t.Fatalf("outbox admin exited %d:\n%s", code, r.stderr.String())
+		default:
+		}
+		res, err := c.PostForm("http://"+addr+"/login", url.Values{"name": {"ops"}, "token": {testAdminToken}})
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		landed = fmt.Sprint(res.StatusCode, " ", res.Request.URL.Path)
+		return true
+	})
+	if landed != "200 /inbox" {
+		t.Errorf("after login: %s, want 200 /inbox", landed)
+	}
+	if body := getBody(t, c, "http://"+addr+"/inbox"); !strings.Contains(body, "billing_inbox") {
+		t.Errorf("consumers page:\n%s", body)
+	}
+	if !strings.Contains(r.stderr.String(), "no outbox table: serving the consumers page only") {
+		t.Errorf("logs do not say the page serves the consumers only:\n%s", r.stderr.String())
 	}
 }

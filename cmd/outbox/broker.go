@@ -73,7 +73,7 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	envFlag(fs, "nats-creds-file", "OUTBOX_NATS_CREDS_FILE")
 	fs.StringVar(&b.natsNKey, "nats-nkey-file", "", "NATS: a file holding a user nkey seed (nats.NkeyOptionFromSeed)")
 	envFlag(fs, "nats-nkey-file", "OUTBOX_NATS_NKEY_FILE")
-	fs.StringVar(&b.natsStream, "nats-stream", "", "NATS: the stream the events are stored in (`outbox nats stream create` makes one); checked at start and by /readyz, which then fail naming the command that creates it")
+	fs.StringVar(&b.natsStream, "nats-stream", "", "NATS: the stream the events are stored in (outbox nats stream create makes one); checked at start and by /readyz, which then fail naming the command that creates it")
 	envFlag(fs, "nats-stream", "OUTBOX_NATS_STREAM")
 }
 

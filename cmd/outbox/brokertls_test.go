@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sqloutbox/outbox/internal/privateserver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // privateNATS starts a nats-server of this test's own on a free port

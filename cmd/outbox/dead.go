@@ -90,7 +90,8 @@ nothing. Both are single UPDATE statements, safe beside running relays.`,
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List dead letters, oldest first",
-		Long: `List dead letters matching the selector, oldest first, at most --limit.
+		Long: `List dead letters matching the selector (none: all of them, as --all),
+oldest first, at most --limit.
 With --json, prints {"count": N, "dead_letters": [...]}.`,
 		Example: "  outbox dead list --all\n  outbox dead list --aggregate order/42 --json",
 		Args:    cobra.NoArgs,
@@ -192,6 +193,9 @@ func (a *app) openDeadLetters(cmd *cobra.Command, sf *selectorFlags, limit int) 
 }
 
 func (a *app) deadList(cmd *cobra.Command, sf *selectorFlags, limit int) error {
+	if sf.id == "" && sf.aggregate == "" {
+		sf.all = true // listing changes nothing: no selector lists them all
+	}
 	ctx, cancel := a.commandContext(cmd)
 	defer cancel()
 	cmd.SetContext(ctx)

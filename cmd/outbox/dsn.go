@@ -75,7 +75,7 @@ func parseDSN(raw string) (*target, error) {
 				return sql.OpenDB(c), nil
 			},
 		}, nil
-	case strings.HasPrefix(raw, "sqlite:") || strings.HasPrefix(raw, "file:") || strings.HasSuffix(raw, ".db"):
+	case strings.HasPrefix(raw, "sqlite:") || strings.HasPrefix(raw, "file:") || (strings.HasSuffix(raw, ".db") && !libpqKeywordValue.MatchString(raw)):
 		path, query, _ := strings.Cut(raw, "?")
 		path = strings.TrimPrefix(strings.TrimPrefix(path, "sqlite:"), "file:")
 		path = strings.TrimPrefix(path, "//") // sqlite:///abs/path
@@ -91,10 +91,25 @@ func parseDSN(raw string) (*target, error) {
 			dialect: driver.SQLite, where: path, path: path, raw: raw,
 			open: func() (*sql.DB, error) { return sql.Open("sqlite", full) },
 		}, nil
+	case libpqKeywordValue.MatchString(raw):
+		// libpq's keyword/value form (host=db port=5432 dbname=app
+		// user=relay), which the application's lib/pq or pgx accepts too.
+		cfg, err := pgconn.ParseConfig(raw)
+		if err != nil {
+			return nil, usageErrorf("cannot parse the PostgreSQL connection string %s: %v", redactDSN(raw), dsn.RedactURLError(err))
+		}
+		return &target{
+			dialect: driver.Postgres, where: net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)), raw: raw,
+			open: func() (*sql.DB, error) { return sql.Open("pgx", raw) },
+		}, nil
 	default:
-		return nil, usageErrorf("cannot tell the database from --dsn %s: want postgres://..., mysql://... or user:pass@tcp(host:port)/db, or sqlite:PATH", redactDSN(raw))
+		return nil, usageErrorf("cannot tell the database from --dsn %s: want postgres://..., host=... dbname=... (libpq's keyword/value form), mysql://... or user:pass@tcp(host:port)/db, or sqlite:PATH", redactDSN(raw))
 	}
 }
+
+// libpqKeywordValue matches a libpq keyword/value connection string: it
+// starts with one of libpq's connection keywords and "=".
+var libpqKeywordValue = regexp.MustCompile(`^\s*(host|hostaddr|port|dbname|user|password|sslmode|application_name|connect_timeout|options|service|target_session_attrs)\s*=`)
 
 // connect opens t and checks the connection within ctx. mustExist refuses
 // to create a missing SQLite file (every command but migrate apply).
@@ -194,7 +209,7 @@ var (
 	// scheme://user:password@ when url.Parse cannot read the URL.
 	urlUserinfo = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*):[^@]*@`)
 	// password=... in key=value DSNs and URL query strings.
-	passwordParam = regexp.MustCompile(`(?i)\b(password|passwd|pwd)=([^&\s]*)`)
+	passwordParam = regexp.MustCompile(`(?i)\b(password|passwd|pwd)\s*=\s*('(?:[^'\\]|\\.)*'|[^&\s]*)`)
 )
 
 // redactDSN returns dsn with any password replaced by xxxxx: the userinfo

@@ -1,7 +1,8 @@
 // Command outbox operates the transactional outbox of a database: it
 // applies and inspects the schema, runs the standalone relay service that
 // publishes committed events to Kafka, NATS JetStream, RabbitMQ or Redis
-// Streams, reports the backlog, and lists, retries or skips dead letters.
+// Streams, reports the backlog, lists, retries or skips dead letters, and
+// dead-letters pending events whose route does not exist.
 //
 //	outbox --dsn postgres://app@db:5432/app migrate apply
 //	outbox --dsn postgres://app@db:5432/app relay --brokers kafka:9092
@@ -110,11 +111,18 @@ func usageErrorf(format string, args ...any) error {
 }
 
 // oneLine trims the library's repeated "outbox: " prefixes and folds the
-// message onto one line.
+// message onto one line. A message that starts with a package's own
+// prefix ("outbox/nats: ") keeps it as "nats: ", after the "outbox: " the
+// command prints (it printed "outbox: outbox/nats: ").
 func oneLine(s string) string {
 	s = strings.Join(strings.Fields(s), " ")
 	for strings.HasPrefix(s, "outbox: ") {
 		s = strings.TrimPrefix(s, "outbox: ")
+	}
+	if rest, ok := strings.CutPrefix(s, "outbox/"); ok {
+		if i := strings.Index(rest, ": "); i > 0 && !strings.Contains(rest[:i], " ") {
+			s = rest
+		}
 	}
 	return strings.ReplaceAll(s, ": outbox: ", ": ")
 }
@@ -197,7 +205,7 @@ Exit codes: 0 ok, 1 runtime or database error, 2 usage error,
 	root.CompletionOptions.HiddenDefaultCmd = true
 
 	pf := root.PersistentFlags()
-	pf.StringVar(&a.dsn, "dsn", "", "database to operate on: postgres://..., mysql://... or user:pass@tcp(host:port)/db, sqlite:PATH")
+	pf.StringVar(&a.dsn, "dsn", "", "database to operate on: postgres://... or host=... dbname=... (libpq keyword/value), mysql://... or user:pass@tcp(host:port)/db, sqlite:PATH")
 	envFlag(pf, "dsn", "OUTBOX_DSN")
 	pf.StringVar(&a.table, "table", driver.DefaultTable, "outbox table, name or schema.name")
 	envFlag(pf, "table", "OUTBOX_TABLE")
@@ -205,10 +213,10 @@ Exit codes: 0 ok, 1 runtime or database error, 2 usage error,
 	pf.DurationVar(&a.timeout, "timeout", 30*time.Second, "time limit of the command's database work (relay: of its start-up checks)")
 	envFlag(pf, "timeout", "OUTBOX_TIMEOUT")
 
-	root.AddCommand(a.migrateCmd(), a.relayCmd(), a.statsCmd(), a.deadCmd())
+	root.AddCommand(a.migrateCmd(), a.relayCmd(), a.statsCmd(), a.deadCmd(), a.pendingCmd())
 	root.AddCommand(a.devBrokerCmd())
 	root.AddCommand(a.inboxCmd(), a.adminCmd())
-	root.AddCommand(a.natsCmd(), a.rabbitmqCmd())
+	root.AddCommand(a.natsCmd(), a.rabbitmqCmd(), a.kafkaCmd(), a.walCmd())
 	return root
 }
 

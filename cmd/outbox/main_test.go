@@ -227,10 +227,14 @@ func TestStatsAndDeadLetters(t *testing.T) {
 		if !strings.Contains(r.stdout, "no dead letters match") {
 			t.Errorf("list after retry: %v", r)
 		}
+		// dead list without a selector lists them all (as --all).
+		r = expect(t, cli(t, append(base, "dead", "list")...), 0)
+		if !strings.Contains(r.stdout, "no dead letters match") {
+			t.Errorf("list without a selector: %v", r)
+		}
 
 		// Selector mistakes are usage errors.
 		for _, args := range [][]string{
-			{"dead", "list"},
 			{"dead", "list", "--all", "--id", badID},
 			{"dead", "retry", "--aggregate", "order"},
 			{"dead", "skip", "--aggregate", "/x"},
@@ -367,5 +371,24 @@ func TestStatusDoesNotCreateSQLiteFile(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("migrate status created %s (stat: %v)", path, err)
+	}
+}
+
+// TestOneLine: the command prints "outbox: " once before a message: the
+// library's own "outbox: " prefixes go, and a package's prefix keeps only
+// its name (issue 36, item 8: "outbox: outbox/nats: ...").
+func TestOneLine(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"outbox: outbox: no rows", "no rows"},
+		{"outbox/nats: no stream OUTBOX:\n create it", "nats: no stream OUTBOX: create it"},
+		{"outbox/kafka: state topic missing", "kafka: state topic missing"},
+		{"cannot use NATS at nats://h:4222: outbox/nats: no stream", "cannot use NATS at nats://h:4222: outbox/nats: no stream"},
+		{"relay: outbox: stopped", "relay: stopped"},
+		{"outbox/ is a path, not a package: x", "outbox/ is a path, not a package: x"},
+	} {
+		if got := oneLine(tc.in); got != tc.want {
+			t.Errorf("oneLine(%q) = %q, want %q", tc.in, got, tc.want)
+		}
 	}
 }

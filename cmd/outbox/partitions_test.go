@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/internal/dialect"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sqloutbox/outbox/relay/kafka"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
@@ -18,7 +19,6 @@ import (
 // natsStreamFlags are the flags of `outbox nats stream create|check`.
 type natsStreamFlags struct {
 	conn       relayFlags // --broker, its credentials and TLS
-	name       string
 	prefix     string
 	storage    string
 	replicas   int
@@ -59,29 +59,42 @@ exits 1.`,
 		RunE:                  groupRunE,
 		DisableFlagsInUseLine: true,
 	}
-	pf := stream.PersistentFlags()
-	f.conn.broker.register(pf)
-	f.conn.tls.register(pf)
-	pf.StringVar(&f.name, "stream", natspub.DefaultStreamName, "stream name")
-	pf.StringVar(&f.prefix, "subject-prefix", kafka.DefaultTopicPrefix, "the relay's --topic-prefix: the stream binds this prefix followed by >")
-	pf.StringVar(&f.storage, "storage", "file", "file (survives a server restart) or memory")
-	pf.IntVar(&f.replicas, "replicas", 1, "servers storing each message (1-5; a PubAck waits for a quorum)")
-	pf.DurationVar(&f.duplicates, "duplicate-window", natspub.DefaultDuplicateWindow, "JetStream's duplicate window (see above for sizing it)")
-	stream.AddCommand(&cobra.Command{
+	// Each subcommand declares the flags as its own (under "Flags:" in
+	// its help, not "Global Flags:"); both write into f.
+	flags := func(fs *pflag.FlagSet) {
+		f.conn.broker.register(fs)
+		f.conn.tls.register(fs)
+		// --nats-stream, the relay's name for the stream; --stream is the
+		// old, deprecated spelling of it, hidden (not MarkDeprecated, whose
+		// notice would go to stdout, into --json output).
+		fs.StringVar(&f.conn.broker.natsStream, "stream", natspub.DefaultStreamName, "deprecated: use --nats-stream")
+		_ = fs.MarkHidden("stream")
+		ns := fs.Lookup("nats-stream")
+		ns.DefValue = natspub.DefaultStreamName
+		ns.Usage = "NATS: the stream to create or check, the relay's --nats-stream (env OUTBOX_NATS_STREAM)"
+		fs.StringVar(&f.prefix, "subject-prefix", kafka.DefaultTopicPrefix, "the relay's --topic-prefix: the stream binds this prefix followed by >")
+		fs.StringVar(&f.storage, "storage", "file", "file (survives a server restart) or memory")
+		fs.IntVar(&f.replicas, "replicas", 1, "servers storing each message (1-5; a PubAck waits for a quorum)")
+		fs.DurationVar(&f.duplicates, "duplicate-window", natspub.DefaultDuplicateWindow, "JetStream's duplicate window (see above for sizing it)")
+	}
+	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create the stream, or find it there with the same settings",
 		Example: `  outbox nats stream create --broker nats://127.0.0.1:4222
   outbox nats stream create --broker nats://nats:4222 --nats-creds-file relay.creds --replicas 3 --duplicate-window 5m`,
 		Args: cobra.NoArgs,
 		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error { return a.natsStream(cmd, &f, true) }),
-	})
-	stream.AddCommand(&cobra.Command{
+	}
+	check := &cobra.Command{
 		Use:     "check",
 		Short:   "Check that the stream exists with these settings (exit 1 if not, saying why)",
 		Example: `  outbox nats stream check --broker nats://127.0.0.1:4222`,
 		Args:    cobra.NoArgs,
 		RunE:    a.wrap(func(cmd *cobra.Command, _ []string) error { return a.natsStream(cmd, &f, false) }),
-	})
+	}
+	flags(create.Flags())
+	flags(check.Flags())
+	stream.AddCommand(create, check)
 	cmd.AddCommand(stream)
 	return cmd
 }
@@ -92,7 +105,7 @@ func (a *app) natsStream(cmd *cobra.Command, f *natsStreamFlags, create bool) er
 	if err != nil {
 		return err
 	}
-	sc := natspub.StreamConfig{Name: f.name, SubjectPrefix: f.prefix, Replicas: f.replicas, Duplicates: f.duplicates}
+	sc := natspub.StreamConfig{Name: f.conn.broker.natsStream, SubjectPrefix: f.prefix, Replicas: f.replicas, Duplicates: f.duplicates}
 	switch strings.ToLower(f.storage) {
 	case "file":
 		sc.Storage = jetstream.FileStorage
@@ -116,24 +129,24 @@ func (a *app) natsStream(cmd *cobra.Command, f *natsStreamFlags, create bool) er
 	if create {
 		created, err := natspub.CreateStream(ctx, nc, sc)
 		if err != nil {
-			return configUsage(err, natspub.ErrConfig)
+			return configUsage(withGivenBroker(err, plan.shown), natspub.ErrConfig)
 		}
 		state = "exists"
 		if created {
 			state = "created"
 		}
 	} else if err := natspub.CheckStream(ctx, nc, sc); err != nil {
-		return configUsage(err, natspub.ErrConfig)
+		return configUsage(withGivenBroker(err, plan.shown), natspub.ErrConfig)
 	}
 	subjects := sc.Subjects()[0]
 	if a.json {
 		return writeJSON(a.stdout, map[string]any{
-			"stream": f.name, "state": state, "subjects": []string{subjects}, "storage": strings.ToLower(f.storage),
+			"stream": f.conn.broker.natsStream, "state": state, "subjects": []string{subjects}, "storage": strings.ToLower(f.storage),
 			"replicas": f.replicas, "duplicate_window": f.duplicates.String()})
 	}
 	what := map[string]string{"created": "created", "exists": "already exists with these settings; nothing changed", "ok": "exists with these settings"}[state]
 	_, err = fmt.Fprintf(a.stdout, "stream %s %s: subjects %s, %s storage, %d replica(s), duplicate window %s\n",
-		f.name, what, subjects, strings.ToLower(f.storage), f.replicas, f.duplicates)
+		f.conn.broker.natsStream, what, subjects, strings.ToLower(f.storage), f.replicas, f.duplicates)
 	return err
 }
 
@@ -179,12 +192,20 @@ func (a *app) rabbitmqCmd() *cobra.Command {
 		DisableFlagsInUseLine: true,
 	}
 	var f rabbitFlags
-	pf := cmd.PersistentFlags()
-	f.conn.broker.register(pf)
-	f.conn.tls.register(pf)
-	pf.StringVar(&f.queue, "queue", "", "also a durable queue bound to the exchange, so that messages are not returned as unroutable before a consumer binds its own")
-	pf.StringVar(&f.queueType, "queue-type", rabbitmq.QueueClassic, "the queue's type: classic or quorum")
-	pf.StringVar(&f.bindingKey, "binding-key", "#", "the queue's binding key (routing keys are <aggregate type>.<aggregate id word>: order.# takes the order events)")
+	// Each subcommand declares the flags as its own (under "Flags:" in
+	// its help, not "Global Flags:"); both write into f.
+	flags := func(fs *pflag.FlagSet) {
+		f.conn.broker.register(fs)
+		f.conn.tls.register(fs)
+		fs.StringVar(&f.queue, "queue", "", "also a durable queue bound to the exchange, so that messages are not returned as unroutable before a consumer binds its own")
+		fs.StringVar(&f.queueType, "queue-type", rabbitmq.QueueClassic, "the queue's type: classic or quorum")
+		fs.StringVar(&f.bindingKey, "binding-key", "#", "the queue's binding key (routing keys are <aggregate type>.<aggregate id word>: order.# takes the order events)")
+	}
+	defer func() {
+		for _, sub := range cmd.Commands() {
+			flags(sub.Flags())
+		}
+	}()
 	cmd.AddCommand(&cobra.Command{
 		Use:   "declare",
 		Short: "Declare the durable topic exchange (and --queue), or find them there with the same settings",

@@ -12,7 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
 // TestNATSStreamCommands: `outbox nats stream check` names the missing
@@ -36,12 +37,12 @@ func TestNATSStreamCommands(t *testing.T) {
 			_ = js.DeleteStream(ctx, stream)
 		}
 	})
-	base := []string{"nats", "stream", "--broker", natsURL(), "--stream", stream, "--subject-prefix", prefix, "--storage", "memory"}
+	base := []string{"nats", "stream", "--broker", natsURL(), "--nats-stream", stream, "--subject-prefix", prefix, "--storage", "memory"}
 	sub := func(name string, extra ...string) []string {
 		return append(append([]string{base[0], base[1], name}, base[2:]...), extra...)
 	}
 	r := expect(t, cli(t, sub("check")...), exitRuntime)
-	if !strings.Contains(r.stderr, "no stream "+stream) || !strings.Contains(r.stderr, "outbox nats stream create --broker nats://<host>:4222 --stream "+stream+" --subject-prefix "+prefix) {
+	if !strings.Contains(r.stderr, "no stream "+stream) || !strings.Contains(r.stderr, "outbox nats stream create --broker "+natsURL()+" --nats-stream "+stream+" --subject-prefix "+prefix) {
 		t.Errorf("check before create: %v", r)
 	}
 	r = expect(t, cli(t, sub("create")...), exitOK)
@@ -101,7 +102,7 @@ func TestRelayNATSStreamMissing(t *testing.T) {
 	table := randomTable()
 	tg.migrate(t, table)
 	r := expect(t, cli(t, "--dsn", tg.dsn, "--table", table, "relay", "--broker", natsURL(), "--http", "", "--nats-stream", "NOSUCH_"+uniqueID()), exitRuntime)
-	if !strings.Contains(r.stderr, "stream missing") || !strings.Contains(r.stderr, "outbox nats stream create --broker nats://<host>:4222 --stream NOSUCH_") {
+	if !strings.Contains(r.stderr, "stream missing") || !strings.Contains(r.stderr, "outbox nats stream create --broker "+natsURL()+" --nats-stream NOSUCH_") {
 		t.Errorf("relay without its stream: %v", r)
 	}
 }
@@ -174,4 +175,46 @@ func TestRabbitMQDeclareCommands(t *testing.T) {
 		t.Errorf("wrong port: %v", r)
 	}
 	expect(t, run(password, "declare", "--broker", "nats://127.0.0.1:4222"), exitUsage)
+}
+
+// TestKafkaStateTopicCommands: `outbox kafka state-topic check` names the
+// missing state topic and the command that creates it (exit 1); `create`
+// creates it, then finds it there; `check` passes; without
+// --kafka-transactional-id-prefix both refuse with a usage error.
+func TestKafkaStateTopicCommands(t *testing.T) {
+	t.Parallel()
+	broker, err := kafkatest.Start(kafkatest.Topics(1, "outbox.event.order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(broker.Close)
+	brokers := strings.Join(broker.Addrs(), ",")
+	topic := "prov." + "orders_outbox" + ".outbox-txn"
+	sub := func(name string, extra ...string) []string {
+		return append([]string{"kafka", "state-topic", name, "--brokers", brokers, "--kafka-transactional-id-prefix", "prov.", "--table", "orders_outbox"}, extra...)
+	}
+	r := expect(t, cli(t, sub("check")...), exitRuntime)
+	if !strings.Contains(r.stderr, "state topic "+topic+": missing") || !strings.Contains(r.stderr, "outbox kafka state-topic create") {
+		t.Errorf("check before create: %v", r)
+	}
+	r = expect(t, cli(t, sub("create")...), exitOK)
+	if !strings.Contains(r.stdout, "state topic "+topic+": created (1 partition)") {
+		t.Errorf("create: %v", r)
+	}
+	r = expect(t, cli(t, append([]string{"--json"}, sub("create")...)...), exitOK)
+	var out struct {
+		Topic   string
+		Created bool
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.Topic != topic || out.Created {
+		t.Errorf("create again --json: %+v, %v; %v", out, err, r)
+	}
+	r = expect(t, cli(t, sub("check")...), exitOK)
+	if !strings.Contains(r.stdout, "state topic "+topic+": present") {
+		t.Errorf("check after create: %v", r)
+	}
+	r = expect(t, cli(t, "kafka", "state-topic", "create", "--brokers", brokers), exitUsage)
+	if !strings.Contains(r.stderr, "--kafka-transactional-id-prefix") {
+		t.Errorf("create without a prefix: %v", r)
+	}
 }

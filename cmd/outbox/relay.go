@@ -54,6 +54,10 @@ type relayFlags struct {
 	retryMax         time.Duration
 	deadLetterPolicy string
 
+	source         string
+	walSlot        string
+	walPublication string
+
 	broker brokerFlags
 	tls    tlsFlags
 	kafka  kafkaFlags
@@ -99,6 +103,18 @@ after them.
 
 It also deletes sent rows older than --retention (moving them to
 <table>_archive with --archive), in small batches.
+
+--source wal (PostgreSQL, wal_level = logical, a role with REPLICATION)
+reads the table's inserts from a logical replication slot (--wal-slot,
+created at the first start with its publication) and publishes them
+without a claim query; the table stays the source of truth, and the relay
+claims from it at start, after any gap in the stream, for retries and
+held aggregates, and every --poll. One relay reads the slot; the others
+stand by and claim their partitions from the table, and take the slot
+over when its reader stops (or terminate a reader whose relay's
+membership expired). 'outbox wal status' shows the slot and the WAL it
+keeps; 'outbox wal drop' removes it when the relay is retired
+(docs/wal.md).
 
 The relay partition count is read from the table (stored by 'migrate apply';
 only relay.Repartition changes it). --partitions, if given, asserts it: the
@@ -224,6 +240,12 @@ password redacted).`,
 	envFlag(fs, "retry-max", "OUTBOX_RETRY_MAX")
 	fs.StringVar(&f.deadLetterPolicy, "dead-letter-policy", "hold", "what a dead letter does to its aggregate's later events: hold (keep them pending until it is retried or skipped: strict order) or skip (let them go on: consumers see a gap)")
 	envFlag(fs, "dead-letter-policy", "OUTBOX_DEAD_LETTER_POLICY")
+	fs.StringVar(&f.source, "source", "table", "where the relay learns of committed events: table (claim from the table) or wal (PostgreSQL: read the table's inserts from a logical replication slot, claiming from the table whenever the stream cannot vouch for a row; needs wal_level = logical and a role with REPLICATION; see docs/wal.md)")
+	envFlag(fs, "source", "OUTBOX_SOURCE")
+	fs.StringVar(&f.walSlot, "wal-slot", "", "with --source wal: the replication slot's name (default outbox_<database>_<table>); drop it with 'outbox wal drop' when the relay is retired")
+	envFlag(fs, "wal-slot", "OUTBOX_WAL_SLOT")
+	fs.StringVar(&f.walPublication, "wal-publication", "", "with --source wal: the publication the slot reads (default <table>_outbox_pub)")
+	envFlag(fs, "wal-publication", "OUTBOX_WAL_PUBLICATION")
 	f.tls.register(fs)
 	f.kafka.register(fs)
 	return cmd
@@ -275,13 +297,24 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 	if err != nil {
 		return err
 	}
+	source, err := relay.ParseSource(f.source)
+	if err != nil {
+		return usageErrorf("--source must be table or wal, got %q", f.source)
+	}
+	if source != relay.SourceWAL {
+		for _, name := range []string{"wal-slot", "wal-publication"} {
+			if changed(name) {
+				return usageErrorf("--%s configures --source wal", name)
+			}
+		}
+	}
 	var adminToken string
 	if f.admin.listen != "" {
 		if adminToken, err = a.adminToken(&f.admin, "admin-token-file"); err != nil {
 			return err
 		}
 	} else {
-		for _, name := range []string{"admin-token-file", "admin-read-only", "admin-hide-payloads", "admin-inbox-table", "admin-relay-endpoint", "admin-secure-cookie"} {
+		for _, name := range []string{"admin-token-file", "admin-read-only", "admin-hide-payloads", "admin-inbox-table", "admin-relay-endpoint", "admin-secure-cookie", "admin-trusted-proxy"} {
 			if changed(name) {
 				return usageErrorf("--%s configures the admin page, which only --admin-listen serves", name)
 			}
@@ -297,6 +330,9 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 	ob, err := a.outbox(t, f.partitions)
 	if err != nil {
 		return err
+	}
+	if source == relay.SourceWAL && t.dialect != driver.Postgres {
+		return usageErrorf("--source wal needs PostgreSQL (its logical replication); %s relays claim from the table", t.dialect)
 	}
 	progress := f.progress
 	if progress == 0 {
@@ -318,6 +354,10 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 		RetryMax:               f.retryMax,
 		DeadLetterPolicy:       policy,
 		Logger:                 baseLog, // logs dead letters, unavailable routes and the error ending Run at ERROR itself
+	}
+	if source == relay.SourceWAL {
+		cfg.Source = source
+		cfg.WAL = relay.WALConfig{DSN: t.raw, Slot: f.walSlot, Publication: f.walPublication}
 	}
 	if cfg.PollInterval > 0 && cfg.PollInterval < relay.DefaultMinPollInterval {
 		cfg.MinPollInterval = cfg.PollInterval

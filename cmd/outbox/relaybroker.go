@@ -267,7 +267,7 @@ func (a *app) connectNATS(ctx context.Context, p *brokerPlan, timeout time.Durat
 	}
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("cannot use NATS JetStream at %s: %w", p.shown, err)
+		return nil, fmt.Errorf("cannot use NATS JetStream at %s: %w", p.shown, withGivenBroker(err, p.shown))
 	}
 	closeAll := func() error {
 		err := pub.Close()
@@ -509,4 +509,24 @@ func connectHint(kind brokerKind, err error, hosts []string) string {
 		return fmt.Sprintf(" (%v)", derr)
 	}
 	return ""
+}
+
+// givenBrokerErr is an error whose text names the broker address the user
+// gave where the library's hint had a placeholder.
+type givenBrokerErr struct {
+	err error
+	msg string
+}
+
+func (e *givenBrokerErr) Error() string { return e.msg }
+func (e *givenBrokerErr) Unwrap() error { return e.err }
+
+// withGivenBroker replaces natspub.BrokerPlaceholder in err's text (the
+// command line a hint quotes) with shown, the --broker URL as given
+// (redacted); err's chain is kept for errors.Is and errors.As.
+func withGivenBroker(err error, shown string) error {
+	if err == nil || shown == "" || !strings.Contains(err.Error(), natspub.BrokerPlaceholder) {
+		return err
+	}
+	return &givenBrokerErr{err: err, msg: strings.ReplaceAll(err.Error(), natspub.BrokerPlaceholder, shown)}
 }

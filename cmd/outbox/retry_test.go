@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sqloutbox/outbox"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
 )

@@ -45,8 +45,10 @@ func burstPoint(ctx context.Context, db *database, ep endpoint, events, workers,
 	defer rig.close()
 	acks := newAckLog()
 	phases := &phaseLog{}
-	r, err := relay.New(rig.env.ob, rig.env.relay, relay.Config{Publisher: timedPublisher{rig.route.pub, phases},
+	cfg, dropSlot := db.withSource(rig.env, relay.Config{Publisher: timedPublisher{rig.route.pub, phases},
 		Observer: &observer{published: func(m relay.Message) { acks.add(m.MessageID, time.Now()) }, claimed: phases.claimed}, Logger: quietLogger})
+	defer dropSlot()
+	r, err := relay.New(rig.env.ob, rig.env.relay, cfg)
 	if err != nil {
 		return LatencyPoint{}, err
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/handwritten"
+	"github.com/sqloutbox/outbox/internal/testkit/handwritten"
 	"github.com/sqloutbox/outbox/partition"
 )
 

@@ -6,10 +6,12 @@ import (
 	"database/sql"
 	sqldriver "database/sql/driver"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/driver/dsn"
+	"github.com/sqloutbox/outbox/relay"
 )
 
 // database is one run's private namespace on the target database: a
@@ -44,6 +47,31 @@ type database struct {
 	// noNotify is -nonotify: the in-process relay's and the soak's
 	// outboxes do not NOTIFY (PostgreSQL; driver.Config.DisableNotify).
 	noNotify bool
+	// source is -source: the in-process relay's source in parts latency,
+	// burst and drain (table or wal).
+	source string
+}
+
+// withSource sets cfg's source to -source for env's table: with wal, a
+// slot of the run's own, which the returned cleanup drops (call it after
+// the relay stopped).
+func (db *database) withSource(env *outboxEnv, cfg relay.Config) (relay.Config, func()) {
+	if db.source != "wal" {
+		return cfg, func() {}
+	}
+	cfg.Source = relay.SourceWAL
+	cfg.WAL = relay.WALConfig{DSN: db.dsn, Slot: "outbox_bench_" + randomHex(6)}
+	return cfg, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for ctx.Err() == nil {
+			// The stopped relay's walsender may hold the slot a moment.
+			if err := relay.DropWAL(ctx, env.ob, db.admin, cfg.WAL); err == nil || !errors.Is(err, relay.ErrWALUnavailable) {
+				return
+			}
+			_, _ = db.admin.ExecContext(ctx, "SELECT pg_sleep(0.05)")
+		}
+	}
 }
 
 func randomHex(n int) string {

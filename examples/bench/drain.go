@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/handwritten"
+	"github.com/sqloutbox/outbox/internal/testkit/handwritten"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
@@ -112,9 +112,11 @@ func preload(ctx context.Context, db *database, env *outboxEnv, n, aggregates in
 	return nil
 }
 
+// pending counts the table's pending rows: its pending set (schema
+// version 9 on PostgreSQL, 8 on SQLite, 6 on MySQL/MariaDB).
 func pending(ctx context.Context, db *sql.DB, table string) (int, error) {
 	var n int
-	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table+" WHERE status = 0").Scan(&n)
+	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table+"_pending").Scan(&n)
 	return n, err
 }
 
@@ -224,8 +226,10 @@ func runDrain(ctx context.Context, db *database, ep endpoint, rows, aggs, batch 
 				once.Do(func() { close(done) })
 			}
 		}}
-	r, err := relay.New(env.ob, env.relay, relay.Config{Publisher: pub,
+	cfg, dropSlot := db.withSource(env, relay.Config{Publisher: pub,
 		BatchSize: batch, Observer: obs, Logger: quietLogger})
+	defer dropSlot()
+	r, err := relay.New(env.ob, env.relay, cfg)
 	if err != nil {
 		return nil, err
 	}

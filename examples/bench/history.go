@@ -60,6 +60,9 @@ func historyPoint(ctx context.Context, db *database, brokers []string, hist, pen
 		return nil, err
 	}
 	pt := &HistoryPoint{SentRows: hist}
+	if err := seedIndex(ctx, db, env.table); err != nil {
+		return nil, err
+	}
 	sel := "SELECT id, message_id, aggregate_type, aggregate_id, event_type, payload FROM " + env.table + " WHERE status = 0 ORDER BY id LIMIT 100"
 	var seed []time.Duration
 	for i := 0; i < 21; i++ {

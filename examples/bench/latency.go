@@ -533,8 +533,11 @@ func runLatency(ctx context.Context, db *database, ep endpoint, rates []int, dur
 	acks := newAckLog()
 	phases := &phaseLog{}
 	obs, up := leasedObserver(observer{published: func(m relay.Message) { acks.add(m.MessageID, time.Now()) }, claimed: phases.claimed})
-	r, err := relay.New(env.ob, env.relay, relay.Config{Publisher: timedPublisher{pub, phases},
+	obs.(*upObserver).wal = db.source == "wal"
+	cfg, dropSlot := db.withSource(env, relay.Config{Publisher: timedPublisher{pub, phases},
 		Observer: obs, Logger: quietLogger})
+	defer dropSlot()
+	r, err := relay.New(env.ob, env.relay, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -565,6 +568,9 @@ func runSeedLatency(ctx context.Context, db *database, brokers []string, rates [
 	rdb := env.relay
 	if db.dialect == driver.SQLite {
 		rdb = env.plainApp
+	}
+	if err := seedIndex(ctx, db, env.table); err != nil {
+		return nil, err
 	}
 	s, err := newSeedRelay(rdb, db.dialect, db.ph, env.table, brokers, rig.route.topic)
 	if err != nil {

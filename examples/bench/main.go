@@ -36,7 +36,7 @@
 // Unlike examples/quickstart and examples/orderservice, bench is a
 // measuring tool of this repository, not an example to copy out: it
 // imports the library's internal packages (the seed's hand-written SQL
-// from internal/handwritten, the same baseline driver's BenchmarkCommit
+// from internal/testkit/handwritten, the same baseline driver's BenchmarkCommit
 // uses), which Go allows only to packages under
 // github.com/sqloutbox/outbox, so a copy in another module does not
 // build.
@@ -82,6 +82,7 @@ type options struct {
 	soak         time.Duration
 	soakEvery    time.Duration
 	noNotify     bool
+	source       string
 	natsURL      string
 	amqpURL      string
 	redisAddr    string
@@ -99,6 +100,8 @@ type Result struct {
 	PGDriver string `json:"pgdriver,omitempty"`
 	// NoNotify is -nonotify (PostgreSQL).
 	NoNotify bool `json:"nonotify,omitempty"`
+	// Source is -source (PostgreSQL): table or wal.
+	Source string `json:"source,omitempty"`
 	// Runs is how many times the latency and drain parts ran (-runs),
 	// each run on tables of its own; latency*, drain and drain_analyzed
 	// are the medians of those runs, figure by figure, and the *_runs
@@ -180,6 +183,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.soak, "soak", 0, "soak mode instead of the parts: 1,000 events/s for this long (e.g. 10m) with -writers writers, in-process relay, table never analyzed")
 	fs.DurationVar(&o.soakEvery, "soak-interval", time.Minute, "soak mode: one line per interval")
 	fs.BoolVar(&o.noNotify, "nonotify", false, "PostgreSQL: the writers of the in-process relay's latency part and of the soak do not NOTIFY (driver.Config.DisableNotify); the standalone relay's keep it")
+	fs.StringVar(&o.source, "source", "table", "PostgreSQL: the in-process relay's source in parts latency, burst and drain: table (claim) or wal (relay.SourceWAL: a logical replication slot of the run's own, dropped after it; needs wal_level = logical)")
 	fs.IntVar(&o.history, "history", 1_000_000, "sent rows of history for part 4 (compared with 10,000)")
 	fs.BoolVar(&o.smoke, "smoke", false, "tiny sizes, finishes in seconds (CI)")
 	fs.StringVar(&o.only, "only", "", "comma list of parts: "+strings.Join(allParts, ",")+" (the default), and "+strings.Join(extraParts, ",")+" (only when named: every broker's drain and latency, needs the servers of -nats, -amqp, -redis)")
@@ -259,13 +263,20 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer db.close()
 	db.noNotify = o.noNotify
+	switch {
+	case o.source != "table" && o.source != "wal":
+		return fmt.Errorf("-source must be table or wal, got %q", o.source)
+	case o.source == "wal" && db.dialect != driver.Postgres:
+		return fmt.Errorf("-source wal needs PostgreSQL")
+	}
+	db.source = o.source
 	if o.soak > 0 {
 		parts = []string{"soak"}
 		want = map[string]bool{}
 	}
 	res := &Result{Database: db.label, GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), Smoke: o.smoke, Parts: parts, Runs: o.runs}
 	if db.dialect == driver.Postgres {
-		res.PGDriver, res.NoNotify = o.pgDriver, o.noNotify
+		res.PGDriver, res.NoNotify, res.Source = o.pgDriver, o.noNotify, o.source
 	}
 	var brokers []string
 	if o.brokers != "" {
@@ -460,13 +471,16 @@ func targets(r *Result) []Target {
 			target("commit: Emit(1) / hand-written INSERT (c/b)", "<= 1.10", r.Commit.RatioEmit1, r.Commit.RatioEmit1 <= 1.10),
 			target("commit: Emit(10) / hand-written INSERT (d/b)", "<= 1.25", r.Commit.RatioEmit10, r.Commit.RatioEmit10 <= 1.25))
 	}
-	for _, d := range []struct {
-		r    *DrainResult
-		want float64
-	}{{r.Drain, 60_000}, {r.DrainAnalyzed, 100_000}} {
-		if d.r != nil {
-			name := fmt.Sprintf("drain events/s, one relay, %d events over %d aggregates, %s (median of %d)", d.r.Rows, d.r.Aggregates, d.r.Variant, d.r.Runs)
-			ts = append(ts, target(name, fmt.Sprintf(">= %.0f", d.want), d.r.EventsPerSec, d.r.EventsPerSec >= d.want))
+	// Issue 34's drain goals: PostgreSQL >= 110,000 events/s never analyzed
+	// and analyzed, MariaDB >= 90,000; SQLite keeps issue 12's.
+	drainWant := map[string][2]float64{"postgres": {110_000, 110_000}, "mysql": {90_000, 90_000}}[r.Database]
+	if drainWant == [2]float64{} {
+		drainWant = [2]float64{60_000, 100_000}
+	}
+	for i, d := range []*DrainResult{r.Drain, r.DrainAnalyzed} {
+		if d != nil {
+			name := fmt.Sprintf("drain events/s, one relay, %d events over %d aggregates, %s (median of %d)", d.Rows, d.Aggregates, d.Variant, d.Runs)
+			ts = append(ts, target(name, fmt.Sprintf(">= %.0f", drainWant[i]), d.EventsPerSec, d.EventsPerSec >= drainWant[i]))
 		}
 	}
 	if r.Latency != nil {
@@ -474,20 +488,36 @@ func targets(r *Result) []Target {
 			if p.OfferedPerSec != 1000 {
 				continue
 			}
-			for _, q := range []struct {
+			// Issue 34: <= 1 / 3 / 10 ms on PostgreSQL (issue 12's 1 / 5 /
+			// 20 ms stay MariaDB's).
+			maxes := [3]float64{1, 5, 20}
+			if r.Database == "postgres" {
+				maxes = [3]float64{1, 3, 10}
+			}
+			for i, q := range []struct {
 				name string
 				got  float64
-				max  float64
-			}{{"p50", p.RecvP50Ms, 1}, {"p99", p.RecvP99Ms, 5}, {"p99.9", p.RecvP999Ms, 20}} {
+			}{{"p50", p.RecvP50Ms}, {"p99", p.RecvP99Ms}, {"p99.9", p.RecvP999Ms}} {
 				name := fmt.Sprintf("in-process commit->received %s ms at 1,000/s, %d writers (median of %d)", q.name, r.Latency.Writers, r.Latency.Runs)
-				want := fmt.Sprintf("<= %.0f", q.max)
+				want := fmt.Sprintf("<= %.0f", maxes[i])
 				if r.Database == "sqlite" {
 					// The issue's latency goals are PostgreSQL's and MariaDB's.
 					ts = append(ts, Target{Name: name, Want: want + " (PostgreSQL and MariaDB; reported)", Got: q.got, Informational: true})
 				} else {
-					ts = append(ts, target(name, want, q.got, q.got <= q.max))
+					ts = append(ts, target(name, want, q.got, q.got <= maxes[i]))
 				}
 			}
+		}
+	}
+	if b := r.ExactlyOnce; b != nil && len(b.Brokers) == 2 && b.Brokers[0].Measured && b.Brokers[1].Measured &&
+		b.Brokers[0].Drain != nil && b.Brokers[1].Drain != nil && b.Brokers[0].Drain.EventsPerSec > 0 {
+		// Issue 34: the exactly-once drain within 0.85x of the default's,
+		// its commit->received p50 within 1.5x.
+		ratio := b.Brokers[1].Drain.EventsPerSec / b.Brokers[0].Drain.EventsPerSec
+		ts = append(ts, target("exactly-once drain / default drain (Kafka)", ">= 0.85", ratio, ratio >= 0.85))
+		if l0, l1 := b.Brokers[0].Latency, b.Brokers[1].Latency; l0 != nil && l1 != nil && len(l0.Points) > 0 && len(l1.Points) > 0 && l0.Points[0].RecvP50Ms > 0 {
+			lr := l1.Points[0].RecvP50Ms / l0.Points[0].RecvP50Ms
+			ts = append(ts, target("exactly-once commit->received p50 / default's (Kafka)", "<= 1.5", lr, lr <= 1.5))
 		}
 	}
 	if r.LatencyStandalone != nil {

@@ -201,7 +201,22 @@ type upObserver struct {
 	mu         sync.Mutex
 	running    bool
 	owned      int
+	// wal: up also waits for the relay's replication stream
+	// (relay.SourceObserver).
+	wal       bool
+	streaming bool
 }
+
+// WALStreaming implements relay.SourceObserver.
+func (o *upObserver) WALStreaming(streaming bool, _ error) {
+	o.mu.Lock()
+	o.streaming = streaming
+	o.mu.Unlock()
+	o.check()
+}
+
+// FromSource implements relay.SourceObserver.
+func (o *upObserver) FromSource(relay.Source, int) {}
 
 func (o *upObserver) Up(up bool) {
 	o.mu.Lock()
@@ -219,7 +234,7 @@ func (o *upObserver) Leases(owned int) {
 
 func (o *upObserver) check() {
 	o.mu.Lock()
-	ok := o.running && o.owned >= o.partitions
+	ok := o.running && o.owned >= o.partitions && (!o.wal || o.streaming)
 	o.mu.Unlock()
 	if ok {
 		o.up()

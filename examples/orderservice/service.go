@@ -64,22 +64,11 @@ func (s *service) handler() http.Handler {
 	return outbox.Middleware(mux)
 }
 
-// inTx runs fn in a transaction begun with the request's context (which
-// carries the emit scope) and commits: the events fn emitted are written
-// just before COMMIT and published after it.
+// inTx runs fn in a transaction (outbox.InTx: a fresh emit scope, BEGIN,
+// fn, COMMIT, or ROLLBACK if fn fails) and answers okStatus: the events fn
+// emitted are written just before COMMIT and published after it.
 func (s *service) inTx(w http.ResponseWriter, r *http.Request, okStatus int, fn func(ctx context.Context, tx *sql.Tx) error) {
-	ctx := r.Context()
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	if err := fn(ctx, tx); err != nil {
-		_ = tx.Rollback()
-		writeErr(w, err)
-		return
-	}
-	if err := tx.Commit(); err != nil {
+	if err := outbox.InTx(r.Context(), s.db, fn); err != nil {
 		writeErr(w, err)
 		return
 	}

@@ -131,24 +131,18 @@ func (w *workload) do(ctx context.Context, j job) error {
 // tx is one unit of work exactly as an application writes it: a fresh
 // emit scope, BEGIN, domain code, COMMIT.
 func (w *workload) tx(ctx context.Context, j job) error {
-	ctx = outbox.NewContext(ctx)
-	tx, err := w.db.BeginTx(ctx, nil)
+	err := outbox.InTx(ctx, w.db, func(ctx context.Context, tx *sql.Tx) error {
+		switch j.step {
+		case stepCreate:
+			return w.orders.Create(ctx, tx, j.id, j.amount)
+		case stepPay:
+			return w.orders.Pay(ctx, tx, j.id)
+		case stepShip:
+			return w.orders.Ship(ctx, tx, j.id)
+		}
+		return nil
+	})
 	if err != nil {
-		return err
-	}
-	switch j.step {
-	case stepCreate:
-		err = w.orders.Create(ctx, tx, j.id, j.amount)
-	case stepPay:
-		err = w.orders.Pay(ctx, tx, j.id)
-	case stepShip:
-		err = w.orders.Ship(ctx, tx, j.id)
-	}
-	if err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
 		return err
 	}
 	at := time.Now() // the event is committed from here on

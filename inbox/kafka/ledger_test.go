@@ -6,7 +6,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // TestLedgerExactlyOnceUnderKillsAndRebalances is the inbox's proof, from

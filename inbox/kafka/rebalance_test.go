@@ -16,7 +16,7 @@ import (
 	"github.com/sqloutbox/outbox/inbox"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // TestRunnerKilledAfterStoreRedeliversAsDuplicate: a consumer process is

@@ -6,11 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sqloutbox/outbox/inbox"
@@ -76,7 +80,18 @@ var (
 	ErrHandlerPanic = inbox.ErrHandlerPanic
 	// ErrStarted is returned by Run when the runner already ran.
 	ErrStarted = errors.New("inboxkafka: Run already called")
+	// ErrTopicNotFound is wrapped by Run's error (with Config.FailFast)
+	// and by Ready when a topic of Config.Topics does not exist on the
+	// cluster; the error names the topics. It is inbox.ErrSourceMissing.
+	ErrTopicNotFound = inbox.ErrSourceMissing
+	// ErrNotReady is wrapped by Ready while the runner is not consuming
+	// (inbox.ErrNotReady).
+	ErrNotReady = inbox.ErrNotReady
 )
+
+// topicCheckInterval is how often a runner started with a missing topic
+// looks for it again.
+const topicCheckInterval = 5 * time.Second
 
 // Handler applies one message to the consumer's database inside tx, the
 // inbox's transaction (the dedupe row commits with it). It must not commit
@@ -114,8 +129,15 @@ type Config struct {
 	// Group (and the same inbox consumer name).
 	Group string
 	// Topics are consumed from their committed offsets, or from their
-	// start for a group that has committed none.
+	// start for a group that has committed none. Run checks that they
+	// exist (a metadata request): a missing one is one WARN naming it,
+	// and Ready fails (ErrTopicNotFound) until it exists (looked for
+	// every 5 s); see FailFast.
 	Topics []string
+	// FailFast makes Run return an error wrapping ErrTopicNotFound at
+	// start, before joining the group, when a topic of Topics does not
+	// exist, instead of waiting for it. Default false.
+	FailFast bool
 	// Inbox stores dedupe rows and parked messages.
 	Inbox *inbox.Inbox
 	// DB is the consumer's database, where Inbox's table and the
@@ -279,6 +301,70 @@ type Runner struct {
 	commitMu sync.Mutex // serializes commits with revocations
 
 	commits atomic.Int64
+
+	health  *consume.Health
+	missing atomic.Bool // a topic was missing at the last check
+}
+
+// Ready reports whether the runner is healthy: nil while it consumes (a
+// member of the group, with or without partitions assigned); an error
+// wrapping ErrNotReady otherwise: before Run started, after it returned,
+// while a topic is missing (ErrTopicNotFound wrapped too) and after a
+// fetch error until records are fetched again. A readiness probe serves
+// it (HealthHandler). Safe for concurrent use.
+func (r *Runner) Ready() error { return r.health.Ready() }
+
+// HealthHandler returns an http.Handler for a readiness probe (mount it
+// at /readyz, say): 200 "ready" while Ready returns nil, else 503 with
+// "not ready: " and Ready's error on one line; any method and path.
+func (r *Runner) HealthHandler() http.Handler { return consume.Handler(r.Ready) }
+
+// checkTopics returns an error wrapping ErrTopicNotFound naming the
+// topics of Config.Topics the cluster does not have, nil if it has them
+// all, or the metadata request's error.
+func (r *Runner) checkTopics(ctx context.Context, adm *kadm.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	details, err := adm.ListTopics(ctx, r.cfg.Topics...)
+	if err != nil {
+		return fmt.Errorf("inboxkafka: reading the topics' metadata: %w", err)
+	}
+	var missing []string
+	for _, t := range r.cfg.Topics {
+		if d, ok := details[t]; !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: inboxkafka: topic %s does not exist on the cluster: check Config.Topics against the relay's topics "+
+			"(its topic prefix and the aggregate type, e.g. outbox.event.order), or create it (kafka-topics.sh --create --topic NAME)",
+			ErrTopicNotFound, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// watchTopics looks for the missing topics every topicCheckInterval until
+// they all exist (the runner is then ready) or ctx ends.
+func (r *Runner) watchTopics(ctx context.Context, adm *kadm.Client) {
+	t := time.NewTicker(topicCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := r.checkTopics(ctx, adm)
+		if errors.Is(err, ErrTopicNotFound) {
+			r.health.Problem("topics missing", err, "a topic does not exist: nothing is consumed from it until it is created")
+			continue
+		}
+		if err == nil {
+			r.missing.Store(false)
+			r.health.OK("every topic exists now")
+			return
+		}
+	}
 }
 
 type tp struct {
@@ -320,6 +406,7 @@ func NewRunner(cfg Config) (*Runner, error) {
 	}
 	r := &Runner{cfg: cfg, workers: map[tp]*worker{},
 		log: cfg.Logger.With("component", "inboxkafka", "group", cfg.Group)}
+	r.health = consume.NewHealth(r.log)
 	r.eng = consume.NewEngine(consume.Settings{Inbox: cfg.Inbox, DB: cfg.DB, Handler: cfg.Handler,
 		MaxAttempts: cfg.MaxAttempts, Backoff: cfg.Backoff, AttemptTimeout: cfg.AttemptTimeout, OnFailure: cfg.OnFailure,
 		BatchSize: cfg.BatchSize, BatchLinger: cfg.BatchLinger, RequestInterval: cfg.RequestInterval}, r.log, observer{cfg.Observer})
@@ -384,7 +471,10 @@ func (r *Runner) Retry(ctx context.Context, f inbox.ParkedFilter) (int, error) {
 // ErrSchemaTooNew, wrapped) without starting, so that a consumer deployed
 // before its migration fails at once instead of retrying every record (a
 // database that cannot be reached at start is logged, and retried like
-// any outage); or kgo's error (wrapped) if the client cannot be created. The
+// any outage); kgo's error (wrapped) if the client cannot be created; with
+// Config.FailFast, an error wrapping ErrTopicNotFound before joining the
+// group when a topic does not exist (without it: one WARN, Ready fails
+// until the topic exists, looked for every 5 s). The
 // client is closed when Run returns; a Runner is not reusable.
 func (r *Runner) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
@@ -399,7 +489,27 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("inboxkafka: creating the Kafka client: %w", err)
 	}
+	adm := kadm.NewClient(cl)
+	switch err := r.checkTopics(ctx, adm); {
+	case errors.Is(err, ErrTopicNotFound) && r.cfg.FailFast:
+		cl.Close()
+		r.health.Stopped(err)
+		return err
+	case errors.Is(err, ErrTopicNotFound):
+		r.missing.Store(true)
+		r.health.Problem("topics missing", err, "a topic does not exist: nothing is consumed from it until it is created; looking again every 5s")
+	case err != nil:
+		r.log.Warn("could not check that the topics exist; consuming anyway", "err", err)
+		r.health.OK("inbox consumer starting")
+	default:
+		r.health.OK("inbox consumer starting")
+	}
 	r.log.Info("inbox consumer starting", "topics", r.cfg.Topics)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	var watching sync.WaitGroup
+	if r.missing.Load() {
+		watching.Go(func() { r.watchTopics(watchCtx, adm) })
+	}
 
 	commitDone := make(chan struct{})
 	commitCtx, stopCommitter := context.WithCancel(r.runCtx)
@@ -418,11 +528,19 @@ func (r *Runner) Run(ctx context.Context) error {
 		if fetches.IsClientClosed() {
 			break
 		}
+		failed := false
 		fetches.EachError(func(t string, p int32, err error) {
 			if !errors.Is(err, context.Canceled) {
-				r.log.Warn("fetch error", "topic", t, "partition", p, "err", err)
+				failed = true
+				if !r.health.Problem(fmt.Sprintf("fetch %s %d: %v", t, p, err), fmt.Errorf("inboxkafka: fetching %s partition %d: %w", t, p, err),
+					"fetch error", "topic", t, "partition", p) {
+					r.log.Debug("fetch error again", "topic", t, "partition", p, "err", err)
+				}
 			}
 		})
+		if !failed && fetches.NumRecords() > 0 && !r.missing.Load() {
+			r.health.OK("fetching again")
+		}
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 			if len(p.Records) > 0 {
 				r.worker(cl, tp{p.Topic, p.Partition}).push(p.Records, p.HighWatermark)
@@ -444,7 +562,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	cancel()
 	r.commitMu.Unlock()
 	cl.AllowRebalance()
+	stopWatch()
+	watching.Wait()
 	cl.Close()
+	r.health.Stopped(nil)
 	r.log.Info("inbox consumer stopped")
 	return nil
 }

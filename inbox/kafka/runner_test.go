@@ -22,8 +22,8 @@ import (
 	"github.com/sqloutbox/outbox/inbox"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 var pgx = testdb.Target{Name: "pgx", Dialect: driver.Postgres}

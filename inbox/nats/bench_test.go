@@ -6,7 +6,7 @@ import (
 
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxnats "github.com/sqloutbox/outbox/inbox/nats"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // BenchmarkRunner measures consumed events per second through the runner

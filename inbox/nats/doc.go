@@ -62,8 +62,10 @@
 // or applied but not acknowledged) is recognised by the inbox as
 // Duplicate and not applied again. A handover therefore costs duplicate
 // deliveries, never a reordering: as many as were acknowledged after the
-// oldest unacknowledged message (few, unless one aggregate was stuck, its
-// handler retrying, while the others went on).
+// oldest unacknowledged message. Under a backlog the workers run ahead of
+// the slowest one, so that is about Config.MaxAckPending (256 by default;
+// the former 1,000 cost 480-600 per SIGKILL), and more while one
+// aggregate is stuck, its handler retrying, and the others go on.
 //
 // Creating before deleting means no crash between the two loses the
 // floor (a consumer left over is deleted by the next session), and
@@ -150,14 +152,20 @@
 // meanwhile, and the unacknowledged messages wait. A message the inbox
 // can never store (inbox.ErrInvalidMessage) is logged at ERROR, counted
 // (Stats.Invalid), acknowledged and passed over. Broker errors (the
-// server unreachable, the stream missing, a fetch failing) are logged and
-// retried: a fetch error recreates the consumer from its ack floor; a
-// holder that cannot renew its lease stops consuming. Run returns an
+// server unreachable, the stream missing, a fetch failing) are logged,
+// once per distinct problem, and retried: a fetch error recreates the
+// consumer from its ack floor; a missing stream is one WARN naming it and
+// `outbox nats stream create --stream NAME`, looked for again with
+// backoff; a holder that cannot renew its lease stops consuming.
+// [Runner.Ready] fails meanwhile ([ErrNotReady], the cause wrapped), and
+// [Runner.HealthHandler] serves it to a readiness probe. Run returns an
 // error only for what retrying cannot fix: the inbox schema missing or
 // of another version (checked before anything else), a stream without
 // limits retention (ErrUnsupportedStream), a lease bucket whose TTL is
-// below LeaseTTL (ErrLeaseBucket: a live holder's key would expire), or
-// Config.Conn closed (nats.ErrConnectionClosed).
+// below LeaseTTL (ErrLeaseBucket: a live holder's key would expire),
+// Config.Conn closed (nats.ErrConnectionClosed), and, with
+// Config.FailFast, a stream that does not exist at start
+// (ErrStreamNotFound).
 //
 // # Shutdown
 //

@@ -14,7 +14,7 @@ import (
 	"github.com/sqloutbox/outbox/inbox"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxnats "github.com/sqloutbox/outbox/inbox/nats"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
 )
 

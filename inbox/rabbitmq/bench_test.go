@@ -10,7 +10,7 @@ import (
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxrabbitmq "github.com/sqloutbox/outbox/inbox/rabbitmq"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // BenchmarkRunner measures consumed events per second through the runner

@@ -61,7 +61,8 @@
 // its workers stop: a handler in progress finishes, its ack is attempted
 // (the channel may be gone: the broker then redelivers it, and the inbox
 // dedupes), and no delivery of the old channel is started. Then it
-// reconnects, with backoff up to DefaultReconnectMax.
+// reconnects, with backoff up to Config.ReconnectMax (DefaultReconnectMax,
+// 1 s).
 //
 // # Retries, parking, batches
 //

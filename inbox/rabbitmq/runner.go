@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -41,8 +42,11 @@ const (
 	// DefaultPrefetch is the channel's prefetch count (basic.qos): how
 	// many deliveries may be unacknowledged at once.
 	DefaultPrefetch = 256
-	// DefaultReconnectMax caps the backoff between reconnections.
-	DefaultReconnectMax = 5 * time.Second
+	// DefaultReconnectMax caps the backoff between reconnections (from
+	// 100 ms, doubling, ±20 %): a broker back after an outage is
+	// reconnected to within about this long (1.2 s at most). It was 5 s,
+	// which after a 4 s cut left the runner idle for 2-3 s more.
+	DefaultReconnectMax = time.Second
 )
 
 // ArgSingleActiveConsumer is the queue argument that makes RabbitMQ (3.8
@@ -68,6 +72,14 @@ var (
 	// exchange 404 NOT_FOUND; a user without the rights 403
 	// ACCESS_REFUSED.
 	ErrQueue = errors.New("inboxrabbitmq: queue not usable")
+	// ErrNotFound is wrapped, with ErrQueue, by Run's error when a
+	// Binding's exchange does not exist (404; the error names it and
+	// `outbox rabbitmq declare --exchange NAME`), and with Config.FailFast
+	// when the queue does not exist at start. It is inbox.ErrSourceMissing.
+	ErrNotFound = inbox.ErrSourceMissing
+	// ErrNotReady is wrapped by Ready while the runner is not consuming
+	// (inbox.ErrNotReady).
+	ErrNotReady = inbox.ErrNotReady
 	// ErrPermanent is inbox.ErrPermanent: a handler error wrapping it
 	// parks the message after the first attempt.
 	ErrPermanent = inbox.ErrPermanent
@@ -121,8 +133,14 @@ type Config struct {
 	// ("x-queue-type": "quorum", "x-max-length", ...).
 	QueueArgs amqp.Table
 	// Bindings are declared at every connection (idempotent). Default
-	// none: bind the queue yourself.
+	// none: bind the queue yourself. A queue the runner had to declare
+	// (it did not exist) with no Bindings receives nothing: the runner
+	// says so in one WARN.
 	Bindings []Binding
+	// FailFast makes Run return an error wrapping ErrQueue and
+	// ErrNotFound when Queue does not exist at its first connection (a
+	// mistyped name), instead of declaring it. Default false.
+	FailFast bool
 	// Inbox stores dedupe rows and parked messages.
 	Inbox *inbox.Inbox
 	// DB is the consumer's database. Size its pool for Workers
@@ -169,6 +187,11 @@ type Config struct {
 	Observer Observer
 	// Logger receives the runner's logs. Default slog.Default().
 	Logger *slog.Logger
+	// ReconnectMax caps the backoff between reconnection attempts (from
+	// 100 ms, doubling, ±20 % jitter): after an outage the runner
+	// resumes within about ReconnectMax of the broker's return. Default
+	// DefaultReconnectMax; at least 100 ms.
+	ReconnectMax time.Duration
 	// BatchSize, from 2 to inbox.MaxBatch (64), applies up to that many
 	// messages of one worker in one transaction (inbox.Inbox.HandleBatch).
 	// Default 0: one message per transaction.
@@ -235,14 +258,30 @@ type Runner struct {
 	started atomic.Bool
 
 	acks, conns atomic.Int64
+
+	health   *consume.Health
+	declared atomic.Bool // the first connection checked whether the queue existed
 }
+
+// Ready reports whether the runner is healthy: nil while it consumes; an
+// error wrapping ErrNotReady otherwise: before Run started consuming,
+// after it returned, and while it reconnects (the connection's error
+// wrapped too). A readiness probe serves it (HealthHandler). Safe for
+// concurrent use.
+func (r *Runner) Ready() error { return r.health.Ready() }
+
+// HealthHandler returns an http.Handler for a readiness probe (mount it
+// at /readyz, say): 200 "ready" while Ready returns nil, else 503 with
+// "not ready: " and Ready's error on one line; any method and path.
+func (r *Runner) HealthHandler() http.Handler { return consume.Handler(r.Ready) }
 
 // NewRunner validates cfg and returns a Runner. It returns an error
 // wrapping ErrInvalidConfig for a missing URL, Queue, Inbox, DB or
 // Handler, QueueArgs with x-single-active-consumer (the runner sets it),
 // a negative Workers or Prefetch, MaxAttempts below 1, an unknown
-// OnFailure, a BatchSize above inbox.MaxBatch (or above Prefetch) or a
-// negative BatchLinger. It does not connect: Run does.
+// OnFailure, a BatchSize above inbox.MaxBatch (or above Prefetch), a
+// negative BatchLinger or a ReconnectMax below 100 ms. It does not
+// connect: Run does.
 func NewRunner(cfg Config) (*Runner, error) {
 	if cfg.Workers == 0 {
 		cfg.Workers = DefaultWorkers
@@ -252,6 +291,9 @@ func NewRunner(cfg Config) (*Runner, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.ReconnectMax == 0 {
+		cfg.ReconnectMax = DefaultReconnectMax
 	}
 	s := consume.Settings{Inbox: cfg.Inbox, DB: cfg.DB, MaxAttempts: cfg.MaxAttempts, Backoff: cfg.Backoff,
 		AttemptTimeout: cfg.AttemptTimeout, OnFailure: cfg.OnFailure, BatchSize: cfg.BatchSize, BatchLinger: cfg.BatchLinger,
@@ -263,6 +305,8 @@ func NewRunner(cfg Config) (*Runner, error) {
 	switch {
 	case cfg.URL == "" || cfg.Queue == "":
 		return nil, fmt.Errorf("%w: URL and Queue are required", ErrInvalidConfig)
+	case cfg.ReconnectMax < reconnectInitial:
+		return nil, fmt.Errorf("%w: ReconnectMax %s is below %s", ErrInvalidConfig, cfg.ReconnectMax, reconnectInitial)
 	case cfg.Workers < 1 || cfg.Prefetch < 1:
 		return nil, fmt.Errorf("%w: Workers %d and Prefetch %d must be positive", ErrInvalidConfig, cfg.Workers, cfg.Prefetch)
 	case cfg.QueueArgs[ArgSingleActiveConsumer] != nil:
@@ -274,7 +318,7 @@ func NewRunner(cfg Config) (*Runner, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("component", "inboxrabbitmq", "queue", cfg.Queue)
-	r := &Runner{cfg: cfg, log: log}
+	r := &Runner{cfg: cfg, log: log, health: consume.NewHealth(log)}
 	r.eng = consume.NewEngine(s, log, observer{r})
 	return r, nil
 }
@@ -310,8 +354,10 @@ func (r *Runner) Retry(ctx context.Context, f inbox.ParkedFilter) (int, error) {
 // (inbox.ErrSchemaMissing, ErrSchemaOutdated, ErrSchemaTooNew, wrapped)
 // without connecting; ErrQueue (wrapped) when the broker refuses the
 // queue's declaration (406 or 403: a queue declared with other arguments,
-// or access refused), which no retry fixes. Other broker errors are
-// logged and retried.
+// or access refused), which no retry fixes, or a Binding's exchange does
+// not exist (404, ErrNotFound too); with Config.FailFast, ErrQueue and
+// ErrNotFound when the queue does not exist. Other broker errors are
+// logged (once per distinct error) and retried.
 func (r *Runner) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return ErrStarted
@@ -330,8 +376,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		stopRequests()
 		<-requestsDone
 	}()
-	wait := backoff.NewExponentialBackOff(backoff.WithInitialInterval(100*time.Millisecond),
-		backoff.WithMaxInterval(DefaultReconnectMax), backoff.WithMaxElapsedTime(0))
+	wait := reconnectBackoff(r.cfg.ReconnectMax)
 	r.log.Info("inbox consumer starting")
 	for ctx.Err() == nil {
 		start := time.Now()
@@ -340,12 +385,17 @@ func (r *Runner) Run(ctx context.Context) error {
 			break
 		}
 		if errors.Is(err, ErrQueue) {
+			r.health.Stopped(err)
 			return err
 		}
-		if time.Since(start) > DefaultReconnectMax {
+		if time.Since(start) > r.cfg.ReconnectMax {
 			wait.Reset()
 		}
-		r.log.Warn("connection lost; reconnecting", "err", err)
+		// One WARN per outage (the errors of its attempts differ: a reset,
+		// then refusals or EOFs), the rest at DEBUG.
+		if !r.health.Problem("connection", err, "connection lost; reconnecting") {
+			r.log.Debug("connection lost again; reconnecting", "err", err)
+		}
 		t := time.NewTimer(wait.NextBackOff())
 		select {
 		case <-ctx.Done():
@@ -353,8 +403,38 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		t.Stop()
 	}
+	r.health.Stopped(nil)
 	r.log.Info("inbox consumer stopped")
 	return nil
+}
+
+// reconnectInitial is the first wait before a reconnection.
+const reconnectInitial = 100 * time.Millisecond
+
+// reconnectBackoff is the wait between reconnection attempts: from
+// reconnectInitial, doubling, ±20 %, capped at limit, with no end.
+func reconnectBackoff(limit time.Duration) *backoff.ExponentialBackOff {
+	return backoff.NewExponentialBackOff(backoff.WithInitialInterval(reconnectInitial), backoff.WithRandomizationFactor(0.2),
+		backoff.WithMaxInterval(limit), backoff.WithMaxElapsedTime(0))
+}
+
+// queueExisted reports whether the queue exists (a passive declaration
+// on a channel of its own: a 404 closes it).
+func (r *Runner) queueExisted(conn *amqp.Connection) (bool, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false, fmt.Errorf("inboxrabbitmq: opening a channel: %w", err)
+	}
+	defer ch.Close()
+	_, err = ch.QueueDeclarePassive(r.cfg.Queue, true, false, false, false, nil)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("inboxrabbitmq: checking queue %q: %w", r.cfg.Queue, err)
+	}
+	return true, nil
 }
 
 // session consumes on one connection until it fails or ctx ends.
@@ -365,6 +445,16 @@ func (r *Runner) session(ctx context.Context) error {
 	}
 	defer conn.Close()
 	r.conns.Add(1)
+	existed := true
+	if !r.declared.Load() {
+		if existed, err = r.queueExisted(conn); err != nil {
+			return err
+		}
+		if !existed && r.cfg.FailFast {
+			return fmt.Errorf("%w: %w: queue %q does not exist (Config.FailFast): check Config.Queue, or let the runner declare it "+
+				"with Config.Bindings to the relay's exchange (outbox rabbitmq declare --exchange NAME makes the exchange)", ErrQueue, ErrNotFound, r.cfg.Queue)
+		}
+	}
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("inboxrabbitmq: opening a channel: %w", err)
@@ -381,6 +471,10 @@ func (r *Runner) session(ctx context.Context) error {
 			return queueErr(fmt.Errorf("binding queue %q to exchange %q with %q: %w", r.cfg.Queue, b.Exchange, b.Key, err))
 		}
 	}
+	if !r.declared.Swap(true) && !existed && len(r.cfg.Bindings) == 0 {
+		r.log.Warn("the queue did not exist: declared it with no binding, so nothing arrives until it is bound to the relay's exchange "+
+			"(set Config.Bindings, or check Config.Queue; Config.FailFast refuses a missing queue instead)", "queue", r.cfg.Queue)
+	}
 	if err := ch.Qos(r.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("inboxrabbitmq: setting prefetch: %w", err)
 	}
@@ -395,6 +489,7 @@ func (r *Runner) session(ctx context.Context) error {
 		return queueErr(fmt.Errorf("consuming queue %q: %w", r.cfg.Queue, err))
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	r.health.OK("consuming", "queue", r.cfg.Queue)
 	pool := r.eng.NewPool(r.cfg.Workers, r.cfg.Prefetch)
 	defer pool.Stop() // before the connection closes: what was stored is acked
 	for {
@@ -428,7 +523,7 @@ func queueErr(err error) error {
 	case amqp.PreconditionFailed:
 		return fmt.Errorf("%w: %w (the queue exists with other arguments, e.g. declared without %s: delete it and let the runner declare it)", ErrQueue, err, ArgSingleActiveConsumer)
 	case amqp.NotFound:
-		return fmt.Errorf("%w: %w (declare the exchange first: outbox rabbitmq declare --exchange NAME)", ErrQueue, err)
+		return fmt.Errorf("%w: %w: %w (declare the exchange first: outbox rabbitmq declare --exchange NAME)", ErrQueue, ErrNotFound, err)
 	case amqp.AccessRefused:
 		return fmt.Errorf("%w: %w (the user may not declare, bind or consume the queue)", ErrQueue, err)
 	}

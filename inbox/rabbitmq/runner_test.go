@@ -22,7 +22,7 @@ import (
 	"github.com/sqloutbox/outbox/inbox"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxrabbitmq "github.com/sqloutbox/outbox/inbox/rabbitmq"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 var (

@@ -6,7 +6,7 @@ import (
 
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxredis "github.com/sqloutbox/outbox/inbox/redis"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // BenchmarkRunner measures consumed events per second through the runner

@@ -9,7 +9,7 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
 	inboxredis "github.com/sqloutbox/outbox/inbox/redis"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // BenchmarkPreFilter measures messages/s through inbox.Handle on

@@ -141,7 +141,14 @@
 // (Stats.Deleted) and acknowledged. Trim only streams whose consumers keep
 // up.
 //
-// Redis errors are logged and retried: a failed read after a backoff,
+// A stream key that does not exist is created empty with the group
+// (MKSTREAM), one WARN per key saying so (a mistyped key receives
+// nothing); Config.FailFast makes Run refuse it instead
+// ([ErrStreamNotFound]). [Runner.Ready] is nil while the runner consumes
+// or stands by, and [Runner.HealthHandler] serves it to a readiness
+// probe.
+//
+// Redis errors are logged (once per distinct error) and retried: a failed read after a backoff,
 // a failed XACK by the next session's claim (a redelivery the inbox
 // recognises). Redis unreachable for LeaseTTL·4/5 ends the session (the
 // renewals fail); the runner consumes again once it acquires the lease.

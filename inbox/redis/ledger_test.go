@@ -13,7 +13,7 @@ import (
 	"github.com/sqloutbox/outbox/inbox"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
 	inboxredis "github.com/sqloutbox/outbox/inbox/redis"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/relay"
 	redispub "github.com/sqloutbox/outbox/relay/redis"
 )

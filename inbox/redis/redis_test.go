@@ -16,8 +16,8 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
 	inboxredis "github.com/sqloutbox/outbox/inbox/redis"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // redisAddr is the Redis the tests use: OUTBOX_TEST_REDIS or 127.0.0.1:6379.

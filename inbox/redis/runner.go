@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -84,6 +85,13 @@ var (
 	// ErrHandlerPanic is inbox.ErrHandlerPanic: a recovered handler
 	// panic, a handler error like any other (retried, then parked).
 	ErrHandlerPanic = inbox.ErrHandlerPanic
+	// ErrStreamNotFound is returned (wrapped) by Run with Config.FailFast
+	// when a key of Config.Streams does not exist (or is not a stream);
+	// the error names the key. It is inbox.ErrSourceMissing.
+	ErrStreamNotFound = inbox.ErrSourceMissing
+	// ErrNotReady is wrapped by Ready while the runner is not consuming
+	// (inbox.ErrNotReady).
+	ErrNotReady = inbox.ErrNotReady
 )
 
 // notHolder starts the error reply of the runner's scripts when the lease
@@ -218,6 +226,13 @@ type Config struct {
 	// after at most about LeaseTTL. Default DefaultLeaseTTL; minimum
 	// MinLeaseTTL.
 	LeaseTTL time.Duration
+	// FailFast makes Run return an error wrapping ErrStreamNotFound at
+	// start, before competing for the lease, when a key of Streams does
+	// not exist or holds no stream (a mistyped key, or a relay that has
+	// not published yet), instead of creating it empty (XGROUP CREATE ...
+	// MKSTREAM), which it does otherwise, logging one WARN per key it
+	// created. Default false.
+	FailFast bool
 }
 
 // startIDPattern is what StartID may be besides "$".
@@ -378,6 +393,43 @@ type Runner struct {
 	runCtx  context.Context // values of Run's ctx, never cancelled
 
 	sessions, claimed, deleted atomic.Int64
+
+	health  *consume.Health
+	created sync.Map // stream keys this runner created, warned about once
+}
+
+// Ready reports whether the runner is healthy: nil while it consumes,
+// and while it stands by for the lease another runner holds; an error
+// wrapping ErrNotReady otherwise: before Run started, after it returned,
+// and while reading the streams or starting a session fails (the cause
+// wrapped too). A readiness probe serves it (HealthHandler). Safe for
+// concurrent use.
+func (r *Runner) Ready() error { return r.health.Ready() }
+
+// HealthHandler returns an http.Handler for a readiness probe (mount it
+// at /readyz, say): 200 "ready" while Ready returns nil, else 503 with
+// "not ready: " and Ready's error on one line; any method and path.
+func (r *Runner) HealthHandler() http.Handler { return consume.Handler(r.Ready) }
+
+// checkStreams returns an error wrapping ErrStreamNotFound naming the
+// keys of Streams that do not exist or hold no stream.
+func (r *Runner) checkStreams(ctx context.Context) error {
+	var bad []string
+	for _, st := range r.cfg.Streams {
+		typ, err := r.cfg.Client.Type(ctx, st).Result()
+		if err != nil {
+			return fmt.Errorf("inboxredis: TYPE %s: %w", st, err)
+		}
+		if typ != "stream" {
+			bad = append(bad, fmt.Sprintf("%q (%s)", st, typ))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: inboxredis: stream key %s: not a stream: check Config.Streams against the relay's stream keys "+
+			"(the relay creates a key at its first publish to it), or create it empty with XGROUP CREATE KEY %s $ MKSTREAM",
+			ErrStreamNotFound, strings.Join(bad, ", "), r.cfg.Group)
+	}
+	return nil
 }
 
 // NewRunner validates cfg and returns a Runner. It returns an error
@@ -422,7 +474,7 @@ func NewRunner(cfg Config) (*Runner, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("component", "inboxredis", "group", cfg.Group, "consumer", cfg.Consumer)
-	r := &Runner{cfg: cfg, log: log, runCtx: context.Background(),
+	r := &Runner{cfg: cfg, log: log, health: consume.NewHealth(log), runCtx: context.Background(),
 		lease: &lease{client: cfg.Client, key: cfg.LeaseKey, ttl: cfg.LeaseTTL}}
 	r.eng = consume.NewEngine(s, log, observer{cfg.Observer})
 	return r, nil
@@ -463,7 +515,9 @@ func (r *Runner) Retry(ctx context.Context, f inbox.ParkedFilter) (int, error) {
 // (inbox.ErrSchemaMissing, ErrSchemaOutdated or ErrSchemaTooNew,
 // wrapped) without starting, so that a consumer deployed before its
 // migration fails at once (a database that cannot be reached at start is
-// logged, and retried like any outage). A Runner is not reusable.
+// logged, and retried like any outage); with Config.FailFast, an error
+// wrapping ErrStreamNotFound when a key of Streams does not exist or is
+// not a stream. A Runner is not reusable.
 func (r *Runner) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return ErrStarted
@@ -473,11 +527,19 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err := r.eng.Check(ctx, "inboxredis"); err != nil {
 		return err
 	}
+	if r.cfg.FailFast {
+		if err := r.checkStreams(ctx); err != nil {
+			r.health.Stopped(err)
+			return err
+		}
+	}
+	r.health.OK("inbox consumer starting")
 	r.log.Info("inbox consumer starting", "streams", r.cfg.Streams, "lease_key", r.cfg.LeaseKey)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.eng.ServeRequests(ctx) })
 	consume.Lead(ctx, r.lease, r.cfg.LeaseTTL, r.log, r.session)
 	wg.Wait()
+	r.health.Stopped(nil)
 	r.log.Info("inbox consumer stopped")
 	return nil
 }
@@ -498,8 +560,10 @@ func (r *Runner) session(ctx context.Context) error {
 		if errors.Is(err, errNotHolder) || ctx.Err() != nil {
 			return nil
 		}
+		r.health.Problem("prepare: "+err.Error(), err, "starting a consumer session failed; the lease is released and taken again")
 		return err
 	}
+	r.health.OK("consuming")
 	s.acks = make(chan ackReq, r.cfg.Workers*r.cfg.Count)
 	ackDone := make(chan struct{})
 	go func() {
@@ -520,6 +584,9 @@ func (r *Runner) session(ctx context.Context) error {
 	}
 	return err
 }
+
+// loaded returns LoadOrStore's second result.
+func loaded(_ any, ok bool) bool { return ok }
 
 // errNotHolder: a fenced command found the lease held by someone else (or
 // by nobody).
@@ -562,9 +629,17 @@ func (s *session) prepare(ctx context.Context) error {
 	r := s.r
 	c := r.cfg.Client
 	for _, st := range r.cfg.Streams {
-		err := c.XGroupCreateMkStream(ctx, st, r.cfg.Group, r.cfg.StartID).Err()
+		existed, err := c.Exists(ctx, st).Result()
+		if err != nil {
+			return fmt.Errorf("inboxredis: EXISTS %s: %w", st, err)
+		}
+		err = c.XGroupCreateMkStream(ctx, st, r.cfg.Group, r.cfg.StartID).Err()
 		if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
 			return fmt.Errorf("inboxredis: XGROUP CREATE %s %s: %w", st, r.cfg.Group, err)
+		}
+		if err == nil && existed == 0 && !loaded(r.created.LoadOrStore(st, true)) {
+			r.log.Warn("the stream key did not exist: created it empty with the group; if the relay publishes to another key, nothing arrives here "+
+				"(check Config.Streams; Config.FailFast refuses a missing key instead)", "stream", st, "group", r.cfg.Group)
 		}
 	}
 	for i, st := range r.cfg.Streams {
@@ -700,11 +775,16 @@ func (s *session) consume(ctx context.Context) error {
 			if retry == nil {
 				retry = r.cfg.Backoff()
 			}
-			r.log.Warn("reading the streams failed; retrying", "err", err)
+			if !r.health.Problem("read: "+err.Error(), err, "reading the streams failed; retrying") {
+				r.log.Debug("reading the streams failed again; retrying", "err", err)
+			}
 			if !consume.Sleep(ctx, retry.NextBackOff()) {
 				return nil
 			}
 			continue
+		}
+		if retry != nil {
+			r.health.OK("reading the streams again")
 		}
 		retry = nil
 		got, err := s.submit(ctx, xs)

@@ -28,7 +28,7 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
 	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
@@ -49,9 +49,25 @@ const chromium = "/usr/bin/chromium"
 // messages of their aggregate in the same batch are held back, as every
 // publisher of this repository does.
 type failingPublisher struct {
-	inner relay.Publisher
-	mu    sync.Mutex
-	fail  map[string]bool
+	inner   relay.Publisher
+	mu      sync.Mutex
+	fail    map[string]bool
+	noRoute map[string]bool // refused as unroutable (ErrUnavailable): stays pending
+	refused int
+}
+
+// unroutable makes the publisher refuse id as unroutable: it counts no
+// attempt and stays pending, holding its aggregate.
+func (p *failingPublisher) unroutable(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.noRoute[id] = true
+}
+
+func (p *failingPublisher) refusals() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
 }
 
 func (p *failingPublisher) set(id string, fail bool) {
@@ -71,6 +87,9 @@ func (p *failingPublisher) Publish(ctx context.Context, msgs []relay.Message) er
 		switch {
 		case p.fail[m.MessageID]:
 			errs[i], held[key] = fmt.Errorf("%w: the test refuses %s (%s)", relay.ErrPermanent, m.MessageID, xssScript), true
+		case p.noRoute[m.MessageID]:
+			errs[i], held[key] = fmt.Errorf("%w: no topic fu.nowhere", relay.ErrUnavailable), true
+			p.refused++
 		case held[key]:
 			errs[i] = relay.ErrHeldBack
 		default:
@@ -171,7 +190,7 @@ func TestAdminInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kpub.Close()
-	pub := &failingPublisher{inner: kpub, fail: map[string]bool{}}
+	pub := &failingPublisher{inner: kpub, fail: map[string]bool{}, noRoute: map[string]bool{}}
 	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: pub, MaxAttempts: 1, Logger: quiet,
 		PollInterval: 50 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
 	if err != nil {
@@ -222,8 +241,20 @@ func TestAdminInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A consumer service's own page: its database has inbox tables and
+	// no outbox table (this schema has no table no_outbox).
+	noOutbox, err := driver.New(driver.Config{Dialect: driver.Postgres, Table: e.Schema + ".no_outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ih, err := admin.New(admin.Config{Outbox: noOutbox, DB: cdb, Token: token, Prefix: "/consumers/", InboxTables: []string{inboxTable},
+		InboxOnly: true, CookieName: "outbox_admin_consumers", Logger: quiet, Audit: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/ops/", h)
+	mux.Handle("/consumers/", ih)
 	site := httptest.NewServer(mux)
 	defer site.Close()
 	go func() { _ = h.Run(ctx, time.Second) }()
@@ -460,6 +491,40 @@ func TestAdminInBrowser(t *testing.T) {
 		return strings.Contains(text("#requests"), "applied")
 	})
 
+	// An event whose route does not exist stays pending: the lookup page
+	// dead-letters it after a confirmation listing exactly that row.
+	pub.unroutable("U-1")
+	emit(t, ctx, e.DB, r, ev("U", 1, "u1"))
+	testdb.Eventually(t, ctx, "U-1 refused as unroutable", func() bool { return pub.refusals() > 0 })
+	do("look up U-1", chromedp.Navigate(base+"lookup?message_id=U-1"), chromedp.WaitVisible(chromedp.CSS("#pending-dead")),
+		chromedp.Click(chromedp.CSS(`#lookup input[name=id]`)), chromedp.Click(chromedp.CSS("#pending-dead")), chromedp.WaitVisible(chromedp.CSS("#confirm")))
+	if c := text("#confirm-count"); !strings.Contains(c, "these 1 pending events") {
+		t.Errorf("pending confirmation says %q", c)
+	}
+	do("confirm the dead-lettering", chromedp.Click(chromedp.CSS("#confirm")), chromedp.WaitVisible(chromedp.CSS("#flash")))
+	if f := text("#flash"); !strings.Contains(f, "Dead-lettered 1 of the 1") {
+		t.Errorf("flash after dead-lettering U-1: %q", f)
+	}
+	if st, held := status("U-1"); st != 2 || !held {
+		t.Errorf("dead-lettered U-1: status %d held %v, want dead and holding", st, held)
+	}
+
+	// The consumer service's page: after the login, the consumers, and
+	// only them in the menu.
+	do("consumers only: login", chromedp.Navigate(site.URL+"/consumers/"), chromedp.WaitVisible(chromedp.CSS("#login")),
+		chromedp.SendKeys(chromedp.CSS(`input[name=name]`), "bob"), chromedp.SendKeys(chromedp.CSS(`input[name=token]`), token),
+		chromedp.Click(chromedp.CSS("#login")), chromedp.WaitVisible(chromedp.CSS("header nav")))
+	if loc, err := chromedp.Run(bctx, chromedp.Location()); err != nil || !strings.HasSuffix(loc, "/consumers/inbox") {
+		t.Errorf("the consumers-only page landed on %s (%v), want /consumers/inbox", loc, err)
+	}
+	if nav := text("header nav"); strings.TrimSpace(nav) != "Consumers" {
+		t.Errorf("the consumers-only page's menu is %q, want Consumers only", nav)
+	}
+	if h1 := text("main"); !strings.Contains(h1, "Table "+inboxTable) {
+		t.Errorf("the consumers-only page lacks the inbox table:\n%s", h1)
+	}
+	shot("admin-consumers-only.png")
+
 	// Logged out, the browser's request is refused.
 	do("log out", chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS("#overview")), chromedp.Click(chromedp.CSS(`header button`)),
 		chromedp.WaitVisible(chromedp.CSS("#login")))
@@ -470,7 +535,7 @@ func TestAdminInBrowser(t *testing.T) {
 		t.Errorf("%d JavaScript dialogs opened: an XSS payload ran", n)
 	}
 	log := audit.String()
-	for _, want := range []string{`"action":"dead retry"`, `"action":"dead skip"`, `"action":"inbox retry"`, `"why":"cross-site request"`, `"why":"missing or wrong CSRF token"`, `"who":"alice"`} {
+	for _, want := range []string{`"action":"dead retry"`, `"action":"dead skip"`, `"action":"pending dead"`, `"action":"inbox retry"`, `"why":"cross-site request"`, `"why":"missing or wrong CSRF token"`, `"who":"alice"`} {
 		if !strings.Contains(log, want) {
 			t.Errorf("audit log lacks %s:\n%s", want, log)
 		}

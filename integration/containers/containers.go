@@ -4,7 +4,7 @@
 // that the library's own go.mod does not depend on Docker.
 //
 // The servers are handed to the tests through the variables
-// internal/testdb reads (OUTBOX_TEST_POSTGRES, OUTBOX_TEST_MYSQL): a test
+// internal/testkit/testdb reads (OUTBOX_TEST_POSTGRES, OUTBOX_TEST_MYSQL): a test
 // binary calls Main from its TestMain, and `go run ./integration/cmd/testservers
 // -- CMD...` runs any command (the root module's tests too) with them set.
 package containers
@@ -24,7 +24,7 @@ import (
 	"github.com/testcontainers/testcontainers-go/modules/postgres"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // Images started by Start.
@@ -72,7 +72,7 @@ func DockerAvailable() bool {
 
 // Start starts a server for d (PostgreSQL: PostgresImage with database
 // "test"; MySQL: MariaDBImage with database "test") and returns its DSN in
-// the form internal/testdb expects, and a function that removes the
+// the form internal/testkit/testdb expects, and a function that removes the
 // container. Testcontainers' reaper also removes it when this process exits.
 func Start(ctx context.Context, d driver.Dialect) (dsn string, terminate func(context.Context) error, err error) {
 	var c testcontainers.Container
@@ -123,7 +123,7 @@ type Result struct {
 // (testdb.ConfiguredDSN). For each that does not answer it starts a
 // container, if a Docker engine answers. It sets the variable
 // (testdb.EnvVar) of every available server to its DSN, the container's
-// or the configured one, so that internal/testdb and child processes use it. A server left unavailable is reported in its Result,
+// or the configured one, so that internal/testkit/testdb and child processes use it. A server left unavailable is reported in its Result,
 // not as an error: the tests then skip (or fail under OUTBOX_TEST_REQUIRE)
 // with the reason. cleanup removes the containers started; call it once.
 func Ensure(ctx context.Context) (results []Result, cleanup func()) {

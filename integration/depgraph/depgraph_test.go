@@ -103,3 +103,51 @@ func TestUserGoSumHasNoTestDependencies(t *testing.T) {
 	}
 	t.Logf("the scratch module's go.sum has %d lines", lines)
 }
+
+// TestTestSupportStaysApart: internal/ holds what the library runs on, and
+// the test support lives apart in internal/testkit (issue 36, item 12: the
+// two were mixed, and test helpers that import driver and relay sat beside
+// the dialects those import). No package of the library's module outside
+// internal/testkit depends on it (tests aside), and no package of
+// internal/ outside it imports "testing".
+func TestTestSupportStaysApart(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := func(args ...string) []string {
+		t.Helper()
+		cmd := exec.Command("go", append([]string{"list"}, args...)...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+		out, err := cmd.Output()
+		if err != nil {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("go list %v: %v\n%s", args, err, stderr)
+		}
+		return strings.Fields(string(out))
+	}
+	const testkit = "github.com/sqloutbox/outbox/internal/testkit/"
+	var lib []string
+	for _, p := range list("./...") {
+		if !strings.HasPrefix(p, testkit) {
+			lib = append(lib, p)
+		}
+	}
+	if len(lib) < 10 {
+		t.Fatalf("go list found only %v in the library's module", lib)
+	}
+	for _, dep := range list(append([]string{"-deps"}, lib...)...) {
+		if strings.HasPrefix(dep, testkit) {
+			t.Errorf("a package of the library depends on %s", dep)
+		}
+	}
+	for _, line := range list(append([]string{"-f", "{{.ImportPath}}:{{range .Imports}}{{if eq . \"testing\"}}imports-testing{{end}}{{end}}"}, lib...)...) {
+		if strings.HasPrefix(line, "github.com/sqloutbox/outbox/internal/") && strings.HasSuffix(line, ":imports-testing") {
+			t.Errorf("%s imports testing: test support belongs in internal/testkit", strings.TrimSuffix(line, ":imports-testing"))
+		}
+	}
+}

@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/sqloutbox/outbox/internal/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
@@ -291,33 +291,38 @@ func TestExactlyOnceCommitAnswerLost(t *testing.T) {
 }
 
 // TestExactlyOnceStateTopicMissing: without the manifests' topic the
-// transaction cannot record its rows: Publish fails every message with
-// relay.ErrUnavailable (no attempt; the relay backs off and alerts), names
-// the topic and how to create it, and nothing reaches read_committed.
+// transactions could not record their rows, so Reconcile refuses before
+// any transaction begins: relay.ErrUnavailable (no attempt; the relay backs
+// off and alerts) with kafka.ErrStateTopicMissing, naming the topic and how
+// to create it, and nothing reaches the log, not even aborted records
+// (issue 36, item 10: Reconcile succeeded, and each Publish then left its
+// records in the log as an aborted transaction). Once the topic exists,
+// Reconcile and Publish go through.
 func TestExactlyOnceStateTopicMissing(t *testing.T) {
 	t.Parallel()
 	b := startBroker(t, eosParts, eosTopic) // no state topic
-	committed, _ := bothIsolations(t, b.Addrs(), eosTopic)
+	committed, uncommitted := bothIsolations(t, b.Addrs(), eosTopic)
 	p := (&eosEnv{broker: b}).publisher(t)
 	ctx := testCtx(t, time.Minute)
-	if _, err := p.Reconcile(ctx, 1, 1); err != nil {
-		t.Fatalf("Reconcile: %v (reading a manifest that was never written needs no topic)", err)
+	state := kafka.StateTopic(eosPrefix, eosTable)
+	_, err := p.Reconcile(ctx, 1, 1)
+	if !errors.Is(err, kafka.ErrStateTopicMissing) || !errors.Is(err, relay.ErrUnavailable) || !strings.Contains(err.Error(), state) || !strings.Contains(err.Error(), "outbox kafka state-topic create") {
+		t.Fatalf("Reconcile: %v, want kafka.ErrStateTopicMissing and relay.ErrUnavailable naming %s and how to create it", err, state)
 	}
-	msgs := eosMsgs(1, 1, 1, "a", "b")
 	var pe relay.PublishErrors
-	if err := p.Publish(ctx, msgs); !errors.As(err, &pe) {
+	if err := p.Publish(ctx, eosMsgs(1, 1, 1, "a", "b")); !errors.As(err, &pe) {
 		t.Fatalf("Publish: %v, want PublishErrors", err)
 	}
-	state := kafka.StateTopic(eosPrefix, eosTable)
 	for i, err := range pe {
-		if !errors.Is(err, relay.ErrUnavailable) || !strings.Contains(err.Error(), state) || !strings.Contains(err.Error(), "--partitions 1") {
-			t.Errorf("message %d: %v, want ErrUnavailable naming %s and how to create it", i, err, state)
+		if !errors.Is(err, kafka.ErrNotReconciled) {
+			t.Errorf("message %d: %v, want kafka.ErrNotReconciled (no transaction without the state topic)", i, err)
 		}
 	}
-	// The aborted records reached the log; a later commit on the same
-	// partitions is the marker that read_committed has read past them.
 	if err := kafkatest.CreateTopic(ctx, b.Addrs(), state, 1); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := p.Reconcile(ctx, 1, 1); err != nil {
+		t.Fatalf("Reconcile once the topic exists: %v", err)
 	}
 	if err := p.Publish(ctx, eosMsgs(1, 1, 3, "a", "b")); err != nil {
 		t.Fatalf("Publish once the topic exists: %v", err)
@@ -328,6 +333,14 @@ func TestExactlyOnceStateTopicMissing(t *testing.T) {
 	}
 	if got := messageIDs(recs); !slices.Equal(got, []string{"a#3", "b#4"}) && !slices.Equal(got, []string{"b#4", "a#3"}) {
 		t.Errorf("read_committed received %v, want only the committed a#3 and b#4", got)
+	}
+	// read_uncommitted sees aborted records too: none were written.
+	all, err := uncommitted.WaitForCount(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := messageIDs(all); len(got) != 2 {
+		t.Errorf("read_uncommitted received %v, want only a#3 and b#4: no aborted record before the topic existed", got)
 	}
 }
 

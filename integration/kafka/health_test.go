@@ -9,7 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/sqloutbox/outbox/internal/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
 )

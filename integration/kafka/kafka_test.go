@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -470,5 +471,30 @@ func TestPublishUnknownTopicWrapsSarama(t *testing.T) {
 	err := p.Publish(testCtx(t, 30*time.Second), msgsTo("does.not.exist", 3))
 	if !errors.Is(err, sarama.ErrUnknownTopicOrPartition) || !errors.Is(err, relay.ErrUnavailable) {
 		t.Errorf("Publish = %v, want it to wrap sarama.ErrUnknownTopicOrPartition and relay.ErrUnavailable", err)
+	}
+}
+
+// TestPublishUnknownTopicNamesIt: the error of an unknown topic names
+// that topic and the command that creates it with that very name (issue
+// 36: the hint named a default, not the route that failed).
+func TestPublishUnknownTopicNamesIt(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t, 2, "exists")
+	p := newPublisher(t, kafka.Config{Brokers: b.Addrs(), Sarama: fastMetadata()})
+	err := p.Publish(testCtx(t, 30*time.Second), msgsTo("fu.nowhere", 2))
+	for _, want := range []string{`topic "fu.nowhere" does not exist`, "fix the event's Topic", "--create --topic fu.nowhere "} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Publish = %v, want it to say %q", err, want)
+		}
+	}
+}
+
+func TestTopicHint(t *testing.T) {
+	t.Parallel()
+	if h := kafka.TopicHint("t1", fmt.Errorf("x: %w", sarama.ErrTopicAuthorizationFailed)); !strings.Contains(h, `may not write to topic "t1"`) || !strings.Contains(h, "--operation Write --operation Describe --topic t1`") {
+		t.Errorf("TopicHint(authorization) = %q", h)
+	}
+	if h := kafka.TopicHint("t1", sarama.ErrOutOfBrokers); h != "" {
+		t.Errorf("TopicHint(out of brokers) = %q, want none", h)
 	}
 }

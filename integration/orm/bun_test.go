@@ -11,7 +11,7 @@ import (
 	"github.com/uptrace/bun/schema"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // TestBunSavepoints: bun's RunInTx on a bun.Tx (SAVEPOINT, ROLLBACK TO

@@ -11,7 +11,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // item is the business row every ORM writes.

@@ -30,7 +30,7 @@ import (
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	outboxotel "github.com/sqloutbox/outbox/otel"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"

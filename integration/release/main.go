@@ -64,7 +64,7 @@ func main() {
 	version := flag.String("version", "", "the release version, vX.Y.Z (required)")
 	apply := flag.Bool("apply", false, "rewrite the working tree's go.mod and go.sum files for the release commit (default: check in a copy)")
 	first := flag.Bool("first-events", false, "also build the first-events program against the release and run it against the local NATS, RabbitMQ and Redis (and an in-process Kafka broker)")
-	out := flag.String("out", "", "directory for the module proxy tree (default: a temporary directory, removed at exit)")
+	out := flag.String("out", "", "directory for the module proxy tree, kept at exit so that another module can consume the release (GOPROXY=file://DIR,$(go env GOPROXY) GONOSUMDB=github.com/sqloutbox/outbox GOWORK=off; docs/layout.md); default: a temporary directory, removed at exit")
 	flag.Parse()
 	if *version == "" || flag.NArg() > 0 {
 		fmt.Fprintln(os.Stderr, "usage: go run ./integration/release -version vX.Y.Z [-apply] [-out DIR]")

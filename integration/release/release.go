@@ -62,6 +62,10 @@ type Release struct {
 	tmp     string // temporary directory Cleanup removes
 	root    string // module path of the root module
 	env     []string
+	// found lists the modules whose entries for this version were in the
+	// module cache before Build (from an earlier download of a real
+	// release, say): Cleanup leaves them as they were.
+	found map[string]bool
 }
 
 // Build rewrites, tidies and zips every module of go.work at
@@ -115,6 +119,7 @@ func (r *Release) build(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.found = r.cachedNow(mods)
 	r.Modules = mods // Cleanup clears the module cache of them, also after a failure
 	src := filepath.Join(r.tmp, "src")
 	for _, f := range files {
@@ -475,26 +480,67 @@ func (r *Release) Tags() []string {
 
 // Cleanup removes the temporary directory and what the go commands put in
 // the module cache for this version of the release's modules (it would
-// otherwise be served instead of a later build of the same version).
+// otherwise be served instead of a later build of the same version). It
+// leaves the cache as Build found it: a module whose entries for this
+// version were already there keeps them.
 func (r *Release) Cleanup() {
-	if len(r.Modules) > 0 {
-		cmd := exec.Command("go", "env", "GOMODCACHE")
-		if out, err := cmd.Output(); err == nil {
-			cache := strings.TrimSpace(string(out))
-			for _, m := range r.Modules {
-				esc, err := module.EscapePath(m.Path)
-				if err != nil {
-					continue
-				}
-				_ = os.RemoveAll(filepath.Join(cache, filepath.FromSlash(esc)+"@"+r.opts.Version))
-				dl := filepath.Join(cache, "cache", "download", filepath.FromSlash(esc), "@v")
-				for _, ext := range []string{".zip", ".mod", ".info", ".ziphash", ".lock", ".partial"} {
-					_ = os.Remove(filepath.Join(dl, r.opts.Version+ext))
-				}
-			}
+	cache := moduleCache()
+	for _, m := range r.Modules {
+		if cache == "" || r.found[m.Path] {
+			continue
+		}
+		dir, dl, ok := cachePaths(cache, m.Path)
+		if !ok {
+			continue
+		}
+		_ = os.RemoveAll(dir + "@" + r.opts.Version)
+		for _, ext := range []string{".zip", ".mod", ".info", ".ziphash", ".lock", ".partial"} {
+			_ = os.Remove(filepath.Join(dl, r.opts.Version+ext))
 		}
 	}
 	_ = os.RemoveAll(r.tmp)
+}
+
+// cachedNow returns the modules of mods that the module cache holds at
+// this version (extracted, or downloaded).
+func (r *Release) cachedNow(mods []Module) map[string]bool {
+	found := map[string]bool{}
+	cache := moduleCache()
+	if cache == "" {
+		return found
+	}
+	for _, m := range mods {
+		dir, dl, ok := cachePaths(cache, m.Path)
+		if !ok {
+			continue
+		}
+		for _, p := range []string{dir + "@" + r.opts.Version, filepath.Join(dl, r.opts.Version+".zip"), filepath.Join(dl, r.opts.Version+".mod")} {
+			if _, err := os.Stat(p); err == nil {
+				found[m.Path] = true
+			}
+		}
+	}
+	return found
+}
+
+// moduleCache is `go env GOMODCACHE` ("" if the go command fails).
+func moduleCache() string {
+	out, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// cachePaths returns where the module cache keeps module path's versions:
+// the extracted trees' prefix (dir + "@" + version) and the download
+// directory (cache/download/<path>/@v).
+func cachePaths(cache, path string) (dir, dl string, ok bool) {
+	esc, err := module.EscapePath(path)
+	if err != nil {
+		return "", "", false
+	}
+	return filepath.Join(cache, filepath.FromSlash(esc)), filepath.Join(cache, "cache", "download", filepath.FromSlash(esc), "@v"), true
 }
 
 func copyFile(from, to string) error {

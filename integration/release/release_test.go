@@ -153,3 +153,46 @@ func TestVersionMustBeCanonical(t *testing.T) {
 		}
 	}
 }
+
+// TestCleanupLeavesTheCacheAsFound: Cleanup removes from the module cache
+// what the release's go commands put there for its version, and leaves a
+// module whose entries for that version were there before Build (issue 36,
+// item 7: it removed them too, a real release's download among them).
+func TestCleanupLeavesTheCacheAsFound(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv("GOMODCACHE", cache)
+	const version = "v1.2.3"
+	mods := []Module{{Dir: ".", Path: "example.com/found"}, {Dir: "b", Path: "example.com/made"}}
+	put := func(path string) (dir, zip string) {
+		d, dl, ok := cachePaths(cache, path)
+		if !ok {
+			t.Fatalf("cachePaths(%s)", path)
+		}
+		dir, zip = d+"@"+version, filepath.Join(dl, version+".zip")
+		for _, p := range []string{filepath.Join(dir, "go.mod"), zip} {
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir, zip
+	}
+	foundDir, foundZip := put("example.com/found")
+	r := &Release{opts: Options{Version: version}, tmp: t.TempDir()}
+	r.found = r.cachedNow(mods)
+	r.Modules = mods
+	madeDir, madeZip := put("example.com/made") // what the build downloaded
+	r.Cleanup()
+	for _, p := range []string{foundDir, foundZip} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s was in the cache before Build and is gone: %v", p, err)
+		}
+	}
+	for _, p := range []string{madeDir, madeZip} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s, put there by the release, is still in the cache (%v)", p, err)
+		}
+	}
+}

@@ -18,7 +18,7 @@ import (
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/dialect"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -35,7 +35,8 @@ type claimCost struct {
 	oldRows       float64 // r_engine_stats.old_rows_read: versions rebuilt from undo
 	readNext      int64
 	readKey       int64
-	access        string // the outer table's access type (ref, range)
+	access        string // the outer table's (the pending set's) access type (index, range)
+	inner         string // the outbox table's access type (eq_ref)
 	derivedFromIN bool   // an IN list became a derived table
 	serverMillis  float64
 	planText      string
@@ -108,8 +109,11 @@ func measureClaim(t *testing.T, ctx context.Context, db *sql.DB, q string, batch
 					c.oldRows += o
 				}
 				name, _ := tb["table_name"].(string)
-				if name == "o" {
+				switch name {
+				case "p": // the pending set, walked in id order
 					c.access, _ = tb["access_type"].(string)
+				case "o": // each outbox row, by primary key
+					c.inner, _ = tb["access_type"].(string)
 				}
 				if strings.HasPrefix(name, "<derived") {
 					derived++
@@ -132,8 +136,8 @@ func measureClaim(t *testing.T, ctx context.Context, db *sql.DB, q string, batch
 }
 
 func (c claimCost) String() string {
-	return fmt.Sprintf("%d rows, %.0f pages (%.0f old versions), Handler_read_next %d, Handler_read_key %d, access %s, server %.1f ms",
-		c.rows, c.pages, c.oldRows, c.readNext, c.readKey, c.access, c.serverMillis)
+	return fmt.Sprintf("%d rows, %.0f pages (%.0f old versions), Handler_read_next %d, Handler_read_key %d, access %s then %s, server %.1f ms",
+		c.rows, c.pages, c.oldRows, c.readNext, c.readKey, c.access, c.inner, c.serverMillis)
 }
 
 // allPartitions is every relay partition of the default count.
@@ -224,16 +228,17 @@ func markSentAsRelay(t *testing.T, ctx context.Context, e *testdb.Env, d *dialec
 //   - backlog_statistics_purge_held: ANALYZE ... PERSISTENT FOR ALL with
 //     200,000 pending, then 150,000 marked sent by the relay's own
 //     statement while a consistent snapshot holds purge back (their
-//     delete-marked entries stay in the pending range of the status
-//     index), then statistics again (they now count the sent rows);
+//     delete-marked records stay in the pending set's primary key), then
+//     statistics again (they now count the sent rows);
 //   - in_flight_skip: the 2,000 rows of a batch still being marked sent
 //     are left out; as one NOT IN list of 2,000 values MariaDB turned it
 //     into a derived table and read all of them by primary key (twice the
 //     pages); as a range they are not visited.
 //
-// The plan must keep the outer scan on the status index in id order
-// (ref or range, never a sort), and the pending rows behind the purge
-// backlog are still all claimed: the exclusion hides sent ids only.
+// The plan must keep the outer scan on the pending set's primary key in
+// id order (a range, never a sort), each outbox row read by primary key
+// (eq_ref), and the pending rows behind the purge backlog are still all
+// claimed: the exclusion hides sent ids only.
 func TestMySQLClaimCostFlat(t *testing.T) {
 	t.Parallel()
 	tg := testdb.All[2]
@@ -241,11 +246,12 @@ func TestMySQLClaimCostFlat(t *testing.T) {
 		t.Fatalf("testdb.All[2] is %s, want the MySQL target", tg.Name)
 	}
 	const pending, batch = 200000, 2000
-	// A claim of batch rows reads, per row, its status index entry and its
-	// primary-key record (about 3 pages: the B-tree's upper levels are
-	// counted on every lookup); the hold probe's two empty ranges and the
-	// derived table add a few. Twice that leaves room; the walk over
-	// 150,000 delete-marked entries with their lookups is 450,000 pages.
+	// A claim of batch rows reads, per row, its record in the pending
+	// set's primary key and its outbox row by primary key (about 3 pages:
+	// the B-tree's upper levels are counted on every lookup); the hold
+	// probe's two empty ranges and the derived table add a few. Twice that
+	// leaves room; the walk over 150,000 delete-marked records with their
+	// lookups is 450,000 pages.
 	const maxPages, maxReadNext = 6*batch + 200, batch + 10
 	check := func(t *testing.T, what string, c claimCost) {
 		t.Helper()
@@ -253,8 +259,11 @@ func TestMySQLClaimCostFlat(t *testing.T) {
 		if c.rows != batch {
 			t.Fatalf("%s: claim returned %d rows, want %d", what, c.rows, batch)
 		}
-		if c.access != "ref" && c.access != "range" {
-			t.Fatalf("%s: outer scan is %q, want ref or range on the status index:\n%s", what, c.access, c.planText)
+		// index: the primary key in order from its start (no id left out),
+		// range: with ids left out; LIMIT stops either (the page and
+		// Handler_read_next bounds below check it).
+		if (c.access != "range" && c.access != "index") || c.inner != "eq_ref" {
+			t.Fatalf("%s: scans %q then %q, want the pending set's primary key in order, then each outbox row by primary key (eq_ref):\n%s", what, c.access, c.inner, c.planText)
 		}
 		if strings.Contains(c.planText, "filesort") {
 			t.Fatalf("%s: the claim sorts:\n%s", what, c.planText)
@@ -285,7 +294,8 @@ func TestMySQLClaimCostFlat(t *testing.T) {
 		t.Parallel()
 		e, d, ctx := setup(t)
 		exec(t, ctx, e, "ALTER TABLE "+e.Table+" STATS_AUTO_RECALC = 0")
-		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+" PERSISTENT FOR ALL")
+		exec(t, ctx, e, "ALTER TABLE "+testdb.PendingTable(e.Table)+" STATS_AUTO_RECALC = 0")
+		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+", "+testdb.PendingTable(e.Table)+" PERSISTENT FOR ALL")
 		mysqlPreload(t, ctx, e, pending)
 		check(t, "stats of the empty table", measureClaim(t, ctx, e.RelayDB, d.Claim(allPartitions()), batch))
 	})
@@ -294,7 +304,7 @@ func TestMySQLClaimCostFlat(t *testing.T) {
 		t.Parallel()
 		e, d, ctx := setup(t)
 		mysqlPreload(t, ctx, e, pending)
-		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+" PERSISTENT FOR ALL")
+		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+", "+testdb.PendingTable(e.Table)+" PERSISTENT FOR ALL")
 		check(t, "stats during the backlog", measureClaim(t, ctx, e.RelayDB, d.Claim(allPartitions()), batch))
 		var lo int64
 		if err := e.RelayDB.QueryRowContext(ctx, "SELECT MIN(id) FROM "+e.Table).Scan(&lo); err != nil {
@@ -310,7 +320,7 @@ func TestMySQLClaimCostFlat(t *testing.T) {
 		// entries: logged for comparison (their lookups depend on whether
 		// purge's view of the pages is recent, so no bound is asserted).
 		t.Logf("the same claim without the sent ranges: %s", measureClaim(t, ctx, e.RelayDB, d.Claim(allPartitions()), batch))
-		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+" PERSISTENT FOR ALL")
+		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+", "+testdb.PendingTable(e.Table)+" PERSISTENT FOR ALL")
 		check(t, "purge held, stats after the sends", measureClaim(t, ctx, e.RelayDB, q, batch))
 		release()
 		// Every pending row is still claimable: the ranges hide sent rows only.
@@ -331,12 +341,13 @@ func TestMySQLClaimCostFlat(t *testing.T) {
 		// MariaDB chose status_id_idx, ref on status alone, which reads
 		// every dead row).
 		exec(t, ctx, e, "ALTER TABLE "+e.Table+" STATS_AUTO_RECALC = 0")
-		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+" PERSISTENT FOR ALL")
+		exec(t, ctx, e, "ALTER TABLE "+testdb.PendingTable(e.Table)+" STATS_AUTO_RECALC = 0")
+		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+", "+testdb.PendingTable(e.Table)+" PERSISTENT FOR ALL")
 		// Written as dead from the start: an UPDATE from pending would
-		// leave 50,000 delete-marked entries at the head of the pending
-		// range of status_id_idx, which the claim walks until purge
-		// removes them (under other clients' load, with a primary-key
-		// lookup each: 156,052 pages seen), a cost of purge's lag that
+		// leave 50,000 delete-marked records at the head of the pending
+		// set, which the claim walks until purge removes them (under
+		// other clients' load, with a primary-key lookup each: 156,052
+		// pages seen before the pending set), a cost of purge's lag that
 		// TestMySQLClaimCostUnderWriters covers, not of the hold probe.
 		exec(t, ctx, e, "INSERT INTO "+e.Table+" (message_id, aggregate_type, aggregate_id, event_type, partition_key, content_type, payload, status, attempts, created_at, updated_at) "+
 			"SELECT CONCAT('d-', UUID_SHORT()), 'order', CONCAT('agg-', seq % 256), 't', seq % 32, 'application/json', REPEAT('x', 90), 2, 6, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM seq_1_to_50000")
@@ -703,7 +714,7 @@ func TestMySQLRelayNoLockWaitsUnderWriters(t *testing.T) {
 			if _, err := pub.WaitForCount(ctx, total); err != nil {
 				t.Fatal(err)
 			}
-			testdb.Eventually(t, ctx, "every row marked sent", func() bool { return rowCount(t, e, "status = 1") == total })
+			testdb.Eventually(t, ctx, "every row marked sent", func() bool { return rowCount(t, e, e.IsSent()) == total })
 			waits1 := globalStatusValue(t, e.RelayDB, "Innodb_row_lock_waits")
 			t.Logf("%d writers committed %d events in %v; Innodb_row_lock_waits delta %d (server-wide); relay statements refused for a lock wait: %v",
 				writers, total, runFor, waits1-waits0, stmts.waits)

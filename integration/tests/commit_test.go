@@ -11,7 +11,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -69,7 +69,7 @@ func TestCommitPublishes(t *testing.T) {
 		if got[2].MessageID != "my-own-id-1" || got[2].ContentType != "application/octet-stream" || got[0].ContentType != "application/json" {
 			t.Errorf("ids/content types: %+v", got)
 		}
-		eventually(t, ctx, "rows marked sent", func() bool { return rowCount(t, e, "status = 1") == len(want) })
+		eventually(t, ctx, "rows marked sent", func() bool { return rowCount(t, e, e.IsSent()) == len(want) })
 	})
 }
 

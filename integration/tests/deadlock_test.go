@@ -16,7 +16,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -244,7 +244,7 @@ func TestNoDeadlocksAcrossLeaseHandovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A row is marked sent only after the broker acknowledged it.
-	testdb.Eventually(t, ctx, "every row marked sent", func() bool { return rowCount(t, e, "status = 1") == total })
+	testdb.Eventually(t, ctx, "every row marked sent", func() bool { return rowCount(t, e, e.IsSent()) == total })
 	after := innodbDeadlocks(t, e.RelayDB)
 	msgs := pub.Messages()
 

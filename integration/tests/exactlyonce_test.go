@@ -2,6 +2,9 @@ package tests
 
 import (
 	"context"
+	"database/sql"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"syscall"
@@ -10,11 +13,14 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/failpoint"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
+	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
 )
 
@@ -271,4 +277,136 @@ func serverTarget(t *testing.T, name string, fn func(t *testing.T, tg testdb.Tar
 		}
 	}
 	t.Fatalf("no database target %q", name)
+}
+
+// TestExactlyOnceDatabaseCrash is the regression test for a mark-sent
+// lost in a database crash while the broker kept the transaction after
+// it. The mark used to commit with synchronous_commit off in every mode:
+// the relay marked batch 1, claimed batch 2 and committed its transaction,
+// whose manifest listed only batch 2; a crash of PostgreSQL then lost
+// batch 1's unflushed mark, and the next relay, reading only batch 2's
+// manifest, sent batch 1 again: duplicates at read_committed. In the
+// exactly-once mode marks are now durable, and a transaction's manifest
+// also lists the batch before it whose mark is still running. Here a
+// private server whose WAL writer is paused (and whose background writer
+// writes no page, and whose WAL buffers are large: nothing flushes an
+// asynchronous commit) crashes (immediate shutdown) right after the relay
+// process is killed past its third publish; a new relay must deliver
+// every row exactly once. (With the asynchronous marks of before, 300
+// duplicates: the rows of the first two publishes.)
+func TestExactlyOnceDatabaseCrash(t *testing.T) {
+	t.Parallel()
+	const total, batch = 600, 100
+	pg := privateserver.StartPostgres(t, map[string]string{"wal_buffers": "'16MB'", "bgwriter_lru_maxpages": "0"})
+	e := testdb.NewOn(t, testdb.All[0], pg.DSN, driver.Config{})
+	ctx := testCtx(t, 3*time.Minute)
+	eb := startEOS(t, ctx, e)
+	// Three aggregates: every batch has rows of the same relay
+	// partitions, so a transaction's manifest is the only record of the
+	// batches before it.
+	ledger.WriteSerialized(t, ctx, e, 3, 3, total)
+	pg.PauseWALWriter(t)
+	first := eb.child(t, e, batch, failpoint.AfterPublish+"=kill@3")
+	if ws := first.wait(t, ctx); !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("relay child was not killed after its third publish: %v; output:\n%s", first.err, first.out.String())
+	}
+	pg.Crash(t)
+	pg.Start(t)
+	var lost int
+	if err := e.RelayDB.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+testdb.PendingTable(e.Table)).Scan(&lost); err != nil {
+		t.Fatal(err)
+	}
+	// Every row is in Kafka already; the new relay must only mark them.
+	last := eb.child(t, e, batch, "")
+	testdb.Eventually(t, ctx, "the new relay marking every row sent", func() bool {
+		var n int
+		err := e.RelayDB.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+testdb.PendingTable(e.Table)).Scan(&n)
+		return err == nil && n == 0
+	})
+	t.Logf("%d rows pending after the crash", lost)
+	eb.check(t, ctx, e, last)
+}
+
+// TestExactlyOnceRelayWithoutStateTopic: an exactly-once relay whose state
+// topic does not exist writes nothing to the log and says what to create
+// (issue 36, item 10: it began a transaction per batch, whose manifest
+// commit then failed, and left 360-400 aborted records for 40 messages);
+// once the topic exists, every row arrives exactly once.
+func TestExactlyOnceRelayWithoutStateTopic(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	e := testdb.New(t, testdb.All[0], driver.Config{})
+	const prefix = "eos-missing."
+	b, err := kafkatest.Start(kafkatest.Topics(8, orderTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	pub, err := kafka.NewPublisher(kafka.Config{Brokers: b.Addrs(), ExactlyOnce: &kafka.ExactlyOnce{TransactionalIDPrefix: prefix, Table: e.Table}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	committed, err := kafkatest.NewConsumer(b.Addrs(), []string{orderTopic}, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(committed.Close)
+	rr := startRelay(t, e, pub, func(c *relay.Config) {
+		c.RetryInitial, c.RetryMax = 20*time.Millisecond, 100*time.Millisecond
+	})
+	if err := inTx(ctx, e.DB, func(ctx context.Context, _ *sql.Tx) error {
+		for i := 0; i < 40; i++ {
+			if err := outbox.Emit(ctx, ev(fmt.Sprintf("agg-%d", i%4), i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A cycle has failed once readiness reports the topic.
+	var ready error
+	eventually(t, ctx, "readiness naming the missing state topic", func() bool {
+		ready = rr.Ready()
+		return errors.Is(ready, kafka.ErrStateTopicMissing) && strings.Contains(ready.Error(), kafka.StateTopic(prefix, e.Table))
+	})
+	if !errors.Is(ready, relay.ErrUnavailable) {
+		t.Errorf("readiness %v: want it to wrap relay.ErrUnavailable too", ready)
+	}
+	ends, err := kafkatest.EndOffsets(ctx, b.Addrs(), orderTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, end := range ends {
+		if end != 0 {
+			t.Errorf("partition %d of %s holds %d records (aborted transactions) before the state topic exists, want 0", p, orderTopic, end)
+		}
+	}
+	kcfg := kafka.Config{Brokers: b.Addrs(), ExactlyOnce: &kafka.ExactlyOnce{TransactionalIDPrefix: prefix, Table: e.Table}}
+	if err := kafka.CheckStateTopic(ctx, kcfg); !errors.Is(err, kafka.ErrStateTopicMissing) {
+		t.Fatalf("CheckStateTopic before it exists: %v, want kafka.ErrStateTopicMissing", err)
+	}
+	if created, err := kafka.CreateStateTopic(ctx, kcfg); err != nil || !created {
+		t.Fatalf("CreateStateTopic: %v, %v; want true, nil", created, err)
+	}
+	// Twice: an existing topic is not an error.
+	if created, err := kafka.CreateStateTopic(ctx, kcfg); err != nil || created {
+		t.Fatalf("CreateStateTopic on an existing topic: %v, %v; want false, nil", created, err)
+	}
+	if err := kafka.CheckStateTopic(ctx, kcfg); err != nil {
+		t.Fatalf("CheckStateTopic once it exists: %v", err)
+	}
+	recs, err := committed.WaitForCount(ctx, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range recs {
+		id := r.Headers["outbox-message-id"]
+		if seen[id] {
+			t.Errorf("message %s received twice", id)
+		}
+		seen[id] = true
+	}
 }

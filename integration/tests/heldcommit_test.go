@@ -10,8 +10,8 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -115,7 +115,7 @@ func TestHeldCommitDoesNotStallRelay(t *testing.T) {
 					if c.deleteOnPublish {
 						return rowCount(t, e, "") == 0
 					}
-					return rowCount(t, e, "status = 1") == others
+					return rowCount(t, e, e.IsSent()) == others
 				}
 				eventually(t, ctx, fmt.Sprintf("all %d published rows recorded while a commit is held", others), recorded)
 				if got := len(pub.Messages()); got != others {
@@ -222,7 +222,7 @@ func TestDeadLettersDoNotWaitOnHeldCommit(t *testing.T) {
 		if err := <-committed; err != nil {
 			t.Fatalf("held commit, released: %v", err)
 		}
-		if n := rowCount(t, e, "status = 0"); n != dead+1 {
+		if n := rowCount(t, e, e.IsPending()); n != dead+1 {
 			t.Fatalf("%d pending rows after retry and release, want %d", n, dead+1)
 		}
 	})

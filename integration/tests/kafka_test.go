@@ -14,7 +14,7 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/integration/internal/ledger"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/partition"
 	"github.com/sqloutbox/outbox/relay"
@@ -187,7 +187,15 @@ func TestRelayStopAndRestartLosesNothing(t *testing.T) {
 				kb := startKafka(t, 8, orderTopic)
 				e := testdb.New(t, tg, driver.Config{})
 				ctx := testCtx(t, 3*time.Minute)
-				first := startRelay(t, e, kb.pub, func(c *relay.Config) { c.BatchSize = batch })
+				// What each relay published, in which batches, for a failing
+				// ledger to explain (an order violation: which batch carried
+				// the later row without the earlier one).
+				pl := &publishLog{}
+				first := startRelay(t, e, kb.pub, func(c *relay.Config) {
+					c.BatchSize = batch
+					c.Logger = pl.logger("first")
+					c.Observer = pl.observer("first")
+				})
 				writerDone := make(chan struct{})
 				go func() {
 					defer close(writerDone)
@@ -206,7 +214,12 @@ func TestRelayStopAndRestartLosesNothing(t *testing.T) {
 					t.Fatalf("Stop = %v (hard %v)", err, hard)
 				}
 				stoppedAt := len(kb.cons.Records())
-				startRelay(t, e, kb.pub, func(c *relay.Config) { c.BatchSize = batch })
+				pl.note("first relay stopped after %d records", stoppedAt)
+				startRelay(t, e, kb.pub, func(c *relay.Config) {
+					c.BatchSize = batch
+					c.Logger = pl.logger("second")
+					c.Observer = pl.observer("second")
+				})
 				<-writerDone
 				if t.Failed() {
 					return
@@ -214,6 +227,8 @@ func TestRelayStopAndRestartLosesNothing(t *testing.T) {
 				rows := ledger.Wait(t, ctx, e, kb.cons)
 				rep := ledger.Check(rows, kb.cons.Records())
 				if rep.Ghosts != 0 || rep.OrderViolations != 0 || rep.Duplicates > 2*relay.DefaultMaxBatchFactor*batch {
+					ledger.Explain(t, e, rep, kb.cons.Records())
+					t.Logf("publish calls and relay logs:\n%s", pl.String())
 					t.Fatalf("ledger %+v (duplicates may be at most two batches of up to MaxBatchSize: the one being marked sent and the one in flight, %d)", rep, 2*relay.DefaultMaxBatchFactor*batch)
 				}
 				t.Logf("stopped after %d records; ledger %+v", stoppedAt, rep)

@@ -24,7 +24,7 @@ import (
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/failpoint"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/kafka"
@@ -77,14 +77,19 @@ func relayChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	r, err := relay.New(ob, db, relay.Config{
+	cfg := relay.Config{
 		// Info and above (leases acquired and lost, a failed cycle) on
 		// stderr: the parent reads them to tell an acknowledged batch the
 		// relay failed to record in time from one it forgot, and prints
 		// them when a test fails.
 		Publisher: pub, PollInterval: poll, BatchSize: batch, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		LeaseTTL: ttl, InstanceID: os.Getenv("OUTBOX_CHILD_INSTANCE"),
-	})
+	}
+	if slot := os.Getenv("OUTBOX_CHILD_WAL_SLOT"); slot != "" {
+		cfg.Source = relay.SourceWAL
+		cfg.WAL = relay.WALConfig{DSN: os.Getenv("OUTBOX_CHILD_DSN"), Slot: slot}
+	}
+	r, err := relay.New(ob, db, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

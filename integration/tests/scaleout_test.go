@@ -13,7 +13,7 @@ import (
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/integration/internal/ledger"
 	"github.com/sqloutbox/outbox/internal/dialect"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
 )

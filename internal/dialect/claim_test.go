@@ -46,7 +46,7 @@ func TestClaimExcluding(t *testing.T) {
 	if args != nil {
 		t.Fatalf("MySQL claim arguments %v, want none", args)
 	}
-	want := "AND o.partition_key IN (0,1) AND o.id NOT BETWEEN 1 AND 1499 AND o.id NOT BETWEEN 1501 AND 3000 AND o.id <> 4000"
+	want := "AND p.partition_key IN (0,1) AND p.id NOT BETWEEN 1 AND 1499 AND p.id NOT BETWEEN 1501 AND 3000 AND p.id <> 4000"
 	if !strings.Contains(q, want) || strings.Contains(q, "NOT IN") {
 		t.Fatalf("MySQL claim does not exclude exactly %q:\n%s", want, q)
 	}
@@ -55,7 +55,7 @@ func TestClaimExcluding(t *testing.T) {
 		t.Fatal(err)
 	}
 	q, _ = lite.ClaimExcluding(nil, []int64{7, 8}, [][2]int64{{1, 5}})
-	if !strings.Contains(q, "AND o.id NOT IN (7,8)") || strings.Contains(q, "BETWEEN") {
+	if !strings.Contains(q, "AND p.id NOT IN (7,8)") || strings.Contains(q, "BETWEEN") {
 		t.Fatalf("SQLite claim must leave out the skipped ids only, as one NOT IN list:\n%s", q)
 	}
 	if pg, _ := New(Postgres, "outbox_message"); !pg.HasClaimFloor() || my.HasClaimFloor() || lite.HasClaimFloor() {
@@ -84,7 +84,7 @@ func TestClaimBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		q, args := d.ClaimBatch(c.batch, []int{0}, []int64{9}, nil)
-		if !strings.Contains(q, c.wantText) || strings.Count(q, "?") != len(c.wantArgs) || !(strings.Contains(q, "o.id <> 9") || strings.Contains(q, "o.id NOT IN (9)")) {
+		if !strings.Contains(q, c.wantText) || strings.Count(q, "?") != len(c.wantArgs) || !(strings.Contains(q, "p.id <> 9") || strings.Contains(q, "p.id NOT IN (9)")) {
 			t.Errorf("%s batch %d: text without %q or with a placeholder per argument %v:\n%s", c.name, c.batch, c.wantText, c.wantArgs, q)
 		}
 		if fmt.Sprint(args) != fmt.Sprint(c.wantArgs) || len(args) != len(c.wantArgs) {

@@ -176,6 +176,43 @@ func (t templateData) SchemaExpr() string {
 	return "'" + t.d.schema + "'"
 }
 
+// Pending is the quoted, schema-qualified pending set (schema version 9 on
+// PostgreSQL, 8 on SQLite, 6 on MySQL/MariaDB): one row (id, partition_key)
+// per event waiting to be published, kept by the outbox table's triggers.
+func (t templateData) Pending() string { return t.d.qualify(t.d.base + "_pending") }
+
+// PendingLocal is the pending set's quoted name without schema, as
+// SQLite wants it inside a trigger body (qualified names are refused there).
+func (t templateData) PendingLocal() string { return t.d.quote(t.d.base + "_pending") }
+
+// TableLocal is the outbox table's quoted name without schema (SQLite:
+// CREATE TRIGGER ... ON wants it unqualified).
+func (t templateData) TableLocal() string { return t.d.quote(t.d.base) }
+
+// PendingFunction is the quoted, schema-qualified name of one of the
+// PostgreSQL trigger functions that keep the pending set:
+// <table>_pending_<suffix>.
+func (t templateData) PendingFunction(suffix string) string {
+	return t.d.qualify(t.d.base + "_pending_" + suffix)
+}
+
+// Trigger names a trigger on the outbox table, <table>_<suffix>: unquoted
+// and unqualified on PostgreSQL (a trigger's name is the table's own) and
+// MySQL (DROP TRIGGER wants the schema: see QualifiedTrigger), schema-qualified on
+// SQLite.
+func (t templateData) Trigger(suffix string) string {
+	if t.d.name == SQLite && t.d.schema != "" {
+		return t.d.quote(t.d.schema) + "." + t.d.quote(t.d.base+"_"+suffix)
+	}
+	return t.d.quote(t.d.base + "_" + suffix)
+}
+
+// QualifiedTrigger is a trigger's name as MySQL's CREATE and DROP TRIGGER
+// want it: in the table's schema.
+func (t templateData) QualifiedTrigger(suffix string) string {
+	return t.d.qualify(t.d.base + "_" + suffix)
+}
+
 // Meta is the quoted, schema-qualified settings table (one row: the relay
 // partition count).
 func (t templateData) Meta() string { return t.d.qualify(t.d.base + "_meta") }
@@ -410,20 +447,21 @@ func (d *Dialect) writePlaceholders(b *strings.Builder, s string, n int) int {
 // INSERT ... SELECT lists (see MaxIDs).
 const MySQLMaxIDs = 500
 
-// MaxIDs is the most ids the named id-list statement (delete_sent,
-// retention_archive, retention_delete, mark_sent) may list at once; 0
-// means any number. On MySQL/MariaDB these statements read by primary key
-// (FORCE INDEX (PRIMARY)), but MariaDB turns an IN list of 1,000 or more
-// values (in_predicate_conversion_threshold) of a multi-table DELETE or an
+// MaxIDs is the most ids the named id-list statement (mark_sent,
+// mark_sent_retried, delete_sent, retention_archive, retention_delete)
+// may list at once; 0 means any number. On MySQL/MariaDB these statements
+// read by primary key (FORCE INDEX (PRIMARY)), but MariaDB turns an IN
+// list of 1,000 or more values (in_predicate_conversion_threshold) of a
+// multi-table DELETE (mark_sent, delete_sent, retention_delete) or an
 // INSERT ... SELECT into a join with a derived table and scans the whole
 // table again, locking every row: callers split longer lists. A
-// single-table UPDATE (mark_sent) keeps a range for any length.
+// single-table UPDATE (mark_sent_retried) keeps a range for any length.
 func (d *Dialect) MaxIDs(name string) int {
 	if d.name != MySQL {
 		return 0
 	}
 	switch name {
-	case "delete_sent", "retention_archive", "retention_delete":
+	case "delete_sent", "retention_archive", "retention_delete", "mark_sent":
 		return MySQLMaxIDs
 	}
 	return 0
@@ -443,9 +481,45 @@ func Chunks(n, max int) [][2]int {
 }
 
 // MarkSent returns the statement marking ids sent and its arguments,
-// fenced by owner's leases unless owner is "".
+// fenced by owner's leases unless owner is "": since the pending set
+// (schema version 9 on PostgreSQL, 8 on SQLite, 6 on MySQL/MariaDB) a
+// DELETE of their rows there, which leaves the outbox rows as they are.
+// Its RowsAffected is the number of ids that were pending and are sent now.
+// Ids of messages that had failed before (attempts > 0) go through
+// MarkRetriedSent first.
 func (d *Dialect) MarkSent(ids []int64, owner string) (string, []any) {
 	return d.markSent("mark_sent", ids, owner)
+}
+
+// MarkRetriedSent returns the statement marking sent those of ids whose
+// rows counted failed attempts (attempts > 0), and its arguments, fenced
+// by owner's leases unless owner is "": an UPDATE of the outbox rows
+// (status 1, next_retry_at cleared, sent_at set) whose trigger removes
+// them from the pending set. The relay runs it before MarkSent for the
+// messages of a batch that had failed before, whose retry time would
+// otherwise stay in the hold index.
+func (d *Dialect) MarkRetriedSent(ids []int64, owner string) (string, []any) {
+	return d.markSent("mark_sent_retried", ids, owner)
+}
+
+// MarkSentDurable is MarkSent whose transaction waits for the commit to
+// be durable: on PostgreSQL MarkSent commits with synchronous_commit off
+// (a database crash may lose the last marks, whose messages are then sent
+// again); this one does not. The relay's exactly-once mode marks with it.
+// Elsewhere it is MarkSent.
+func (d *Dialect) MarkSentDurable(ids []int64, owner string) (string, []any) {
+	if d.name != Postgres {
+		return d.MarkSent(ids, owner)
+	}
+	return d.markSent("mark_sent_durable", ids, owner)
+}
+
+// MarkRetriedSentDurable is MarkRetriedSent as MarkSentDurable is MarkSent.
+func (d *Dialect) MarkRetriedSentDurable(ids []int64, owner string) (string, []any) {
+	if d.name != Postgres {
+		return d.MarkRetriedSent(ids, owner)
+	}
+	return d.markSent("mark_sent_retried_durable", ids, owner)
 }
 
 // DeleteSent is MarkSent for DeleteOnPublish: it deletes the rows instead.
@@ -537,20 +611,28 @@ func (d *Dialect) Bind(q string) string {
 
 // Fenced returns the named relay write with the lease fence appended when
 // fenced is true (one more argument: the instance ID, last), or removed.
+// A statement with a {{FENCE}} slot gets the per-row fence (query
+// "fence"), one with {{FENCE_BATCH}} the fence of a statement over many
+// rows (query "fence_batch": on PostgreSQL and SQLite the leased
+// partitions read once per statement).
 func (d *Dialect) Fenced(name string, fenced bool) string {
 	q := d.Query(name)
+	slot, fenceName := "{{FENCE}}", "fence"
+	if strings.Contains(q, "{{FENCE_BATCH}}") {
+		slot, fenceName = "{{FENCE_BATCH}}", "fence_batch"
+	}
 	if !fenced {
-		return strings.Replace(q, "{{FENCE}}", "", 1)
+		return strings.Replace(q, slot, "", 1)
 	}
 	// Number the fence's placeholder after the statement's own.
 	n := strings.Count(q, "?")
 	if d.name == Postgres {
 		n = strings.Count(q, "$")
 	}
-	fence := d.Query("fence")
+	fence := d.Query(fenceName)
 	var b strings.Builder
 	d.writePlaceholders(&b, fence, n)
-	return strings.Replace(q, "{{FENCE}}", b.String(), 1)
+	return strings.Replace(q, slot, b.String(), 1)
 }
 
 // Claim returns the claim restricted to the given relay partitions, or
@@ -577,13 +659,12 @@ func (d *Dialect) ClaimSkipping(partitions []int, skip []int64) (string, []any) 
 // sent (inclusive [lo, hi] pairs): ranges in which the caller's own
 // mark-sent (or delete-on-publish) changed every row, so none of their
 // ids can be pending again. Only MySQL/MariaDB uses them (PostgreSQL
-// claims through ClaimFloor): there a row
-// marked sent leaves a delete-marked entry in the pending range of the
-// status index until InnoDB's purge removes it, and a claim walks every
-// such entry, each with a primary-key lookup while the page is recent
-// (hundreds per claim under 16 writers, every row sent since a long
-// transaction began when purge is held back). Excluded ranges become gaps
-// in the scan's index range, so those entries are not visited at all.
+// claims through ClaimFloor): there a row marked sent leaves a
+// delete-marked record in the pending set's primary key until InnoDB's
+// purge removes it, and a claim walks every such record (hundreds per
+// claim under 16 writers, every row sent since a long transaction began
+// when purge is held back). Excluded ranges become gaps in the scan's
+// index range, so those records are not visited at all.
 // PostgreSQL and SQLite ignore sent.
 //
 // On MySQL/MariaDB the excluded ids are written as ranges of
@@ -598,7 +679,7 @@ func (d *Dialect) ClaimExcluding(partitions []int, skip []int64, sent [][2]int64
 	q := d.Query("claim")
 	var b strings.Builder
 	if partitions != nil {
-		b.WriteString("AND o.partition_key IN (")
+		b.WriteString("AND p.partition_key IN (")
 		for i, p := range partitions {
 			if i > 0 {
 				b.WriteByte(',')
@@ -619,7 +700,7 @@ func (d *Dialect) ClaimExcluding(partitions []int, skip []int64, sent [][2]int64
 		// them) reach at MaxBatchSize 2,000. Its planner does not cut
 		// excluded ids out of the scanned index range either way.
 		if len(skip) > 0 {
-			b.WriteString(" AND o.id NOT IN (")
+			b.WriteString(" AND p.id NOT IN (")
 			writeIDs(&b, skip)
 			b.WriteString(")")
 		}
@@ -627,9 +708,9 @@ func (d *Dialect) ClaimExcluding(partitions []int, skip []int64, sent [][2]int64
 	}
 	for _, r := range IDRanges(skip, sent) {
 		if r[0] == r[1] {
-			fmt.Fprintf(&b, " AND o.id <> %d", r[0])
+			fmt.Fprintf(&b, " AND p.id <> %d", r[0])
 		} else {
-			fmt.Fprintf(&b, " AND o.id NOT BETWEEN %d AND %d", r[0], r[1])
+			fmt.Fprintf(&b, " AND p.id NOT BETWEEN %d AND %d", r[0], r[1])
 		}
 	}
 	return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1), nil
@@ -668,6 +749,30 @@ func (d *Dialect) ClaimFloor() string { return d.Query("claim_floor") }
 
 // IDArray is ids as a PostgreSQL bigint[] literal: '{1,2,3}'.
 func IDArray(ids []int64) string { return int64Array(ids) }
+
+// TextArray is ss as a PostgreSQL text[] literal: every element in double
+// quotes, with backslash and double quote escaped by a backslash
+// ('{"a","b \\"c\\""}'), so any text (commas, braces, spaces, the word
+// NULL) reads back as itself.
+func TextArray(ss []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, s := range ss {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for j := 0; j < len(s); j++ {
+			if s[j] == '"' || s[j] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(s[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
 
 // IntArray is ns as a PostgreSQL integer[] literal: '{1,2,3}'.
 func IntArray(ns []int) string {
@@ -777,11 +882,17 @@ func (d *Dialect) RenewsLeasesOneByOne() bool { return d.name == MySQL }
 // Lease returns a named lease query with the dialect's placeholders.
 func (d *Dialect) Lease(name string) string { return d.Bind(d.Query(name)) }
 
+// PendingTable is the quoted pending set (see templateData.Pending).
+func (d *Dialect) PendingTable() string { return templateData{d}.Pending() }
+
 // MetaTable is the quoted settings table holding the relay partition count.
 func (d *Dialect) MetaTable() string { return templateData{d}.Meta() }
 
 // LeaseTable is the quoted partition lease table.
 func (d *Dialect) LeaseTable() string { return templateData{d}.Lease() }
+
+// MembersTable is the relay group's membership table, qualified and quoted.
+func (d *Dialect) MembersTable() string { return templateData{d}.Members() }
 
 // Channel is the PostgreSQL LISTEN/NOTIFY channel relays of this table
 // listen on and the driver's notifier sends on after commits:

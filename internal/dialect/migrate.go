@@ -79,6 +79,24 @@ func (d *Dialect) Migrate(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
+// MigrateTo is Migrate up to version (inclusive) only: the schema an
+// earlier build would leave, for upgrade tests and for trying an upgrade
+// one version at a time. A version above LatestVersion applies them all.
+func (d *Dialect) MigrateTo(ctx context.Context, db *sql.DB, version int) error {
+	p := d.plan()
+	var keep []migrate.Migration
+	for _, m := range p.Migrations {
+		if m.Version <= version {
+			keep = append(keep, m)
+		}
+	}
+	p.Migrations = keep
+	if err := migrate.Run(ctx, db, p); err != nil {
+		return fmt.Errorf("outbox: migrate %s table %s to version %d: %w", d.name, d.table, version, err)
+	}
+	return nil
+}
+
 // Version returns the newest applied schema version, or 0 when the
 // migrations table does not exist.
 func (d *Dialect) Version(ctx context.Context, db *sql.DB) (int, error) {

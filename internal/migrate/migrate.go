@@ -146,7 +146,11 @@ func Run(ctx context.Context, db *sql.DB, p Plan) (err error) {
 	var finish func(ok bool) error
 	switch p.Flavor {
 	case Postgres:
-		tx, err := conn.BeginTx(ctx, nil)
+		// READ COMMITTED whatever the server's default: a migration that
+		// copies rows written before it (the outbox's pending set, schema
+		// version 9) must see every transaction that committed before its
+		// statement, not only those before its first one.
+		tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 		if err != nil {
 			return err
 		}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/migrate"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 type bundle struct {

@@ -103,3 +103,11 @@ func UndefinedTable(err error) bool {
 		return sqliteCode(e) >= 0 && strings.Contains(e.Error(), "no such table")
 	})
 }
+
+// PostgresCode returns the first PostgreSQL SQLSTATE in err's chain
+// (lib/pq or pgx), or "".
+func PostgresCode(err error) string {
+	var code string
+	Walk(err, func(e error) bool { code = sqlState(e); return code != "" })
+	return code
+}

@@ -91,6 +91,23 @@ func classifyRequestError(err error) outcome {
 	return resend
 }
 
+// TopicHint returns what to do about a route refused with err for topic,
+// as the text a publish error carries (beginning ": "), or "" for other
+// errors: for an unknown topic (sarama.ErrUnknownTopicOrPartition) that
+// the topic does not exist and the command that creates it with that very
+// name (`kafka-topics.sh --create --topic TOPIC`); for a refused topic
+// authorization (sarama.ErrTopicAuthorizationFailed) the ACL to grant on
+// it. Either way a mistyped Topic is the other way out.
+func TopicHint(topic string, err error) string {
+	switch {
+	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
+		return fmt.Sprintf(": topic %q does not exist: fix the event's Topic if it is mistyped, or create it: `kafka-topics.sh --bootstrap-server <broker> --create --topic %s --partitions <n>`", topic, topic)
+	case errors.Is(err, sarama.ErrTopicAuthorizationFailed):
+		return fmt.Sprintf(": the relay may not write to topic %q: fix the event's Topic if it is mistyped, or grant it: `kafka-acls.sh --bootstrap-server <broker> --add --allow-principal User:<relay> --operation Write --operation Describe --topic %s`", topic, topic)
+	}
+	return ""
+}
+
 // refusal wraps err with relay.ErrUnavailable when it is a refusal that
 // no retry fixes (authorization, SASL, an unknown topic), for Healthy.
 func refusal(err error) error {

@@ -156,17 +156,26 @@
 // outbox ids it carries, as the metadata of a transactional offset commit
 // (TxnOffsetCommit) of the consumer group named like the transactional.id
 // for partition 0 of the state topic "<prefix><table>.outbox-txn"
-// (StateTopic; it must exist with one partition; no record is ever
-// written to it, so compaction or retention play no part). The commit
-// makes records and manifest visible together, or neither.
+// (StateTopic; it must exist with one partition: CreateStateTopic, or
+// `outbox kafka state-topic create`; no record is ever written to it, so
+// compaction or retention play no part). The commit makes records and
+// manifest visible together, or neither. Reconcile checks once that the
+// state topic exists, before any transaction: without it the publisher
+// begins none (ErrStateTopicMissing, relay.ErrUnavailable), rather than
+// leave each retried batch in the log as aborted records.
 //
 // Reconcile also reads p's last committed manifest (OffsetFetch with
 // RequireStable, KIP-447) and returns its ids; the relay marks them sent
 // before it claims. So rows whose transaction committed but were never
 // marked sent (a relay killed in between, a mark-sent that failed) are
-// not sent again; rows of an aborted transaction are. The relay marks each
-// batch sent before it claims the next one (no pipelining in this mode),
-// since the manifest names only the last transaction.
+// not sent again; rows of an aborted transaction are. The manifest names
+// only the partition's last transaction, so the relay pipelines its marks
+// through Carry (relay.Pipeliner): while batch n is being marked sent,
+// batch n+1's transactions list batch n's ids of their relay partition
+// beside their own, and the relay marks durably (its commit waits for the
+// WAL flush) so that a confirmed mark is never lost to a database crash
+// after the manifest stopped listing it. A failed mark makes the relay
+// reconcile those partitions before their next claim.
 //
 // Outcomes of one relay partition's transaction:
 //
@@ -187,8 +196,8 @@
 //     If that fails too, or the deadline passed, or the producer was
 //     fenced (relay.ErrFenced): relay.ErrOutcomeUnknown, and the relay
 //     reconciles the partition before it claims from it again.
-//   - The manifest or commit refused (the state topic missing,
-//     authorization): relay.ErrUnavailable (no attempt; the relay backs
+//   - The manifest or commit refused (the state topic deleted after
+//     Reconcile found it, authorization): relay.ErrUnavailable (no attempt; the relay backs
 //     off and alerts); anything else about the manifest: a
 //     *relay.BatchError.
 //   - A share whose ids do not fit in one manifest (offset.metadata.max.bytes,

@@ -286,7 +286,11 @@ func (r *run) failTopic(topic string, err error) {
 	defer r.wakeLocked()
 	for i := range r.recs {
 		if r.recs[i].tp.topic == topic {
-			r.resolveLocked(i, fmt.Errorf("%w: outbox/kafka: topic %s: %w", relay.ErrUnavailable, topic, err))
+			hint := TopicHint(topic, err)
+			if hint == "" {
+				hint = ": topic " + topic
+			}
+			r.resolveLocked(i, fmt.Errorf("%w: outbox/kafka%s: %w", relay.ErrUnavailable, hint, err))
 		}
 	}
 }
@@ -472,7 +476,7 @@ func (r *run) send(ctx context.Context, s *stream, c *chunk) bool {
 			return true
 		case unavailable:
 			p.invalidate(s.tp)
-			r.fail(s, c, fmt.Errorf("%w: %w", relay.ErrUnavailable, where(kerr)))
+			r.fail(s, c, fmt.Errorf("%w%s: %w", relay.ErrUnavailable, TopicHint(s.tp.topic, kerr), where(kerr)))
 			return true
 		case permanent:
 			p.invalidate(s.tp)

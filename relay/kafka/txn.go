@@ -36,10 +36,21 @@ const abortTimeout = 5 * time.Second
 
 // StateTopicSuffix ends the name of the topic that carries the
 // transactions' manifests: "<TransactionalIDPrefix><Table>" + this. It must
-// exist, with at least one partition, before the relay starts (CreateStateTopic); no record is
+// exist, with at least one partition, before the relay starts: create it
+// with CreateStateTopic or `outbox kafka state-topic create`. No record is
 // ever written to it, only transactional offset commits for its partition
-// 0.
+// 0. Reconcile checks that it exists before any transaction begins
+// (ErrStateTopicMissing).
 const StateTopicSuffix = ".outbox-txn"
+
+// ErrStateTopicMissing is wrapped (with relay.ErrUnavailable) by
+// Reconcile's error when the state topic (StateTopic) does not exist or has
+// no partition: no transaction is begun, so nothing reaches the log (a
+// transaction whose manifest commit failed would leave its records there
+// as aborted ones, once per retry), and the relay's readiness names the
+// topic to create until it exists. Create it with CreateStateTopic or
+// `outbox kafka state-topic create`.
+var ErrStateTopicMissing = errors.New("outbox/kafka: the exactly-once mode's state topic does not exist")
 
 // ErrNotReconciled fails, with relay.ErrOutcomeUnknown (so that the relay
 // reconciles the partition), the messages of a relay partition that
@@ -89,8 +100,10 @@ type eos struct {
 	cfg   ExactlyOnce
 	state string // StateTopic
 
-	mu    sync.Mutex
-	owned map[int]*txnOwner // relay partition -> its producer
+	mu      sync.Mutex
+	owned   map[int]*txnOwner // relay partition -> its producer
+	carry   map[int][]int64   // relay partition -> ids of the batch before, unconfirmed (Carry)
+	stateOK bool              // the state topic was found (checkStateTopic)
 }
 
 // txnOwner is the transactional producer of one relay partition, made
@@ -115,6 +128,20 @@ func newEOS(c ExactlyOnce) (*eos, error) {
 		return nil, fmt.Errorf("%w: ExactlyOnce.TransactionTimeout %v is outside 1 s to 15 min", ErrConfig, c.TransactionTimeout)
 	}
 	return &eos{cfg: c, state: StateTopic(c.TransactionalIDPrefix, c.Table), owned: map[int]*txnOwner{}}, nil
+}
+
+// Carry implements relay.Pipeliner: the next Publish's transaction of each
+// relay partition records ids[partition] in its manifest beside its own
+// rows (the batch before, whose mark-sent is not confirmed yet), so that
+// the relay marks one batch sent while it publishes the next. Outside the
+// exactly-once mode it does nothing.
+func (p *Publisher) Carry(ids map[int][]int64) {
+	if p.eos == nil {
+		return
+	}
+	p.eos.mu.Lock()
+	p.eos.carry = ids
+	p.eos.mu.Unlock()
 }
 
 // Reconciles implements relay.Reconciler: true in the exactly-once mode.
@@ -144,6 +171,9 @@ func (p *Publisher) Reconcile(ctx context.Context, part int, epoch int64) ([]int
 	if e == nil {
 		return nil, fmt.Errorf("%w: Reconcile outside the exactly-once mode", ErrConfig)
 	}
+	if err := p.checkStateTopic(ctx); err != nil {
+		return nil, err
+	}
 	id := TransactionalID(e.cfg.TransactionalIDPrefix, e.cfg.Table, part)
 	e.mu.Lock()
 	if old := e.owned[part]; old != nil {
@@ -171,6 +201,186 @@ func (p *Publisher) Reconcile(ctx context.Context, part int, epoch int64) ([]int
 		return nil, nil
 	}
 	return m.IDs, nil
+}
+
+// checkStateTopic returns nil once the state topic has been seen with a
+// partition (one metadata request, which never creates the topic, until
+// then), and otherwise an error wrapping relay.ErrUnavailable and
+// ErrStateTopicMissing, or relay.ErrUnavailable and the broker's error.
+func (p *Publisher) checkStateTopic(ctx context.Context) error {
+	e := p.eos
+	e.mu.Lock()
+	ok := e.stateOK
+	e.mu.Unlock()
+	if ok {
+		return nil
+	}
+	n, err := topicPartitions(ctx, p.client, e.state)
+	if err != nil {
+		return fmt.Errorf("%w: outbox/kafka: reading the metadata of the state topic %s: %w", relay.ErrUnavailable, e.state, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %w: %s (create it with 1 partition before the relay starts: outbox kafka state-topic create --broker <host:port> --kafka-transactional-id-prefix %s --table %s, or kafka-topics.sh --create --topic %s --partitions 1; see docs/kafka.md)",
+			relay.ErrUnavailable, ErrStateTopicMissing, e.state, e.cfg.TransactionalIDPrefix, e.cfg.Table, e.state)
+	}
+	e.mu.Lock()
+	e.stateOK = true
+	e.mu.Unlock()
+	return nil
+}
+
+// topicPartitions asks one broker of client for topic's metadata, without
+// creating the topic (AllowAutoTopicCreation false, whatever the
+// brokers' auto.create.topics.enable), and returns its partition count:
+// 0 if the topic does not exist.
+func topicPartitions(ctx context.Context, client sarama.Client, topic string) (int, error) {
+	b := client.LeastLoadedBroker()
+	if b == nil {
+		return 0, sarama.ErrOutOfBrokers
+	}
+	if ok, _ := b.Connected(); !ok {
+		if err := b.Open(client.Config()); err != nil && !errors.Is(err, sarama.ErrAlreadyConnected) {
+			return 0, err
+		}
+	}
+	req := sarama.NewMetadataRequest(client.Config().Version, []string{topic})
+	req.AllowAutoTopicCreation = false
+	type answer struct {
+		resp *sarama.MetadataResponse
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := b.GetMetadata(req)
+		done <- answer{resp, err}
+	}()
+	var a answer
+	select {
+	case a = <-done:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	if a.err != nil {
+		return 0, a.err
+	}
+	for _, t := range a.resp.Topics {
+		if t.Name != topic {
+			continue
+		}
+		switch {
+		case errors.Is(t.Err, sarama.ErrUnknownTopicOrPartition):
+			return 0, nil
+		case t.Err != sarama.ErrNoError:
+			return 0, refusal(t.Err)
+		}
+		return len(t.Partitions), nil
+	}
+	return 0, nil
+}
+
+// CreateStateTopic creates the exactly-once mode's state topic of
+// cfg.ExactlyOnce (StateTopic(TransactionalIDPrefix, Table)) on
+// cfg.Brokers with one partition and the brokers' default replication
+// factor (CreateTopics with replication factor -1: Kafka 2.4 or later,
+// KIP-464), with cfg's client settings (cfg.Sarama: TLS, SASL, Version;
+// default Version 2.5). It reports whether it created the topic: false,
+// nil for a topic that exists already (left as it is). Errors wrap
+// ErrConfig for a cfg without ExactlyOnce or brokers; otherwise the
+// broker's error, wrapped (with relay.ErrUnavailable for a refused
+// authorization), or ctx's.
+func CreateStateTopic(ctx context.Context, cfg Config) (created bool, err error) {
+	state, sc, err := stateTopicConfig(cfg)
+	if err != nil {
+		return false, err
+	}
+	type answer struct {
+		created bool
+		err     error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		adm, err := sarama.NewClusterAdmin(cfg.Brokers, sc)
+		if err != nil {
+			done <- answer{err: fmt.Errorf("outbox/kafka: connecting to %v: %w", cfg.Brokers, refusal(err))}
+			return
+		}
+		defer adm.Close()
+		err = adm.CreateTopic(state, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: -1}, false)
+		switch {
+		case err == nil:
+			done <- answer{created: true}
+		case errors.Is(err, sarama.ErrTopicAlreadyExists):
+			done <- answer{}
+		default:
+			done <- answer{err: fmt.Errorf("outbox/kafka: creating the state topic %s: %w", state, refusal(err))}
+		}
+	}()
+	select {
+	case a := <-done:
+		return a.created, a.err
+	case <-ctx.Done():
+		return false, fmt.Errorf("outbox/kafka: creating the state topic %s: %w", state, ctx.Err())
+	}
+}
+
+// CheckStateTopic returns nil if the exactly-once mode's state topic of
+// cfg.ExactlyOnce exists with at least one partition; an error wrapping
+// ErrStateTopicMissing if it does not; errors wrapping ErrConfig as
+// CreateStateTopic's; otherwise the broker's error, wrapped, or ctx's. It
+// never creates the topic.
+func CheckStateTopic(ctx context.Context, cfg Config) error {
+	state, sc, err := stateTopicConfig(cfg)
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		client, err := sarama.NewClient(cfg.Brokers, sc)
+		if err != nil {
+			done <- fmt.Errorf("outbox/kafka: connecting to %v: %w", cfg.Brokers, refusal(err))
+			return
+		}
+		defer client.Close()
+		n, err := topicPartitions(ctx, client, state)
+		switch {
+		case err != nil:
+			done <- fmt.Errorf("outbox/kafka: reading the metadata of the state topic %s: %w", state, err)
+		case n == 0:
+			done <- fmt.Errorf("%w: %s", ErrStateTopicMissing, state)
+		default:
+			done <- nil
+		}
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("outbox/kafka: checking the state topic %s: %w", state, ctx.Err())
+	}
+}
+
+// stateTopicConfig validates cfg for CreateStateTopic and CheckStateTopic
+// and returns the state topic's name and the client configuration.
+func stateTopicConfig(cfg Config) (string, *sarama.Config, error) {
+	if cfg.ExactlyOnce == nil {
+		return "", nil, fmt.Errorf("%w: the state topic needs Config.ExactlyOnce", ErrConfig)
+	}
+	e, err := newEOS(*cfg.ExactlyOnce)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(cfg.Brokers) == 0 {
+		return "", nil, fmt.Errorf("%w: no brokers", ErrConfig)
+	}
+	sc := sarama.NewConfig()
+	if cfg.Sarama != nil {
+		c := *cfg.Sarama
+		sc = &c
+	} else {
+		sc.Version = sarama.V2_5_0_0
+	}
+	sc.Metadata.AllowAutoTopicCreation = false
+	return e.state, sc, nil
 }
 
 // txnBackoff is the wait before the n-th retry of a transaction request:
@@ -237,6 +447,7 @@ func (p *Publisher) txn(ctx context.Context, rp int, msgs []relay.Message, idx [
 	epoch := msgs[idx[0]].Epoch
 	e.mu.Lock()
 	o := e.owned[rp]
+	carry := e.carry[rp]
 	e.mu.Unlock()
 	failAll := func(err error) {
 		for _, i := range idx {
@@ -249,20 +460,27 @@ func (p *Publisher) txn(ctx context.Context, rp int, msgs []relay.Message, idx [
 		failAll(fmt.Errorf("%w: %w: relay partition %d, epoch %d", relay.ErrOutcomeUnknown, ErrNotReconciled, rp, epoch))
 		return
 	}
-	// The manifest must fit in one offset commit's metadata: a share too
-	// long for it is cut, and the rest goes in the next cycle's
-	// transaction (ErrAborted: no attempt, no hold). Cutting a prefix
-	// keeps every aggregate's order.
-	ids := make([]int64, len(idx))
+	// The manifest lists the share's rows and the carried ones (the batch
+	// before, not yet confirmed marked: relay.Pipeliner), ascending. It
+	// must fit in one offset commit's metadata: a share too long for it is
+	// cut, and the rest goes in the next cycle's transaction (ErrAborted:
+	// no attempt, no hold). Cutting a prefix keeps every aggregate's
+	// order.
+	own := make([]int64, len(idx))
 	for k, i := range idx {
-		ids[k] = msgs[i].ID
+		own[k] = msgs[i].ID
 	}
-	if n := kafkatxn.Fits(epoch, ids); n < len(idx) {
+	n := fitShare(epoch, carry, own)
+	if n < len(idx) {
 		for _, i := range idx[n:] {
 			errs[i] = fmt.Errorf("%w (outbox/kafka: its relay partition's share of the batch is longer than one transaction's manifest holds)", relay.ErrAborted)
 		}
-		idx, ids = idx[:n], ids[:n]
+		idx, own = idx[:n], own[:n]
 	}
+	if len(idx) == 0 {
+		return
+	}
+	ids := manifestIDs(carry, own)
 	// The manifest goes to the group coordinator while the records go to
 	// the partitions' leaders: the transaction commits both or neither,
 	// so they need no order between them, and the batch costs three
@@ -336,6 +554,39 @@ func (p *Publisher) txn(ctx context.Context, rp int, msgs []relay.Message, idx [
 		}
 	}
 	failAll(fmt.Errorf("%w: outbox/kafka: relay partition %d: message %s failed: %w", relay.ErrAborted, rp, fm.MessageID, ferr))
+}
+
+// manifestIDs is the union of carry and own, ascending, without repeats.
+func manifestIDs(carry, own []int64) []int64 {
+	ids := make([]int64, 0, len(carry)+len(own))
+	ids = append(ids, carry...)
+	ids = append(ids, own...)
+	slices.Sort(ids)
+	return slices.Compact(ids)
+}
+
+// fitShare returns how many of own, from the first, fit in one manifest
+// with epoch beside carry (kafkatxn.Fits of their union). The carried ids
+// fit by themselves (they fitted in the manifest of their own batch,
+// with no carry of their own at most as large), so with none of own it
+// is 0 at worst.
+func fitShare(epoch int64, carry, own []int64) int {
+	if len(carry) == 0 {
+		return kafkatxn.Fits(epoch, own)
+	}
+	if ids := manifestIDs(carry, own); kafkatxn.Fits(epoch, ids) == len(ids) {
+		return len(own)
+	}
+	lo, hi := 0, len(own) // own[:lo] fits, own[:hi+1] does not
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if ids := manifestIDs(carry, own[:mid]); kafkatxn.Fits(epoch, ids) == len(ids) {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
 }
 
 // resolveCommit learns the outcome of a commit that went unanswered: it

@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sqloutbox/outbox/internal/e2e"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
-	"github.com/sqloutbox/outbox/internal/privateserver"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
 	"github.com/sqloutbox/outbox/relay"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
 	"github.com/sqloutbox/outbox/relay/nats/natstest"

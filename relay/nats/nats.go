@@ -537,6 +537,9 @@ func (p *Publisher) publishOne(ctx context.Context, m *relay.Message) error {
 	// stream must bind, for "no stream answers"); a batch error is left
 	// as it is.
 	failed := func(err error) error {
+		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("message %s: %w: %s: %w", m.MessageID, relay.ErrUnavailable, NoStreamHint(nm.Subject), err)
+		}
 		err = classify(err)
 		var be *relay.BatchError
 		if errors.As(err, &be) {
@@ -649,6 +652,30 @@ func validSubject(s string) bool {
 		}
 	}
 	return true
+}
+
+// NoStreamHint returns the text of a publish to subject that no JetStream
+// stream stores: it names the subject, says a mistyped Topic is one way
+// out, and gives the commands that create a stream binding it. A subject
+// with a dot is bound by its parent's wildcard (the last token is the
+// aggregate's, see DefaultSubject): `outbox nats stream create --stream
+// NAME --subject-prefix PARENT.` or the NATS CLI's `nats stream add NAME
+// --subjects 'PARENT.>'`; one without, exactly. NAME is the first token,
+// upper-cased. Publisher errors quote it.
+func NoStreamHint(subject string) string {
+	name := strings.ToUpper(strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, strings.SplitN(subject, ".", 2)[0]))
+	hint := fmt.Sprintf("no JetStream stream stores subject %q: fix the event's Topic if it is mistyped, or create a stream that binds it: ", subject)
+	if i := strings.LastIndexByte(subject, '.'); i > 0 {
+		parent := subject[:i+1]
+		return hint + fmt.Sprintf("`outbox nats stream create --stream %s --subject-prefix %s` (binds %s>) or `nats stream add %s --subjects '%s>'` or natspub.CreateStream",
+			name, parent, parent, name, parent)
+	}
+	return hint + fmt.Sprintf("`nats stream add %s --subjects '%s'` or natspub.CreateStream", name, subject)
 }
 
 // classify maps a publish error to the relay's classes (see the package

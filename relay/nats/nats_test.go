@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay"
 	natspub "github.com/sqloutbox/outbox/relay/nats"

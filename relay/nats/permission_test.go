@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sqloutbox/outbox/internal/privateserver"
+	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
 	"github.com/sqloutbox/outbox/relay"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
 )

@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/e2e"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
 	"github.com/sqloutbox/outbox/relay/nats/natstest"
 )

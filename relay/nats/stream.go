@@ -109,13 +109,18 @@ func (c StreamConfig) Subjects() []string {
 	return []string{c.SubjectPrefix + ">"}
 }
 
+// BrokerPlaceholder stands for the server's address in CreateCommand's
+// command line (the library does not know the URL the connection was made
+// with); the outbox command prints the address it was given instead.
+const BrokerPlaceholder = "nats://<host>:4222"
+
 // CreateCommand returns the `outbox` command line that creates this
-// stream, as error texts quote it.
+// stream, as error texts quote it, with BrokerPlaceholder for the address.
 func (c StreamConfig) CreateCommand() string {
 	c, _ = c.withDefaults()
-	cmd := "outbox nats stream create --broker nats://<host>:4222"
+	cmd := "outbox nats stream create --broker " + BrokerPlaceholder
 	if c.Name != DefaultStreamName {
-		cmd += " --stream " + c.Name
+		cmd += " --nats-stream " + c.Name
 	}
 	if c.SubjectPrefix != DefaultSubjectPrefix {
 		cmd += " --subject-prefix " + c.SubjectPrefix

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sqloutbox/outbox/internal/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
 	"github.com/sqloutbox/outbox/relay"
 	natspub "github.com/sqloutbox/outbox/relay/nats"
 	"github.com/sqloutbox/outbox/relay/nats/natstest"
@@ -43,7 +43,7 @@ func TestCreateStreamIdempotent(t *testing.T) {
 	ctx := testCtx(t, time.Minute)
 	c := ownStream(t, nc)
 	if err := natspub.CheckStream(ctx, nc, c); !errors.Is(err, natspub.ErrStreamMissing) ||
-		!strings.Contains(err.Error(), "outbox nats stream create --broker nats://<host>:4222 --stream "+c.Name+" --subject-prefix "+c.SubjectPrefix) {
+		!strings.Contains(err.Error(), "outbox nats stream create --broker nats://<host>:4222 --nats-stream "+c.Name+" --subject-prefix "+c.SubjectPrefix) {
 		t.Fatalf("CheckStream before: %v, want ErrStreamMissing with the command", err)
 	}
 	for i, want := range []bool{true, false} {

@@ -9,9 +9,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sqloutbox/outbox/internal/e2e"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
-	"github.com/sqloutbox/outbox/internal/privateserver"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
 	"github.com/sqloutbox/outbox/relay/rabbitmq"
 	"github.com/sqloutbox/outbox/relay/rabbitmq/rabbitmqtest"
 )

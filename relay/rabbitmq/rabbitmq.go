@@ -127,6 +127,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -704,8 +705,8 @@ func (p *Publisher) publishOne(ctx context.Context, s *session, m *relay.Message
 			relay.ErrUnavailable, ErrNacked, m.MessageID, p.exchangeOf(m), key)
 	}
 	if r, ok := s.wasReturned(m.MessageID); ok {
-		return fmt.Errorf("%w: %w: message %s to exchange %q with routing key %q: %d %s (no queue is bound for this key: bind your consumers' queues, or declare one with `outbox rabbitmq declare --queue NAME`)",
-			relay.ErrUnavailable, ErrReturned, m.MessageID, p.exchangeOf(m), key, r.ReplyCode, r.ReplyText)
+		return fmt.Errorf("%w: %w: message %s to exchange %q with routing key %q: %d %s (%s)",
+			relay.ErrUnavailable, ErrReturned, m.MessageID, p.exchangeOf(m), key, r.ReplyCode, r.ReplyText, ReturnedHint(p.exchangeOf(m), key))
 	}
 	return nil
 }
@@ -781,4 +782,23 @@ func (p *Publisher) publishing(m *relay.Message) (amqp.Publishing, int) {
 		Type:         m.EventType,
 		Body:         body,
 	}, size
+}
+
+// ReturnedHint returns what to do about a message the broker returned as
+// unroutable from exchange with routing key: no queue is bound for that
+// key. It names the exchange and a binding key that takes the key's
+// aggregate type (its first word, then ".#"), in the command that
+// declares such a queue (`outbox rabbitmq declare --exchange EXCHANGE
+// --queue NAME --binding-key 'TYPE.#'`), and says a mistyped Topic (the
+// exchange) is the other way out. Publisher errors quote it.
+func ReturnedHint(exchange, key string) string {
+	binding := "#"
+	if word, _, ok := strings.Cut(key, "."); ok && word != "" {
+		binding = word + ".#"
+	}
+	cmd := Topology{Exchange: exchange, Queue: "NAME"}.declareCommand()
+	if exchange == DefaultExchange {
+		cmd = strings.Replace(cmd, " --queue", " --exchange "+exchange+" --queue", 1)
+	}
+	return fmt.Sprintf("no queue is bound to exchange %q for routing key %q: bind your consumers' queues to it, or declare one: `%s --binding-key '%s'`; or fix the event's Topic if it names the wrong exchange", exchange, key, cmd, binding)
 }

@@ -13,8 +13,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
-	"github.com/sqloutbox/outbox/internal/privateserver"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/rabbitmq"

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/e2e"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
 	"github.com/sqloutbox/outbox/relay"
 	"github.com/sqloutbox/outbox/relay/rabbitmq"
 	"github.com/sqloutbox/outbox/relay/rabbitmq/rabbitmqtest"

@@ -114,7 +114,9 @@ func TestMissingExchangeNamesTheCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = p.Publish(ctx, msgs(1, 1))
-	if !errors.Is(err, rabbitmq.ErrReturned) || !strings.Contains(err.Error(), "outbox rabbitmq declare --queue NAME") {
+	want := "no queue is bound to exchange \"" + top.Exchange + "\" for routing key \"order.a-0\": bind your consumers' queues to it, or declare one: " +
+		"`outbox rabbitmq declare --broker amqp://<user>@<host>:5672/<vhost> --exchange " + top.Exchange + " --queue NAME --binding-key 'order.#'`"
+	if !errors.Is(err, rabbitmq.ErrReturned) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Publish with no queue bound: %v, want ErrReturned saying how to bind one", err)
 	}
 }

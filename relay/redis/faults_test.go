@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sqloutbox/outbox/internal/e2e"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
 	redispub "github.com/sqloutbox/outbox/relay/redis"
 	"github.com/sqloutbox/outbox/relay/redis/redistest"
 )

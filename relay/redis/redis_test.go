@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
-	"github.com/sqloutbox/outbox/internal/privateserver"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
 	"github.com/sqloutbox/outbox/outboxtest/publishertest"
 	"github.com/sqloutbox/outbox/relay"
 	redispub "github.com/sqloutbox/outbox/relay/redis"

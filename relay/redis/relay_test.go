@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/e2e"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
 	redispub "github.com/sqloutbox/outbox/relay/redis"
 	"github.com/sqloutbox/outbox/relay/redis/redistest"
 )

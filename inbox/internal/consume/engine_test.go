@@ -15,7 +15,7 @@ import (
 	"github.com/sqloutbox/outbox/inbox"
 	"github.com/sqloutbox/outbox/inbox/internal/consume"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 var pgx = testdb.Target{Name: "pgx", Dialect: driver.Postgres}

@@ -15,7 +15,7 @@ import (
 	"github.com/sqloutbox/outbox/inbox"
 	"github.com/sqloutbox/outbox/inbox/internal/consume"
 	"github.com/sqloutbox/outbox/inbox/internal/ledgertest"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 // lyingConnector answers the first lies INSERTs that park a message

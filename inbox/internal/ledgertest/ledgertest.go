@@ -42,7 +42,7 @@ import (
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/relay"
 )
 
@@ -389,7 +389,7 @@ func Run(t *testing.T, p Proof) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			var sent, all int
-			_ = prod.RelayDB.QueryRow("SELECT COUNT(*), COUNT(CASE WHEN status = 1 THEN 1 END) FROM "+prod.Table).Scan(&all, &sent)
+			_ = prod.RelayDB.QueryRow("SELECT COUNT(*), COUNT(CASE WHEN "+prod.IsSent()+" THEN 1 END) FROM "+prod.Table).Scan(&all, &sent)
 			t.Logf("at failure: %d outbox rows, %d sent; %d applied", all, sent, applied())
 		}
 	})

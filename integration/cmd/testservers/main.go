@@ -1,6 +1,6 @@
 // Command testservers makes sure the PostgreSQL and MariaDB servers the
 // tests need are there: a server that does not answer at its configured
-// DSN (OUTBOX_TEST_POSTGRES, OUTBOX_TEST_MYSQL, or internal/testdb's
+// DSN (OUTBOX_TEST_POSTGRES, OUTBOX_TEST_MYSQL, or internal/testkit/testdb's
 // defaults) is started as a container with testcontainers-go, if a Docker
 // engine answers.
 //
@@ -30,7 +30,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/integration/containers"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 func main() {

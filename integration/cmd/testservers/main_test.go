@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
 
 func TestShellQuote(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/emit"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
@@ -391,18 +391,8 @@ func Retryable(err error) bool {
 		strings.Contains(s, "database is locked") || strings.Contains(s, "Lock wait timeout")
 }
 
-// InTx runs fn in a transaction begun on db with a fresh emit scope
-// (outbox.NewContext) and commits; an error from fn rolls back and is
-// returned.
+// InTx runs fn in a transaction begun on db with a fresh emit scope and
+// commits (outbox.InTx); an error from fn rolls back and is returned.
 func InTx(ctx context.Context, db *sql.DB, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	ctx = outbox.NewContext(ctx)
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := fn(ctx, tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	return outbox.InTx(ctx, db, fn)
 }

@@ -7,28 +7,31 @@ SELECT VERSION()
 -- name: claim
 -- Pending rows whose retry is due, in id order, except rows behind an
 -- earlier row of the same aggregate that holds it: one waiting for a retry
--- (next_retry_at in the future) or dead (next_retry_at = never). The held
--- rows are few; the UNION (two ranges of status_retry_idx) keeps MariaDB
--- from merging them into a correlated probe, which it could only bound by
--- the aggregate (every pending or sent row of it), never by next_retry_at.
--- Materialized once per statement, they are probed by key per candidate.
--- FORCE INDEX keeps the outer scan in id order, so LIMIT stops it early
--- instead of sorting the whole backlog, and keeps each half of the UNION
--- on its range of status_retry_idx whatever the estimates say: with no
--- dead letters MariaDB 10.11 took the status = 2 half by status_id_idx
--- (type=ref on status alone), a plan that reads every dead letter,
--- released ones included, once the estimates mislead it. Neither choice
--- depends on statistics.
+-- (next_retry_at in the future) or dead (next_retry_at = never). The
+-- pending set (schema version 6) is walked in id order by its primary key
+-- and each row read by the outbox table's primary key (STRAIGHT_JOIN and
+-- FORCE INDEX: the walk stays in id order, so LIMIT stops it early
+-- instead of sorting the whole backlog, whatever the statistics say). The
+-- held rows are few; the UNION (two ranges of status_retry_idx) keeps
+-- MariaDB from merging them into a correlated probe, which it could only
+-- bound by the aggregate (every pending or sent row of it), never by
+-- next_retry_at. Materialized once per statement, they are probed by key
+-- per candidate. FORCE INDEX keeps each half of the UNION on its range of
+-- status_retry_idx whatever the estimates say: with no dead letters
+-- MariaDB 10.11 took the status = 2 half by status_id_idx (type=ref on
+-- status alone), a plan that reads every dead letter, released ones
+-- included, once the estimates mislead it.
 -- {{"{{PARTITIONS}}"}} also carries the ids to leave out
--- (Dialect.ClaimExcluding) as "o.id NOT BETWEEN a AND b" / "o.id <> a":
--- conditions on the index's own columns, so the range optimizer cuts them
--- out of the scanned range of status_id_idx (type=range) and their
--- entries, delete-marked or still pending, are never visited. ? = batch size.
+-- (Dialect.ClaimExcluding) as "p.id NOT BETWEEN a AND b" / "p.id <> a":
+-- conditions on the pending set's primary key, so the range optimizer
+-- cuts them out of the scanned range (type=range) and their records,
+-- delete-marked or still pending, are never visited. ? = batch size.
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
        COALESCE(o.headers, ''), o.attempts,
        TIMESTAMPDIFF(MICROSECOND, o.created_at, UTC_TIMESTAMP(6))
-FROM {{.Table}} o FORCE INDEX ({{.Index "status_id_idx"}})
+FROM {{.Pending}} p FORCE INDEX (PRIMARY)
+STRAIGHT_JOIN {{.Table}} o FORCE INDEX (PRIMARY) ON o.id = p.id
 WHERE o.status = 0
   AND (o.next_retry_at IS NULL OR o.next_retry_at <= UTC_TIMESTAMP(6))
   AND NOT EXISTS (
@@ -41,26 +44,41 @@ WHERE o.status = 0
         ) h
         WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id AND h.id < o.id)
   {{"{{PARTITIONS}}"}}
-ORDER BY o.id
+ORDER BY p.id
 LIMIT ?
 
 -- name: mark_sent
--- The id list ({{"{{IDS}}"}}) is expanded to one placeholder per id.
--- FORCE INDEX (PRIMARY) makes it one primary-key lookup per id (EXPLAIN:
--- type=range, key=PRIMARY, rows = ids), so it locks exactly its batch's
--- rows, in id order. Left to itself, MariaDB 10.11 scans the whole PRIMARY
--- index (type=index) for a few hundred ids, or for fewer in a small
--- table, and under REPEATABLE READ such a scan locks every row it reads:
--- it waits on any uncommitted writer's row, however unrelated, and blocks
--- the relay until that commit completes. Single-table UPDATE keeps an IN
--- list of any length a range (no in_predicate_conversion_threshold).
+-- Deletes the published events' rows from the pending set (schema
+-- version 6): one clustered-index record each; the outbox rows are not
+-- touched. The id list ({{"{{IDS}}"}}) is expanded to one placeholder per
+-- id, at most Dialect.MaxIDs (500) per statement. FORCE INDEX (PRIMARY),
+-- which only the multi-table syntax takes in MariaDB 10.11, makes it one
+-- primary-key lookup per id (EXPLAIN: type=range, key=PRIMARY, rows =
+-- ids), so it locks exactly its batch's records: left to itself MariaDB
+-- scans the small pending set whole (type=ALL) and, under REPEATABLE
+-- READ, waits on the record of every writer whose COMMIT has not
+-- completed (TestMySQLRelayNoLockWaitsUnderWriters). At 1,000 ids
+-- (in_predicate_conversion_threshold) MariaDB would turn the list into a
+-- join with a derived table and scan again. The fence probes the lease
+-- table's primary key per row, with the shared locks of fence.
+DELETE o FROM {{.Pending}} AS o FORCE INDEX (PRIMARY) WHERE o.id IN ({{"{{IDS}}"}}) {{"{{FENCE}}"}}
+
+-- name: mark_sent_retried
+-- Marks sent the published events that had failed before (attempts > 0),
+-- by primary key as mark_retry: status 1, next_retry_at cleared, sent_at
+-- set; the update trigger removes them from the pending set. Rare: only
+-- messages that failed at least once. Run before mark_sent.
 UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
-SET o.status = 1, o.attempts = o.attempts + 1, o.sent_at = UTC_TIMESTAMP(6), o.updated_at = UTC_TIMESTAMP(6),
-    o.next_retry_at = NULL
-WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 0 {{"{{FENCE}}"}}
+SET o.status = 1, o.sent_at = UTC_TIMESTAMP(6), o.updated_at = UTC_TIMESTAMP(6), o.next_retry_at = NULL
+WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 0 AND o.attempts > 0 {{"{{FENCE}}"}}
 
 -- name: mark_retry
--- One row by primary key (FORCE INDEX as in mark_sent: it locks that row only).
+-- One row by primary key (FORCE INDEX as in mark_sent: it locks that row
+-- only). Unlike PostgreSQL and SQLite it does not check the pending set:
+-- MySQL refuses a statement that reads a table its triggers write (error
+-- 1442, "already used by statement which invoked this stored
+-- function/trigger"). The relay only marks a message it claimed (pending)
+-- within its lease, which the fence checks.
 UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
 SET o.attempts = o.attempts + 1, o.next_retry_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
     o.last_error = ?, o.updated_at = UTC_TIMESTAMP(6)
@@ -128,6 +146,44 @@ UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
 SET o.next_retry_at = NULL, o.updated_at = UTC_TIMESTAMP(6)
 WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 2 AND o.next_retry_at IS NOT NULL
 
+-- name: pending_list
+-- Pending events (in the pending set) matching the selector ({{"{{WHERE}}"}},
+-- built in Go from column names and placeholders only), oldest first, for
+-- an operator who dead-letters them (DeadLetters.ListPending). A plain
+-- read: it locks nothing. created: created_at in Unix microseconds.
+SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic, ''),
+       attempts, COALESCE(last_error, ''),
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at)
+FROM {{.Table}}
+WHERE id IN (SELECT p.id FROM {{.Pending}} p) AND status = 0 AND {{"{{WHERE}}"}}
+ORDER BY id
+LIMIT {{"{{LIMIT}}"}}
+
+-- name: pending_lock
+-- The first step of DeadLetters.DeadLetterPending, in its transaction:
+-- locks, by primary key, the pending-set rows of the confirmed ids
+-- ({{"{{IDS}}"}}) that are still pending. pending_dead cannot check the
+-- pending set itself (error 1442: its triggers write that table), so this
+-- lock stands in: a relay's mark-sent (a DELETE of those rows) waits for
+-- this transaction, and one that committed first has removed them, so
+-- they are not returned and stay sent.
+SELECT p.id FROM {{.Pending}} p FORCE INDEX (PRIMARY) WHERE p.id IN ({{"{{IDS}}"}}) ORDER BY p.id FOR UPDATE
+
+-- name: pending_dead
+-- Dead-letters pending events on an operator's word (not an attempt:
+-- attempts unchanged), holding their aggregate as mark_dead does. ? = the
+-- error text; {{"{{IDS}}"}}: the ids pending_lock returned and locked. The
+-- update trigger removes them from the pending set.
+UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
+SET o.status = 2, o.next_retry_at = '9999-12-31 23:59:59.999999', o.last_error = ?, o.updated_at = UTC_TIMESTAMP(6)
+WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 0
+
+-- name: pending_dead_released
+-- pending_dead that does not hold the aggregate (as mark_dead_released).
+UPDATE {{.Table}} AS o FORCE INDEX (PRIMARY)
+SET o.status = 2, o.next_retry_at = NULL, o.last_error = ?, o.updated_at = UTC_TIMESTAMP(6)
+WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 0
+
 -- name: fence
 -- Appended to the relay's writes when leases are on (the outbox table is
 -- aliased o in them): the row's partition must still be leased to this
@@ -162,6 +218,11 @@ SELECT COUNT(*), MIN(CASE WHEN mode <> ? THEN CONCAT(instance_id, ' (', mode, ')
 
 -- name: member_leave
 DELETE FROM {{.Members}} WHERE instance_id = ?
+
+-- name: member_prune
+-- Membership rows expired for longer than ? microseconds (relays that
+-- were killed and never left): the relay's heartbeat removes them.
+DELETE FROM {{.Members}} WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 
 -- name: lease_renew_one
 -- One partition by primary key: ? = TTL in microseconds, partition,
@@ -225,21 +286,31 @@ SELECT partition_key, COALESCE(owner, ''), epoch,
 FROM {{.Lease}} ORDER BY partition_key
 
 -- name: stats_pending
--- Pending rows per relay partition: count and age of the oldest in
--- microseconds (database clock).
-SELECT partition_key, COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)), 0)
-FROM {{.Table}} WHERE status = 0
-GROUP BY partition_key ORDER BY partition_key
+-- Pending rows per relay partition: count and age of the oldest (the
+-- lowest id's) in microseconds (database clock): the pending set once,
+-- then one outbox row per partition by primary key.
+SELECT s.partition_key, s.n,
+       COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, o.created_at, UTC_TIMESTAMP(6)) FROM {{.Table}} o WHERE o.id = s.first), 0)
+FROM (SELECT partition_key, COUNT(*) AS n, MIN(id) AS first FROM {{.Pending}} GROUP BY partition_key) s
+ORDER BY s.partition_key
 
 -- name: stats_status
-SELECT status, COUNT(*) FROM {{.Table}} GROUP BY status ORDER BY status
+-- Rows per state, as (status, count): 0 pending (the pending set), 1 sent
+-- (neither pending nor dead), 2 dead. Reads the whole table once.
+SELECT 0, COUNT(*) FROM {{.Pending}}
+UNION ALL
+SELECT 1, GREATEST(0, (SELECT COUNT(*) FROM {{.Table}} WHERE status <> 2) - (SELECT COUNT(*) FROM {{.Pending}}))
+UNION ALL
+SELECT 2, COUNT(*) FROM {{.Table}} WHERE status = 2
 
 -- name: retention_batch
--- Ids of sent rows older than the retention ($1/first ?: microseconds), at
--- most one batch ({{"{{LIMIT}}"}}), oldest first.
-SELECT id FROM {{.Table}}
-WHERE status = 1 AND sent_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-ORDER BY id
+-- Ids of sent rows (neither pending nor dead) written longer ago than the
+-- retention (?: microseconds, against created_at), at most one batch
+-- ({{"{{LIMIT}}"}}), oldest first.
+SELECT o.id FROM {{.Table}} AS o FORCE INDEX (PRIMARY)
+WHERE o.status <> 2 AND o.created_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+  AND NOT EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = o.id)
+ORDER BY o.id
 LIMIT {{"{{LIMIT}}"}}
 
 -- name: retention_archive
@@ -247,16 +318,24 @@ LIMIT {{"{{LIMIT}}"}}
 -- archive table, by primary key: INSERT ... SELECT reads with shared locks
 -- under REPEATABLE READ, and without FORCE INDEX MariaDB read every sent
 -- row through the status index (type=ref) or the whole table (type=ALL).
-INSERT INTO {{.Archive}} SELECT * FROM {{.Table}} FORCE INDEX (PRIMARY) WHERE id IN ({{"{{IDS}}"}}) AND status = 1
+INSERT INTO {{.Archive}} (id, message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type,
+                          payload, headers, status, attempts, next_retry_at, last_error, created_at, updated_at, sent_at)
+SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type, o.topic, o.partition_key, o.content_type,
+       o.payload, o.headers, 1, o.attempts, o.next_retry_at, o.last_error, o.created_at, o.updated_at, o.sent_at
+FROM {{.Table}} AS o FORCE INDEX (PRIMARY) WHERE o.id IN ({{"{{IDS}}"}}) AND o.status <> 2
+  AND NOT EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = o.id)
 
 -- name: retention_delete
+-- Ids from retention_batch (sent rows: a sent row never becomes pending
+-- again, except by hand); not checked against the pending set again, which
+-- the delete trigger writes (MySQL error 1442, see mark_retry).
 -- By primary key (multi-table syntax: MariaDB 10.11's single-table DELETE
 -- takes no index hint); without it MariaDB scanned the whole table
 -- (type=ALL) for a few hundred ids, locking every row and gap: writers'
 -- INSERTs waited for retention, retention for any uncommitted writer. At
 -- most Dialect.MaxIDs ids: at 1,000 (in_predicate_conversion_threshold)
 -- MariaDB turns the list into a join with a derived table and scans again.
-DELETE o FROM {{.Table}} AS o FORCE INDEX (PRIMARY) WHERE o.id IN ({{"{{IDS}}"}}) AND o.status = 1
+DELETE o FROM {{.Table}} AS o FORCE INDEX (PRIMARY) WHERE o.id IN ({{"{{IDS}}"}}) AND o.status <> 2
 
 -- name: delete_sent
 -- Mark-sent for DeleteOnPublish: acknowledged rows are deleted at once, by
@@ -278,9 +357,9 @@ SELECT (SELECT partitions FROM {{.Meta}} WHERE id = 1),
 
 -- name: out_of_range
 -- Pending rows in partitions no relay can own: outside 0..count-1, ? = the
--- stored count. Reads every pending row once (as stats_pending does), so
--- the relay runs it at start and every PartitionCheckInterval.
-SELECT COUNT(*) FROM {{.Table}} WHERE status = 0 AND (partition_key >= ? OR partition_key < 0)
+-- stored count. Reads the pending set once, so the relay runs it at start
+-- and every PartitionCheckInterval.
+SELECT COUNT(*) FROM {{.Pending}} WHERE partition_key >= ? OR partition_key < 0
 
 -- name: set_partitions
 -- relay.Repartition, the one way to change the stored count. ? = count.
@@ -289,21 +368,22 @@ UPDATE {{.Meta}} SET partitions = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = 1
 -- name: admin_counts
 -- The admin page's overview, from indexes only: pending, dead and held
 -- dead rows, each counted up to the cap (the three ?: the cap), through
--- status_id_idx; the lowest and highest id, and the age of the lowest-id
--- pending row in microseconds (database clock).
-SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 0 LIMIT ?) p),
+-- the pending set and status_id_idx; the lowest and highest id, and the
+-- age of the lowest-id pending row in microseconds (database clock).
+SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Pending}} LIMIT ?) p),
        (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 2 LIMIT ?) d),
        (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} FORCE INDEX ({{.IndexName "status_retry_idx"}}) WHERE status = 2 AND next_retry_at IS NOT NULL LIMIT ?) h),
        COALESCE((SELECT MIN(id) FROM {{.Table}}), 0),
        COALESCE((SELECT MAX(id) FROM {{.Table}}), 0),
-       COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6))
-                 FROM {{.Table}} WHERE status = 0 ORDER BY id LIMIT 1), 0)
+       COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, o.created_at, UTC_TIMESTAMP(6))
+                 FROM {{.Table}} o WHERE o.id = (SELECT MIN(p.id) FROM {{.Pending}} p)), 0)
 
 -- name: admin_backlog
 -- Pending rows per relay partition among the first ? pending rows in id
 -- order: count and age of the oldest in microseconds.
 SELECT partition_key, COUNT(*), TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6))
-FROM (SELECT partition_key, created_at FROM {{.Table}} FORCE INDEX ({{.Index "status_id_idx"}}) WHERE status = 0 ORDER BY id LIMIT ?) s
+FROM (SELECT p.partition_key, o.created_at FROM {{.Pending}} p FORCE INDEX (PRIMARY)
+      STRAIGHT_JOIN {{.Table}} o FORCE INDEX (PRIMARY) ON o.id = p.id ORDER BY p.id LIMIT ?) s
 GROUP BY partition_key
 
 -- name: admin_held_partitions
@@ -321,15 +401,17 @@ FROM {{.Members}} ORDER BY instance_id LIMIT 200
 
 -- name: admin_events
 -- Rows of any status matching {{"{{WHERE}}"}} (column names and
--- placeholders, built in Go), in id order, without their payload.
+-- placeholders, built in Go), in id order, without their payload, with
+-- their state as a status (0 pending: in the pending set; 1 sent; 2 dead).
 -- {{"{{INDEX}}"}}: an index hint (index_status or index_aggregate) or
 -- nothing.
 SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic, ''), partition_key,
-       status, attempts, COALESCE(last_error, ''), CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
+       CASE WHEN status = 2 THEN 2 WHEN EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = o.id) THEN 0 ELSE 1 END,
+       attempts, COALESCE(last_error, ''), CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', updated_at),
        COALESCE(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', sent_at), 0)
-FROM {{.Table}} {{"{{INDEX}}"}}
+FROM {{.Table}} AS o {{"{{INDEX}}"}}
 WHERE {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}

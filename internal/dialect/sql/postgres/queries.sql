@@ -5,41 +5,68 @@ SELECT clock_timestamp()
 SELECT current_setting('server_version_num')::int
 
 -- name: mark_sent
--- $1 = ids as a PostgreSQL array literal '{1,2,3}'. The statement's own
--- transaction commits without waiting for the WAL flush
--- (synchronous_commit off, set for this transaction only): the broker has
--- the messages already, and a mark lost in a database crash only makes
--- the relay send them again (same message IDs). WAL is flushed in order,
--- so what a crash loses is the latest marks, never one between kept ones.
--- It takes the flush (3 ms per mark on the benchmark machine) off the
--- relay's loop.
+-- Deletes the published events' rows from the pending set (schema
+-- version 9): one primary-key probe and one small WAL record each; the
+-- outbox rows are not touched. $1 = ids as a PostgreSQL array literal
+-- '{1,2,3}'. {{"{{FENCE_BATCH}}"}}: the lease fence, read once for the
+-- statement. The statement's own transaction commits without waiting for
+-- the WAL flush (synchronous_commit off, set for this transaction only):
+-- the broker has the messages already, and a mark lost in a database crash
+-- only makes the relay send them again (same message IDs). WAL is flushed
+-- in order, so what a crash loses is the latest marks, never one between
+-- kept ones.
+WITH async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
+DELETE FROM {{.Pending}} USING async
+WHERE id = ANY($1::bigint[]) {{"{{FENCE_BATCH}}"}}
+
+-- name: mark_sent_durable
+-- mark_sent whose commit waits for the WAL flush (the relay's exactly-once
+-- mode: a transaction's manifest lists only the batch before it whose mark
+-- is not confirmed, so a confirmed mark must survive a database crash).
+DELETE FROM {{.Pending}}
+WHERE id = ANY($1::bigint[]) {{"{{FENCE_BATCH}}"}}
+
+-- name: mark_sent_retried
+-- Marks sent the published events that had failed before (attempts > 0):
+-- their row carries a retry time that would stay in held_idx, so they are
+-- updated (status 1, next_retry_at cleared, sent_at set), and the update
+-- trigger removes them from the pending set. Rare: only messages that
+-- failed at least once. Run before mark_sent. $1 = ids.
 WITH async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE {{.Table}}
-SET status = 1, attempts = attempts + 1, sent_at = clock_timestamp(), updated_at = clock_timestamp(),
-    next_retry_at = NULL
+SET status = 1, sent_at = clock_timestamp(), updated_at = clock_timestamp(), next_retry_at = NULL
 FROM async
-WHERE id = ANY($1::bigint[]) AND status = 0 {{"{{FENCE}}"}}
+WHERE id = ANY($1::bigint[]) AND status = 0 AND attempts > 0 {{"{{FENCE}}"}}
+
+-- name: mark_sent_retried_durable
+-- mark_sent_retried whose commit waits for the WAL flush (see
+-- mark_sent_durable).
+UPDATE {{.Table}}
+SET status = 1, sent_at = clock_timestamp(), updated_at = clock_timestamp(), next_retry_at = NULL
+WHERE id = ANY($1::bigint[]) AND status = 0 AND attempts > 0 {{"{{FENCE}}"}}
 
 -- name: mark_retry
--- $1 = delay in microseconds, $2 = error text, $3 = id.
+-- $1 = delay in microseconds, $2 = error text, $3 = id. Only a pending row
+-- (in the pending set): status 0 alone is also a sent row since schema
+-- version 9.
 UPDATE {{.Table}}
 SET attempts = attempts + 1, next_retry_at = clock_timestamp() + ($1::bigint * interval '1 microsecond'),
     last_error = $2, updated_at = clock_timestamp()
-WHERE id = $3 AND status = 0 {{"{{FENCE}}"}}
+WHERE id = $3 AND status = 0 AND EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = {{.Table}}.id) {{"{{FENCE}}"}}
 
 -- name: mark_dead
 -- Dead rows keep next_retry_at = "never" so that they hold their aggregate.
 -- $1 = error text, $2 = id.
 UPDATE {{.Table}}
 SET status = 2, attempts = attempts + 1, next_retry_at = 'infinity'::timestamptz, last_error = $1, updated_at = clock_timestamp()
-WHERE id = $2 AND status = 0 {{"{{FENCE}}"}}
+WHERE id = $2 AND status = 0 AND EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = {{.Table}}.id) {{"{{FENCE}}"}}
 
 -- name: mark_dead_released
 -- Dead, but not holding its aggregate (DeadLetterPolicy SkipDead).
 -- $1 = error text, $2 = id.
 UPDATE {{.Table}}
 SET status = 2, attempts = attempts + 1, next_retry_at = NULL, last_error = $1, updated_at = clock_timestamp()
-WHERE id = $2 AND status = 0 {{"{{FENCE}}"}}
+WHERE id = $2 AND status = 0 AND EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = {{.Table}}.id) {{"{{FENCE}}"}}
 
 -- name: insert
 -- Multi-row INSERT written by the commit hook: the row template below is
@@ -97,12 +124,58 @@ UPDATE {{.Table}}
 SET next_retry_at = NULL, updated_at = clock_timestamp()
 WHERE id IN ({{"{{IDS}}"}}) AND status = 2 AND next_retry_at IS NOT NULL
 
+-- name: pending_list
+-- Pending events (in the pending set) matching the selector ({{"{{WHERE}}"}},
+-- built in Go from column names and placeholders only), oldest first, for
+-- an operator who dead-letters them (DeadLetters.ListPending). The pending
+-- set is small (the backlog), so the statement starts from it.
+-- created: created_at in Unix microseconds.
+SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic, ''),
+       attempts, COALESCE(last_error, ''),
+       (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint
+FROM {{.Table}}
+WHERE id IN (SELECT p.id FROM {{.Pending}} p) AND status = 0 AND {{"{{WHERE}}"}}
+ORDER BY id
+LIMIT {{"{{LIMIT}}"}}
+
+-- name: pending_lock
+-- The first step of DeadLetters.DeadLetterPending, in its transaction:
+-- locks the pending-set rows of the confirmed ids ({{"{{IDS}}"}}) that are
+-- still pending. A relay's mark-sent (a DELETE of those rows) then waits
+-- for this transaction, and one that committed first has removed them, so
+-- they are not returned and stay sent.
+SELECT p.id FROM {{.Pending}} p WHERE p.id IN ({{"{{IDS}}"}}) ORDER BY p.id FOR UPDATE
+
+-- name: pending_dead
+-- Dead-letters pending events on an operator's word (not an attempt:
+-- attempts unchanged), holding their aggregate as mark_dead does. ? = the
+-- error text; {{"{{IDS}}"}}: the ids pending_lock returned. The update
+-- trigger removes them from the pending set.
+UPDATE {{.Table}}
+SET status = 2, next_retry_at = 'infinity'::timestamptz, last_error = ?, updated_at = clock_timestamp()
+WHERE id IN ({{"{{IDS}}"}}) AND status = 0 AND EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = {{.Table}}.id)
+
+-- name: pending_dead_released
+-- pending_dead that does not hold the aggregate (as mark_dead_released).
+UPDATE {{.Table}}
+SET status = 2, next_retry_at = NULL, last_error = ?, updated_at = clock_timestamp()
+WHERE id IN ({{"{{IDS}}"}}) AND status = 0 AND EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = {{.Table}}.id)
+
 -- name: fence
 -- Appended to the relay's writes when leases are on: the row's partition
 -- must still be leased to this instance (? = instance ID), unexpired by the
 -- database clock. A stale owner's outcomes are rejected.
 AND EXISTS (SELECT 1 FROM {{.Lease}} l
             WHERE l.partition_key = {{.Table}}.partition_key AND l.owner = ? AND l.expires_at > clock_timestamp())
+
+-- name: fence_batch
+-- The lease fence of a statement over many rows (mark_sent,
+-- delete_sent): the partitions leased to this instance (? = instance ID)
+-- and unexpired by the database clock, read once for the statement (an
+-- InitPlan) instead of one probe of the lease table per row. A stale
+-- owner's outcomes are rejected as with fence.
+AND partition_key = ANY(ARRAY(SELECT l.partition_key FROM {{.Lease}} l
+                              WHERE l.owner = ? AND l.expires_at > clock_timestamp()))
 
 -- name: lease_init
 -- One row per partition, created once; {{"{{ROWS}}"}} is "(?, 0)" per partition.
@@ -125,6 +198,11 @@ SELECT COUNT(*), MIN(CASE WHEN mode <> ? THEN instance_id || ' (' || mode || ')'
 
 -- name: member_leave
 DELETE FROM {{.Members}} WHERE instance_id = ?
+
+-- name: member_prune
+-- Membership rows expired for longer than ? microseconds (relays that
+-- were killed and never left): the relay's heartbeat removes them.
+DELETE FROM {{.Members}} WHERE expires_at < clock_timestamp() - (?::bigint * interval '1 microsecond')
 
 -- name: lease_renew
 -- Every lease of one instance in one statement: ? = TTL in microseconds,
@@ -172,35 +250,55 @@ SELECT partition_key, COALESCE(owner, ''), epoch,
 FROM {{.Lease}} ORDER BY partition_key
 
 -- name: stats_pending
--- Pending rows per relay partition: count and age of the oldest in
--- microseconds (database clock).
-SELECT partition_key, COUNT(*), COALESCE((EXTRACT(EPOCH FROM (clock_timestamp() - MIN(created_at))) * 1000000)::bigint, 0)
-FROM {{.Table}} WHERE status = 0
-GROUP BY partition_key ORDER BY partition_key
+-- Pending rows per relay partition: count and age of the oldest (the
+-- lowest id's) in microseconds (database clock). Reads the pending set
+-- once and one outbox row per partition, by primary key (a join would let
+-- the planner hash the whole outbox table, history included).
+SELECT s.partition_key, s.n,
+       COALESCE((SELECT (EXTRACT(EPOCH FROM (clock_timestamp() - o.created_at)) * 1000000)::bigint
+                 FROM {{.Table}} o WHERE o.id = s.first), 0)
+FROM (SELECT partition_key, COUNT(*) AS n, MIN(id) AS first FROM {{.Pending}} GROUP BY partition_key) s
+ORDER BY s.partition_key
 
 -- name: stats_status
-SELECT status, COUNT(*) FROM {{.Table}} GROUP BY status ORDER BY status
+-- Rows per state, as (status, count): 0 pending (the pending set), 1 sent
+-- (neither pending nor dead), 2 dead. Reads the whole table once.
+SELECT 0, COUNT(*) FROM {{.Pending}}
+UNION ALL
+SELECT 1, GREATEST(0, (SELECT COUNT(*) FROM {{.Table}} WHERE status <> 2) - (SELECT COUNT(*) FROM {{.Pending}}))
+UNION ALL
+SELECT 2, COUNT(*) FROM {{.Table}} WHERE status = 2
 
 -- name: retention_batch
--- Ids of sent rows older than the retention ($1/first ?: microseconds), at
--- most one batch ({{"{{LIMIT}}"}}), oldest first.
-SELECT id FROM {{.Table}}
-WHERE status = 1 AND sent_at < clock_timestamp() - ($1::bigint * interval '1 microsecond')
-ORDER BY id
+-- Ids of sent rows (neither pending nor dead) written longer ago than the
+-- retention ($1/first ?: microseconds, against created_at), at most one
+-- batch ({{"{{LIMIT}}"}}), oldest first.
+SELECT o.id FROM {{.Table}} o
+WHERE o.status <> 2 AND o.created_at < clock_timestamp() - ($1::bigint * interval '1 microsecond')
+  AND NOT EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = o.id)
+ORDER BY o.id
 LIMIT {{"{{LIMIT}}"}}
 
 -- name: retention_archive
--- Copies one batch of sent rows ({{"{{IDS}}"}}) to the archive table.
-INSERT INTO {{.Archive}} SELECT * FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1
+-- Copies one batch of sent rows ({{"{{IDS}}"}}) to the archive table, with
+-- status 1 (sent).
+INSERT INTO {{.Archive}} (id, message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type,
+                          payload, headers, status, attempts, next_retry_at, last_error, created_at, updated_at, sent_at)
+SELECT id, message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type,
+       payload, headers, 1, attempts, next_retry_at, last_error, created_at, updated_at, sent_at
+FROM {{.Table}} o WHERE id IN ({{"{{IDS}}"}}) AND status <> 2
+  AND NOT EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = o.id)
 
 -- name: retention_delete
-DELETE FROM {{.Table}} WHERE id IN ({{"{{IDS}}"}}) AND status = 1
+DELETE FROM {{.Table}} o WHERE id IN ({{"{{IDS}}"}}) AND status <> 2
+  AND NOT EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = o.id)
 
 -- name: delete_sent
--- Mark-sent for DeleteOnPublish: acknowledged rows are deleted at once,
--- with synchronous_commit off as in mark_sent.
+-- Mark-sent for DeleteOnPublish: acknowledged rows are deleted at once
+-- (the delete trigger removes them from the pending set), with
+-- synchronous_commit off as in mark_sent.
 WITH async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
-DELETE FROM {{.Table}} USING async WHERE id = ANY($1::bigint[]) AND status = 0 {{"{{FENCE}}"}}
+DELETE FROM {{.Table}} USING async WHERE id = ANY($1::bigint[]) AND status = 0 {{"{{FENCE_BATCH}}"}}
 
 -- name: partitions
 -- The stored relay partition count (schema version with the meta table).
@@ -217,9 +315,9 @@ SELECT (SELECT partitions FROM {{.Meta}} WHERE id = 1),
 
 -- name: out_of_range
 -- Pending rows in partitions no relay can own: outside 0..count-1, ? = the
--- stored count. Reads every pending row once (as stats_pending does), so
--- the relay runs it at start and every PartitionCheckInterval.
-SELECT COUNT(*) FROM {{.Table}} WHERE status = 0 AND (partition_key >= ? OR partition_key < 0)
+-- stored count. Reads the pending set once, so the relay runs it at start
+-- and every PartitionCheckInterval.
+SELECT COUNT(*) FROM {{.Pending}} WHERE partition_key >= ? OR partition_key < 0
 
 -- name: set_partitions
 -- relay.Repartition, the one way to change the stored count. ? = count.
@@ -245,29 +343,35 @@ UPDATE {{.Meta}} SET floor_epoch = floor_epoch + 1 WHERE id = 1
 -- name: admin_counts
 -- The admin page's overview, from indexes only: pending, dead and held
 -- dead rows, each counted up to the cap (the three ?: the cap, then the
--- page shows "cap+"), through pending_idx and dead_idx; the lowest and
+-- page shows "cap+"), through the pending set, dead_idx and dead_held_idx
+-- (index-only scans once VACUUM has set the visibility map); the lowest and
 -- highest id (primary key ends), and the age of the lowest-id pending row
 -- in microseconds (database clock).
-SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 0 LIMIT ?) p),
+SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Pending}} LIMIT ?) p),
        (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 2 LIMIT ?) d),
        (SELECT COUNT(*) FROM (SELECT 1 FROM {{.Table}} WHERE status = 2 AND next_retry_at IS NOT NULL LIMIT ?) h),
        COALESCE((SELECT MIN(id) FROM {{.Table}}), 0),
        COALESCE((SELECT MAX(id) FROM {{.Table}}), 0),
-       COALESCE((SELECT (EXTRACT(EPOCH FROM clock_timestamp() - created_at) * 1000000)::bigint
-                 FROM {{.Table}} WHERE status = 0 ORDER BY id LIMIT 1), 0)
+       COALESCE((SELECT (EXTRACT(EPOCH FROM clock_timestamp() - o.created_at) * 1000000)::bigint
+                 FROM {{.Table}} o WHERE o.id = (SELECT MIN(p.id) FROM {{.Pending}} p)), 0)
 
 -- name: admin_backlog
 -- Pending rows per relay partition among the first ? pending rows in id
--- order (pending_idx): count and age of the oldest in microseconds.
-SELECT partition_key, COUNT(*), (EXTRACT(EPOCH FROM clock_timestamp() - MIN(created_at)) * 1000000)::bigint
-FROM (SELECT partition_key, created_at FROM {{.Table}} WHERE status = 0 ORDER BY id LIMIT ?) s
+-- order (the pending set's primary key): count and age of the oldest in
+-- microseconds, read by primary key (a join would let the planner hash
+-- the whole outbox table).
+SELECT partition_key, COUNT(*),
+       COALESCE((SELECT (EXTRACT(EPOCH FROM clock_timestamp() - o.created_at) * 1000000)::bigint
+                 FROM {{.Table}} o WHERE o.id = MIN(s.id)), 0)
+FROM (SELECT p.id, p.partition_key FROM {{.Pending}} p ORDER BY p.id LIMIT ?) s
 GROUP BY partition_key
 
 -- name: admin_held_partitions
 -- Dead letters still holding their aggregate, per partition, among the
--- first ? dead rows (dead_idx).
+-- first ? of them in (partition, id) order: an index-only scan of
+-- dead_held_idx (schema version 10), which holds exactly those rows.
 SELECT partition_key, COUNT(*)
-FROM (SELECT partition_key FROM {{.Table}} WHERE status = 2 AND next_retry_at IS NOT NULL ORDER BY id LIMIT ?) s
+FROM (SELECT partition_key FROM {{.Table}} WHERE status = 2 AND next_retry_at IS NOT NULL ORDER BY partition_key, id LIMIT ?) s
 GROUP BY partition_key
 
 -- name: admin_members
@@ -278,14 +382,16 @@ FROM {{.Members}} ORDER BY instance_id LIMIT 200
 
 -- name: admin_events
 -- Rows of any status matching {{"{{WHERE}}"}} (column names and
--- placeholders, built in Go), in id order, without their payload.
+-- placeholders, built in Go), in id order, without their payload, with
+-- their state as a status (0 pending: in the pending set; 1 sent; 2 dead).
 -- {{"{{INDEX}}"}}: an index hint (index_status or index_aggregate) or
 -- nothing.
 SELECT id, message_id, aggregate_type, aggregate_id, event_type, COALESCE(topic, ''), partition_key,
-       status, attempts, COALESCE(last_error, ''), CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
+       CASE WHEN status = 2 THEN 2 WHEN EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = o.id) THEN 0 ELSE 1 END,
+       attempts, COALESCE(last_error, ''), CASE WHEN next_retry_at IS NULL THEN 0 ELSE 1 END,
        (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint, (EXTRACT(EPOCH FROM updated_at) * 1000000)::bigint,
        COALESCE((EXTRACT(EPOCH FROM sent_at) * 1000000)::bigint, 0)
-FROM {{.Table}} {{"{{INDEX}}"}}
+FROM {{.Table}} o {{"{{INDEX}}"}}
 WHERE {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
@@ -310,8 +416,37 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS {{.Index "aggregate_idx"}} ON {{.IndexTa
 
 -- name: index_status
 -- No hint: the planner takes the partial index of the status.
-/* pending_idx or dead_idx */
+/* dead_idx */
 
 -- name: index_aggregate
 -- No hint: the planner takes aggregate_idx if it exists.
 /* aggregate_idx */
+
+-- name: wal_accept
+-- The WAL source's check of a batch read from the stream (relay/walclaim.go):
+-- $1 ids (ascending), $2 their aggregate types, $3 their aggregate ids,
+-- $4 their transactions' 32-bit ids (pgoutput's). One row per id:
+-- 0 if it is not pending (sent, dead-lettered; dropped); 3 if it is not
+-- pending because its transaction is not visible yet in this snapshot (a
+-- commit is decoded from its WAL record before the committing backend
+-- leaves the process array; the relay asks again); 1 if an event of its
+-- aggregate up to it failed and was not sent (a retry waiting or a dead
+-- letter holding the aggregate: held_idx; the table claim decides);
+-- 2 if it may be published; and the table's floor epoch, read in the
+-- same snapshot. A primary-key probe of the pending set and a probe of
+-- held_idx (empty in normal operation) per row; the outbox rows
+-- themselves are not read. The 32-bit transaction id gets the epoch of
+-- the snapshot's xmax (one less if it is above xmax's low half: it
+-- wrapped), which is exact for any transaction younger than 2^31.
+SELECT b.id,
+       CASE WHEN NOT EXISTS (SELECT 1 FROM {{.Pending}} p WHERE p.id = b.id) THEN
+                CASE WHEN pg_visible_in_snapshot(
+                         ((((s.xmax >> 32) - CASE WHEN b.xid > (s.xmax & 4294967295) THEN 1 ELSE 0 END) << 32) | b.xid)::text::xid8,
+                         s.snap) THEN 0 ELSE 3 END
+            WHEN EXISTS (SELECT 1 FROM {{.Table}} h
+                         WHERE h.aggregate_type = b.atype AND h.aggregate_id = b.aid
+                           AND h.status <> 1 AND h.next_retry_at IS NOT NULL AND h.id + 0 <= b.id) THEN 1
+            ELSE 2 END,
+       (SELECT m.floor_epoch FROM {{.Meta}} m WHERE m.id = 1)
+FROM (SELECT pg_current_snapshot() AS snap, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax) s,
+     unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[]) AS b(id, atype, aid, xid)

@@ -2,12 +2,14 @@ package privateserver
 
 import (
 	"bufio"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"database/sql"
 	"encoding/pem"
 	"math/big"
 	"net"
@@ -16,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	_ "github.com/lib/pq"
 )
 
 // TestNATSServer: a private server starts on its own port with the given
@@ -182,4 +186,32 @@ func testCerts(t *testing.T) (caFile, certFile, keyFile string, client tls.Certi
 	pool = x509.NewCertPool()
 	pool.AddCert(ca)
 	return caFile, certFile, keyFile, client, pool
+}
+
+// TestPostgres: a private PostgreSQL server takes settings that need a
+// restart (wal_level), keeps committed rows through Crash and Start, and
+// is reachable at its DSN.
+func TestPostgres(t *testing.T) {
+	t.Parallel()
+	s := StartPostgres(t, map[string]string{"wal_level": "logical"})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db, err := sql.Open("postgres", s.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var level string
+	if err := db.QueryRowContext(ctx, "SHOW wal_level").Scan(&level); err != nil || level != "logical" {
+		t.Fatalf("wal_level %q, %v; want logical", level, err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	s.Crash(t)
+	s.Start(t)
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT n FROM kept").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("after a crash and a restart: %d, %v; want the committed row", n, err)
+	}
 }

@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -117,6 +118,22 @@ func (e *Env) OpenWriter(t testing.TB, cfg driver.Config) (*driver.Outbox, *sql.
 	return ob, db
 }
 
+// PendingTable is the pending set of the outbox table named table (as
+// configured, schema-qualified or not): the events waiting to be
+// published (schema version 9 on PostgreSQL, 8 on SQLite, 6 on
+// MySQL/MariaDB).
+func PendingTable(table string) string { return table + "_pending" }
+
+// IsPending is a condition on an outbox row's unqualified columns: the
+// row is pending (its id is in the pending set).
+func (e *Env) IsPending() string { return "id IN (SELECT id FROM " + PendingTable(e.Table) + ")" }
+
+// IsSent is a condition on an outbox row's unqualified columns: the row
+// is sent (neither pending nor dead).
+func (e *Env) IsSent() string {
+	return "status <> 2 AND id NOT IN (SELECT id FROM " + PendingTable(e.Table) + ")"
+}
+
 // Q qualifies a business table name with the private schema.
 func (e *Env) Q(name string) string {
 	if e.Schema == "" {
@@ -205,6 +222,38 @@ func PostgresDSN(t testing.TB) string { return server(t, driver.Postgres) }
 // MySQLDSN: see PostgresDSN.
 func MySQLDSN(t testing.TB) string { return server(t, driver.MySQL) }
 
+// PrivatePostgresDatabase creates a database of t's own on the shared
+// PostgreSQL server, drops it (WITH (FORCE)) when t ends, and returns its
+// DSN, for NewOn. A test needs one when what it proves depends on the
+// server's transaction horizon: VACUUM sets a page all-visible only when
+// no transaction of the same database may still see older row versions,
+// and other tests' transactions on the shared database 'test' hold that
+// horizon back under load (CI: index-only scans turned into heap fetches).
+// Transactions in other databases do not (PostgreSQL 14 and later).
+func PrivatePostgresDatabase(t testing.TB) string {
+	t.Helper()
+	dsn := PostgresDSN(t)
+	name := randomName("d_")
+	admin, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	if _, err := admin.ExecContext(context.Background(), "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("creating database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("dropping database %s: %v", name, err)
+		}
+	})
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + name
+		return u.String()
+	}
+	return dsn + " dbname=" + name // libpq keyword/value form: the last setting wins
+}
+
 func server(t testing.TB, d driver.Dialect) string {
 	t.Helper()
 	serverMu.Lock()
@@ -254,6 +303,14 @@ func ping(drv, dsn string) error {
 // (named table, or driver.DefaultTable if empty) and registers cleanup.
 func New(t testing.TB, target Target, cfg driver.Config) *Env {
 	t.Helper()
+	return NewOn(t, target, "", cfg)
+}
+
+// NewOn is New on the server at dsn instead of the shared one (a private
+// server of the test's own: privateserver.StartPostgres); "" is the
+// shared server. PostgreSQL and MySQL/MariaDB targets only.
+func NewOn(t testing.TB, target Target, server string, cfg driver.Config) *Env {
+	t.Helper()
 	ctx := context.Background()
 	e := &Env{Target: target}
 	cfg.Dialect = target.Dialect
@@ -271,7 +328,10 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 	var plain func() (*sql.DB, error)
 	switch target.Dialect {
 	case driver.Postgres:
-		dsn := PostgresDSN(t)
+		dsn := server
+		if dsn == "" {
+			dsn = PostgresDSN(t)
+		}
 		e.Schema = randomName("t_")
 		admin, err := sql.Open("pgx", dsn)
 		if err != nil {
@@ -312,7 +372,10 @@ func New(t testing.TB, target Target, cfg driver.Config) *Env {
 			plain = func() (*sql.DB, error) { return sql.OpenDB(stdlib.GetConnector(*pc)), nil }
 		}
 	case driver.MySQL:
-		dsn := MySQLDSN(t)
+		dsn := server
+		if dsn == "" {
+			dsn = MySQLDSN(t)
+		}
 		e.Schema = randomName("t_")
 		admin, err := sql.Open("mysql", dsn)
 		if err != nil {
@@ -498,6 +561,14 @@ func PostgresClaimBuffers(t testing.TB, ctx context.Context, db *sql.DB, d *dial
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	return PostgresClaimBuffersOn(t, ctx, conn, d, floor, batch, partitions, skip)
+}
+
+// PostgresClaimBuffersOn is PostgresClaimBuffers on conn: a session whose
+// cached plans of the claim function's statements (made at its first
+// call there) are the ones measured.
+func PostgresClaimBuffersOn(t testing.TB, ctx context.Context, conn *sql.Conn, d *dialect.Dialect, floor int64, batch int, partitions []int, skip []int64) int {
+	t.Helper()
 	var buffers int
 	for i := 0; i < 2; i++ {
 		var text string

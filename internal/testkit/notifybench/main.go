@@ -13,8 +13,8 @@
 // reports commit-to-publish latency: from Commit returning in the writer
 // to the relay's Publish call.
 //
-//	go run ./internal/notifybench -runs 5 -duration 10s
-//	go run ./internal/notifybench -runs 3 -relay -rate 1000
+//	go run ./internal/testkit/notifybench -runs 5 -duration 10s
+//	go run ./internal/testkit/notifybench -runs 3 -relay -rate 1000
 //
 // It creates a private schema on the server (-dsn, default
 // $OUTBOX_TEST_POSTGRES or postgres://postgres@127.0.0.1:5432/test) and

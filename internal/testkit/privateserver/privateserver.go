@@ -1,11 +1,12 @@
-// Package privateserver starts and administers broker servers of a test's
-// own, for the tests that need what the shared servers cannot give: a
+// Package privateserver starts and administers servers of a test's own,
+// for the tests that need what the shared servers cannot give: a
+// PostgreSQL cluster to crash, restart or reconfigure (StartPostgres), a
 // NATS server with users, permissions or TLS (a config file of the test's
 // own, on a free port, that StartNATS lets the test change and reload
 // while the server runs), a redis-server with the test's arguments or with
 // TLS, a RabbitMQ user created for one test. The shared servers (NATS on
 // 4222, Redis on 6379, RabbitMQ on 5672) are never stopped, restarted or
-// reconfigured.
+// reconfigured; neither is the shared PostgreSQL on 5432.
 //
 // What a test needs but cannot find (the nats-server binary, rabbitmqctl)
 // skips it with the reason, unless OUTBOX_TEST_REQUIRE is set (CI and

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sqloutbox/outbox/internal/e2e"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sqloutbox/outbox/internal/e2e"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )

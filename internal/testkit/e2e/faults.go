@@ -15,8 +15,8 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
-	"github.com/sqloutbox/outbox/internal/faultproxy"
-	"github.com/sqloutbox/outbox/internal/testdb"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -289,8 +289,8 @@ func RunFault[R any](ctx context.Context, t *testing.T, target testdb.Target, cf
 	// aggregate (the relay's default policy); then every sent one at the
 	// consumer (the others are lost: the ledger says so). Polled every
 	// 50 ms: on SQLite the test shares the relay's one connection.
-	pending := "SELECT COUNT(*) FROM " + e.Table + " WHERE status = 0"
-	unheld := "SELECT COUNT(*) FROM " + e.Table + " p WHERE p.status = 0 AND NOT EXISTS (SELECT 1 FROM " + e.Table +
+	pending := "SELECT COUNT(*) FROM " + testdb.PendingTable(e.Table)
+	unheld := "SELECT COUNT(*) FROM " + testdb.PendingTable(e.Table) + " q JOIN " + e.Table + " p ON p.id = q.id WHERE NOT EXISTS (SELECT 1 FROM " + e.Table +
 		" d WHERE d.status = 2 AND d.aggregate_type = p.aggregate_type AND d.aggregate_id = p.aggregate_id)"
 	poll(t, ctx, 50*time.Millisecond, func() bool {
 		q := pending
@@ -302,7 +302,7 @@ func RunFault[R any](ctx context.Context, t *testing.T, target testdb.Target, cf
 		return err == nil && n == 0
 	}, func() string { return "the relay to publish or dead-letter every row: " + probe.String() })
 	rows, premise := w.readBack(t, ctx)
-	sent := testdb.Column(t, ctx, e.RelayDB, "SELECT message_id FROM "+e.Table+" WHERE status = 1")
+	sent := testdb.Column(t, ctx, e.RelayDB, "SELECT message_id FROM "+e.Table+" WHERE "+e.IsSent())
 	recs, err := cfg.WaitForAll(ctx, sent...)
 	if err != nil {
 		t.Fatalf("waiting for the %d events sent of %d committed: %v (%s)", len(sent), len(rows), err, probe.report(cfg.Check(rows, recs), cfg.Dedupes, premise))

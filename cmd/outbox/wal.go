@@ -1,0 +1,145 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// walCmd is `outbox wal`: the WAL source's replication slot (relay
+// --source wal).
+func (a *app) walCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "wal",
+		Short: "Show or drop the replication slot of the relay's WAL source (--source wal, PostgreSQL)",
+		Long: `The relay's WAL source (outbox relay --source wal) reads the table's
+inserts from a logical replication slot and creates the slot and its
+publication at its first start. A slot keeps the server's WAL until a
+reader confirms it: one that no relay reads any more fills the disk, unless
+max_slot_wal_keep_size invalidates it first. See docs/wal.md.`,
+		Args:                  cobra.NoArgs,
+		RunE:                  groupRunE,
+		DisableFlagsInUseLine: true,
+	}
+	var slot, pub string
+	var asJSON bool
+	flags := func(fs *pflag.FlagSet) {
+		fs.StringVar(&slot, "wal-slot", "", "the replication slot's name (default outbox_<database>_<table>, as the relay's)")
+		envFlag(fs, "wal-slot", "OUTBOX_WAL_SLOT")
+		fs.StringVar(&pub, "wal-publication", "", "the publication's name (default <table>_outbox_pub, as the relay's)")
+		envFlag(fs, "wal-publication", "OUTBOX_WAL_PUBLICATION")
+	}
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "Show the slot: whether it exists, who reads it, how much WAL it keeps",
+		Long: `Show the WAL source's slot and publication: whether they exist, whether a
+reader holds the slot and which relay ("outbox-relay <instance>"), its
+wal_status (lost: invalidated by the server; the relay recreates it and
+claims from the table meanwhile), and the WAL it keeps (retained_bytes, from
+its restart position) and has not confirmed (unconfirmed_bytes). With
+--json, prints one object with those fields.`,
+		Example: `  outbox wal status --dsn postgres://relay@db/app
+  outbox wal status --json --wal-slot billing_outbox`,
+		Args: cobra.NoArgs,
+		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := a.commandContext(cmd)
+			defer cancel()
+			ob, err := a.walOutbox()
+			if err != nil {
+				return err
+			}
+			_, db, err := a.open(ctx, true)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			st, err := relay.ReadWALStatus(ctx, ob, db, relay.WALConfig{Slot: slot, Publication: pub})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), map[string]any{
+					"slot": st.Slot, "publication": st.Publication, "slot_exists": st.SlotExists,
+					"publication_exists": st.PublicationExists, "active": st.Active, "reader": st.Reader,
+					"wal_status": st.WALStatus, "retained_bytes": st.RetainedBytes, "unconfirmed_bytes": st.UnconfirmedBytes,
+				})
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "slot\t%s\t%s\n", st.Slot, map[bool]string{true: "exists", false: "missing (a relay with --source wal creates it)"}[st.SlotExists])
+			fmt.Fprintf(w, "publication\t%s\t%s\n", st.Publication, map[bool]string{true: "exists", false: "missing (a relay with --source wal creates it)"}[st.PublicationExists])
+			if st.SlotExists {
+				reader := "none (no relay reads it: it keeps WAL)"
+				if st.Active {
+					reader = st.Reader
+					if reader == "" {
+						reader = "a reader this role cannot see"
+					}
+				}
+				fmt.Fprintf(w, "reader\t%s\n", reader)
+				fmt.Fprintf(w, "wal_status\t%s\n", st.WALStatus)
+				fmt.Fprintf(w, "retained\t%d bytes\n", st.RetainedBytes)
+				fmt.Fprintf(w, "unconfirmed\t%d bytes\n", st.UnconfirmedBytes)
+			}
+			return w.Flush()
+		}),
+	}
+	flags(status.Flags())
+	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	drop := &cobra.Command{
+		Use:   "drop",
+		Short: "Drop the slot and its publication (stop the relays first)",
+		Long: `Drop the WAL source's replication slot and publication, for a relay retired
+for good or switched back to --source table: the server then frees the WAL
+the slot kept. It fails while a relay reads the slot. Nothing is lost: the
+table holds every event, and a relay started again with --source wal
+creates a new slot and claims what it finds pending first.`,
+		Example: `  outbox wal drop --dsn postgres://relay@db/app`,
+		Args:    cobra.NoArgs,
+		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := a.commandContext(cmd)
+			defer cancel()
+			ob, err := a.walOutbox()
+			if err != nil {
+				return err
+			}
+			_, db, err := a.open(ctx, true)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			cfg := relay.WALConfig{Slot: slot, Publication: pub}
+			st, err := relay.ReadWALStatus(ctx, ob, db, cfg)
+			if err != nil {
+				return err
+			}
+			if err := relay.DropWAL(ctx, ob, db, cfg); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "dropped slot %s (%s) and publication %s (%s)\n",
+				st.Slot, map[bool]string{true: "existed", false: "did not exist"}[st.SlotExists],
+				st.Publication, map[bool]string{true: "existed", false: "did not exist"}[st.PublicationExists])
+			return nil
+		}),
+	}
+	flags(drop.Flags())
+	cmd.AddCommand(status, drop)
+	return cmd
+}
+
+// walOutbox is the table's Outbox for `outbox wal`: PostgreSQL only,
+// refused before connecting.
+func (a *app) walOutbox() (*driver.Outbox, error) {
+	t, err := parseDSN(a.dsn)
+	if err != nil {
+		return nil, err
+	}
+	if t.dialect != driver.Postgres {
+		return nil, usageErrorf("the WAL source needs PostgreSQL; %s relays claim from the table", t.dialect)
+	}
+	return driver.New(driver.Config{Dialect: t.dialect, Table: a.table})
+}

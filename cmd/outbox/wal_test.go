@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
+)
+
+// TestRelayCommandWALSource: `outbox relay --source wal` creates its slot
+// and publication, publishes an event committed while it streams (the
+// source counter shows it came from the stream), `outbox wal status`
+// names the relay as the slot's reader, and `outbox wal drop` removes
+// both once the relay stopped (and refuses while it runs).
+func TestRelayCommandWALSource(t *testing.T) {
+	t.Parallel()
+	tg := serverTarget(t, driver.Postgres)
+	var level string
+	if err := tg.plainDB(t).QueryRow("SHOW wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
+			t.Fatalf("wal_level = %s; the WAL source needs logical (.ci/run sets it)", level)
+		}
+		t.Skipf("SKIP: wal_level = %s; the WAL source needs logical", level)
+	}
+	broker, err := kafkatest.Start(kafkatest.Topics(4, "outbox.event.order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer broker.Close()
+	consumer, err := kafkatest.NewConsumer(broker.Addrs(), []string{"outbox.event.order"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	table := randomTable()
+	tg.migrate(t, table)
+	slot := "outbox_test_" + strings.ToLower(strings.TrimPrefix(table, "t_"))
+	global := []string{"--dsn", tg.dsn, "--table", table}
+	t.Cleanup(func() { cli(t, append(append([]string{}, global...), "wal", "drop", "--wal-slot", slot)...) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	addr := freeAddr(t)
+	var stdout, stderr testdb.SyncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(runCtx, append(append([]string{}, global...), "relay", "--source", "wal", "--wal-slot", slot,
+			"--brokers", strings.Join(broker.Addrs(), ","), "--http", addr, "--poll", "1h", "--lease-ttl", "2s"), &stdout, &stderr)
+	}()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		waitForRelay(t, ctx, exited, &stderr, what, cond)
+	}
+	streaming := regexp.MustCompile(`(?m)^outbox_relay_wal_streaming\{[^}]*\} 1$`)
+	waitFor("outbox_relay_wal_streaming 1", func() bool {
+		_, m := get(ctx, "http://"+addr+"/metrics")
+		return streaming.MatchString(m)
+	})
+	// Once streaming, the relay's first claim from the table comes back
+	// empty; an event committed after it comes from the stream.
+	fromWAL := regexp.MustCompile(`(?m)^outbox_relay_source_messages_total\{[^}]*source="wal"[^}]*\} [1-9]`)
+	db, _ := tg.wrappedDB(t, table)
+	var ids []string
+	waitFor("an event published from the stream", func() bool {
+		if len(ids) == 0 || len(consumer.Records()) >= len(ids) {
+			ids = append(ids, emit(t, db, "42")...)
+		}
+		_, m := get(ctx, "http://"+addr+"/metrics")
+		return fromWAL.MatchString(m)
+	})
+	if code, _ := get(ctx, "http://"+addr+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz %d", code)
+	}
+	st := expect(t, cli(t, append(append([]string{}, global...), "wal", "status", "--json", "--wal-slot", slot)...), 0)
+	var status map[string]any
+	if err := json.Unmarshal([]byte(st.stdout), &status); err != nil {
+		t.Fatalf("wal status --json: %v\n%s", err, st.stdout)
+	}
+	if status["slot_exists"] != true || status["publication_exists"] != true || status["active"] != true ||
+		!strings.HasPrefix(status["reader"].(string), "outbox-relay ") {
+		t.Errorf("wal status while the relay streams: %v", status)
+	}
+	busy := cli(t, append(append([]string{}, global...), "wal", "drop", "--wal-slot", slot)...)
+	if busy.code == 0 || !strings.Contains(busy.stderr, "stop it first") {
+		t.Errorf("wal drop while the relay reads the slot: %s", busy)
+	}
+	stop()
+	if code := <-exited; code != 0 {
+		t.Fatalf("relay exited %d; stderr:\n%s", code, stderr.String())
+	}
+	waitForDrop := func() bool {
+		r := cli(t, append(append([]string{}, global...), "wal", "drop", "--wal-slot", slot)...)
+		return r.code == 0 && strings.Contains(r.stdout, "dropped slot "+slot+" (existed)")
+	}
+	testdb.Eventually(t, ctx, "wal drop after the relay stopped", waitForDrop)
+	after := expect(t, cli(t, append(append([]string{}, global...), "wal", "status", "--wal-slot", slot)...), 0)
+	if !strings.Contains(after.stdout, "missing") {
+		t.Errorf("wal status after drop:\n%s", after.stdout)
+	}
+}
+
+// TestWALCommandsRefuseOtherDatabases: the WAL source is PostgreSQL's.
+func TestWALCommandsRefuseOtherDatabases(t *testing.T) {
+	t.Parallel()
+	tg := sqliteTarget(t)
+	for _, args := range [][]string{{"wal", "status"}, {"wal", "drop"}} {
+		r := expect(t, cli(t, append([]string{"--dsn", tg.dsn}, args...)...), 2)
+		if !strings.Contains(r.stderr, "needs PostgreSQL") {
+			t.Errorf("%v: %s", args, r)
+		}
+	}
+}

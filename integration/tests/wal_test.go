@@ -1,0 +1,181 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/integration/internal/ledger"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
+	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// The relay's WAL source (relay.SourceWAL) under process kills and a
+// frozen slot reader, with relay processes (OUTBOX_CHILD_WAL_SLOT): the
+// ledgers of the polling relay's tests hold the same.
+
+// walChild returns the child settings for the WAL source on a slot of
+// t's own, which is dropped when t ends (after the children stopped). It
+// skips t, or fails it under OUTBOX_TEST_REQUIRE, if the server's
+// wal_level is not logical (.ci/run sets it).
+func walChild(t *testing.T, e *testdb.Env) (slot string, env []string) {
+	t.Helper()
+	var level string
+	if err := e.RelayDB.QueryRow("SHOW wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
+			t.Fatalf("the PostgreSQL server runs with wal_level = %s; the WAL source needs logical (.ci/run sets it)", level)
+		}
+		t.Skipf("SKIP: the PostgreSQL server runs with wal_level = %s; the WAL source needs logical", level)
+	}
+	slot = strings.ToLower(testdb.RandomName("outbox_test_"))
+	cfg := relay.WALConfig{Slot: slot}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for {
+			err := relay.DropWAL(ctx, e.Outbox, e.RelayDB, cfg)
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, relay.ErrWALUnavailable) || ctx.Err() != nil {
+				t.Errorf("dropping the test's slot %s: %v", slot, err)
+				return
+			}
+			_, _ = e.RelayDB.ExecContext(ctx, "SELECT pg_sleep(0.05)") // a killed child's walsender is exiting
+		}
+	})
+	// The fallback poll every 500 ms, not the children's 20 ms: what is
+	// published comes from the stream, mostly.
+	return slot, []string{"OUTBOX_CHILD_WAL_SLOT=" + slot, "OUTBOX_CHILD_POLL=500ms"}
+}
+
+// slotReaderOf returns the application_name of slot's reader, "" if none.
+func slotReaderOf(t *testing.T, e *testdb.Env, slot string) string {
+	t.Helper()
+	var name *string
+	if err := e.RelayDB.QueryRow(`SELECT a.application_name FROM pg_replication_slots s
+		LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1`, slot).Scan(&name); err != nil {
+		return ""
+	}
+	if name == nil {
+		return ""
+	}
+	return *name
+}
+
+// TestWALSourceRelayKilledAtRandomMoments: writers commit a stream while
+// relay processes reading the slot are SIGKILLed at random points; the
+// last one drains. Nothing lost, no ghost, in order per aggregate; the
+// duplicates at most what the polling relay allows (two batches a kill).
+func TestWALSourceRelayKilledAtRandomMoments(t *testing.T) {
+	t.Parallel()
+	serverTarget(t, "pq", func(t *testing.T, tg testdb.Target) {
+		const total, batch = 3000, 100
+		kb := startKafka(t, 8, orderTopic)
+		e := testdb.New(t, tg, driver.Config{})
+		ctx := testCtx(t, 3*time.Minute)
+		_, env := walChild(t, e)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ledger.WriteSerialized(t, ctx, e, 8, 50, total)
+		}()
+		for _, at := range []int{200, 900, 1700} {
+			c := startChildAs(t, e, kb.broker.Addrs(), batch, "", "", env...)
+			if _, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= at }); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			c.wait(t, ctx)
+		}
+		last := startChildAs(t, e, kb.broker.Addrs(), batch, "", "", env...)
+		wg.Wait()
+		rows := ledger.Wait(t, ctx, e, kb.cons)
+		last.terminate(t, ctx)
+		recs := kb.cons.Records()
+		rep := ledger.Check(rows, recs)
+		if !rep.OK() || rep.Duplicates > 3*2*relay.DefaultMaxBatchFactor*batch {
+			ledger.Explain(t, e, rep, recs)
+			t.Fatalf("ledger %+v", rep)
+		}
+		t.Logf("3 kills; ledger %+v", rep)
+	})
+}
+
+// TestExactlyOnceWALSourceFrozenReader: two exactly-once relay processes
+// with the WAL source share a table while writers commit. The one reading
+// the slot is SIGSTOPped: its leases expire, the other takes its
+// partitions, terminates its replication connection (its membership
+// expired; without that the server would hold the slot for it until
+// wal_sender_timeout) and reads the slot; the frozen one is continued.
+// The read_committed ledger is exact, and no first delivery came from an
+// older lease epoch after a newer one: whatever the frozen relay had in
+// flight could not reach consumers after the new holder's first publish.
+func TestExactlyOnceWALSourceFrozenReader(t *testing.T) {
+	t.Parallel()
+	serverTarget(t, "pq", func(t *testing.T, tg testdb.Target) {
+		const total, aggregates, batch = 4000, 100, 100
+		e := testdb.New(t, tg, driver.Config{})
+		ctx := testCtx(t, 4*time.Minute)
+		eb := startEOS(t, ctx, e)
+		slot, env := walChild(t, e)
+		relays := map[string]*child{}
+		for _, id := range []string{"wal-1", "wal-2"} {
+			relays[id] = startChildAs(t, e, eb.broker.Addrs(), batch, "", id, append([]string{eb.env}, env...)...)
+		}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ledger.WriteSerialized(t, ctx, e, 8, aggregates, total)
+		}()
+		testdb.Eventually(t, ctx, "a relay reads the slot", func() bool { return slotReaderOf(t, e, slot) != "" })
+		testdb.Eventually(t, ctx, "two instances sharing the partitions", func() bool { return len(ownersOf(t, e)) == 2 })
+		if _, err := eb.committed.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= total/5 }); err != nil {
+			t.Fatal(err)
+		}
+		holder, other := "wal-1", "wal-2"
+		if slotReaderOf(t, e, slot) == "outbox-relay wal-2" {
+			holder, other = other, holder
+		}
+		frozen := relays[holder]
+		if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		testdb.Eventually(t, ctx, holder+"'s leases taken over and its slot read by "+other, func() bool {
+			return ownersOf(t, e)[holder] == 0 && slotReaderOf(t, e, slot) == "outbox-relay "+other
+		})
+		if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(relays[other].out.String(), "terminated the slot's reader") {
+			t.Errorf("%s took the slot over without terminating the frozen reader (the server let it go: wal_sender_timeout?)", other)
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		ledger.Wait(t, ctx, e, eb.committed)
+		relays[holder].terminate(t, ctx)
+		rows := eb.check(t, ctx, e, relays[other])
+		recs := eb.committed.Records()
+		if regressions, _ := epochAudit(rows, recs); regressions != 0 {
+			t.Errorf("%d first deliveries came from an older lease epoch after a newer one: the frozen relay's transaction committed", regressions)
+		}
+		raw := ledger.Check(rows, eb.uncommitted.Records())
+		t.Logf("read_committed exact; read_uncommitted so far %+v", raw)
+	})
+}

@@ -1,0 +1,714 @@
+package relay
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Source is where a relay learns of committed events.
+type Source int
+
+const (
+	// SourceTable claims pending rows from the outbox table (its pending
+	// set) after each wake-up and every PollInterval: the default, and the
+	// only source on MySQL/MariaDB and SQLite.
+	SourceTable Source = iota
+	// SourceWAL (PostgreSQL) reads the outbox table's committed inserts
+	// from a logical replication slot and publishes them without a claim
+	// query; the table stays the source of truth and the relay claims
+	// from it whenever the stream cannot vouch for a row (see WALConfig
+	// and docs/wal.md).
+	SourceWAL
+)
+
+// String returns "table" or "wal".
+func (s Source) String() string {
+	switch s {
+	case SourceTable:
+		return "table"
+	case SourceWAL:
+		return "wal"
+	}
+	return "Source(" + strconv.Itoa(int(s)) + ")"
+}
+
+// ParseSource returns the Source named s ("table" or "wal"), or an error
+// wrapping ErrInvalidConfig.
+func ParseSource(s string) (Source, error) {
+	switch s {
+	case "table", "":
+		return SourceTable, nil
+	case "wal":
+		return SourceWAL, nil
+	}
+	return 0, fmt.Errorf("%w: source %q is not table or wal", ErrInvalidConfig, s)
+}
+
+// WALConfig configures Config.Source = SourceWAL (PostgreSQL 14 or later,
+// wal_level = logical).
+//
+// The relay reads the table's inserts from a logical replication slot
+// (the pgoutput plugin, through a publication of the table, inserts
+// only), in commit order, and publishes them as the claim would have
+// (same batches, same marks, same lease fence, same retries and dead
+// letters). It is the fast path only: the table stays the source of
+// truth, so nothing a stream misses is lost. A row the stream delivers is
+// published from it only if the database confirms, in one statement per
+// batch, that it is still pending, in a relay partition this relay holds,
+// and that no earlier event of its aggregate has failed and not been sent
+// (held_idx); otherwise, and after anything the stream cannot vouch for
+// (the relay's start, a reconnection, a dropped row, partitions taken
+// over, a dead letter retried, a failed cycle, and every PollInterval),
+// the relay claims from the table until a claim comes back short, then
+// returns to the stream. The slot's confirmed position advances as the
+// loop takes rows, never held back by a retry or a held aggregate (those
+// rows are in the table), so WAL retention stays bounded.
+type WALConfig struct {
+	// DSN reaches the outbox table's PostgreSQL database for the
+	// replication connection, in any form pgx accepts (URL or libpq
+	// keyword/value). Required with SourceWAL. Its role needs the
+	// REPLICATION attribute (or superuser) to create and read the slot,
+	// and the table's ownership to create the publication (or create it
+	// beforehand: CREATE PUBLICATION <Publication> FOR TABLE <table> WITH
+	// (publish = 'insert')).
+	DSN string
+	// Slot is the logical replication slot's name: lower-case letters,
+	// digits and underscores, at most 63 bytes. Default SlotName(database,
+	// table) for the DSN's database. Slots are per server, so two outbox
+	// tables (or databases) on one server need two names; the default
+	// includes both. The relay creates the slot if it is missing and
+	// recreates it if PostgreSQL invalidated it (wal_status 'lost'); drop
+	// it with DropWAL when the relay is retired, or it keeps WAL.
+	Slot string
+	// Publication is the publication the slot reads. Default
+	// PublicationName(table). Created by the relay if missing.
+	Publication string
+	// Buffer is the most rows read from the stream and not yet taken by
+	// the loop (one transaction may pass it). While it is full the relay
+	// reads no further: the server's walsender waits, and the slot's
+	// position is still reported. Default 4 x MaxBatchSize.
+	Buffer int
+	// StatusInterval is how often the relay reports its position to the
+	// server (standby status update). Default 1 s; it must be below the
+	// server's wal_sender_timeout (default 60 s).
+	StatusInterval time.Duration
+}
+
+var slotChars = regexp.MustCompile(`[^a-z0-9_]+`)
+
+// SlotName returns the default replication slot name for table in
+// database: "outbox_" followed by both, lower-cased, with every run of
+// other characters than a-z, 0-9 and _ replaced by "_"; a name that would
+// be longer than 63 bytes (PostgreSQL's NAMEDATALEN - 1) is cut and ends
+// in 8 hex digits of the full name's SHA-256.
+func SlotName(database, table string) string {
+	return pgName("outbox_" + database + "_" + table)
+}
+
+// PublicationName returns the default publication name for table:
+// table's name with "." and other characters outside a-z, 0-9 and _
+// replaced by "_", followed by "_outbox_pub", shortened as SlotName does.
+func PublicationName(table string) string {
+	return pgName(table + "_outbox_pub")
+}
+
+func pgName(s string) string {
+	n := slotChars.ReplaceAllString(strings.ToLower(s), "_")
+	if len(n) <= 63 {
+		return n
+	}
+	sum := sha256.Sum256([]byte(s))
+	return n[:54] + "_" + hex.EncodeToString(sum[:4])
+}
+
+// ErrWALUnavailable is wrapped by errors of the WAL source: the server's
+// wal_level is not logical, the role may not replicate, the slot is held
+// by another reader. The relay goes on claiming from the table meanwhile.
+var ErrWALUnavailable = errors.New("outbox relay: the WAL source is unavailable")
+
+// SourceObserver is an optional interface of an Observer (package
+// metrics' RelayMetrics implements it). With Config.Source SourceWAL the
+// relay calls WALStreaming(true, nil) when its replication stream opens
+// and WALStreaming(false, err) when it closes or cannot open (while it
+// is closed the relay claims from the table: nothing waits, but each
+// event costs the claim again); and, with either source, FromSource after
+// each cycle that found messages: how many came from the stream
+// (SourceWAL) and how many were claimed from the table (SourceTable).
+// Calls are synchronous; keep them short.
+type SourceObserver interface {
+	WALStreaming(streaming bool, err error)
+	FromSource(source Source, n int)
+}
+
+// walRow is a row read from the stream, with the end of its transaction.
+type walRow struct {
+	msg Message
+	end pglogrepl.LSN // the end of the row's transaction's commit record
+	xid uint32        // the row's transaction
+	// age is the row's age when it was read (the server's clock when it
+	// sent the row, minus created_at), at the host's monotonic clock: the
+	// loop adds the time since.
+	age time.Duration
+	at  time.Time
+}
+
+// walReader reads the outbox table's inserts from a replication slot into
+// a bounded buffer that the relay's loop takes from. Safe for concurrent
+// use: the stream goroutine fills, the loop takes.
+type walReader struct {
+	cfg       WALConfig
+	table     string // the outbox table as configured (for logs)
+	quoted    string // the outbox table, quoted for SQL
+	instance  string
+	log       *slog.Logger
+	observer  SourceObserver // nil if the Observer is not one
+	buffer    int
+	statusInt time.Duration
+
+	// fence terminates the slot's reader if it is a relay whose
+	// membership expired (a frozen or partitioned holder), and returns its
+	// application_name ("" if it terminated none).
+	fence func(ctx context.Context, slot string) (string, error)
+	// standbyWait is how long a relay waits between attempts on a slot
+	// another relay reads (LeaseHeartbeat).
+	standbyWait time.Duration
+
+	signal chan struct{} // rows were buffered, or the stream's state changed
+	space  chan struct{} // the loop took rows: a full buffer has room again
+
+	mu        sync.Mutex
+	rows      []walRow
+	gap       bool          // the stream (re)started since the last take: claim from the table
+	streaming bool          // a replication stream is open
+	received  pglogrepl.LSN // the end of the last commit buffered (or dropped)
+	confirmed pglogrepl.LSN // the position the loop has taken everything below
+	taken     int64         // rows handed to the loop (tests)
+}
+
+func newWALReader(cfg WALConfig, table, quoted, instance string, log *slog.Logger) *walReader {
+	return &walReader{cfg: cfg, table: table, quoted: quoted, instance: instance, log: log,
+		buffer: cfg.Buffer, statusInt: cfg.StatusInterval, signal: make(chan struct{}, 1), space: make(chan struct{}, 1), gap: true}
+}
+
+func (w *walReader) wake() {
+	select {
+	case w.signal <- struct{}{}:
+	default:
+	}
+}
+
+// take returns up to max buffered rows in commit order, whether a gap
+// (a restarted stream) came before them, and whether the stream is open.
+// Taking confirms the rows' transactions to the slot once every row of
+// theirs is taken.
+func (w *walReader) take(max int) (rows []walRow, gap, streaming bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	defer func() {
+		select {
+		case w.space <- struct{}{}:
+		default:
+		}
+	}()
+	n := min(max, len(w.rows))
+	rows = append([]walRow(nil), w.rows[:n]...)
+	w.rows = append(w.rows[:0], w.rows[n:]...)
+	gap, w.gap = w.gap, false
+	if len(w.rows) == 0 {
+		w.confirmed = max64(w.confirmed, w.received)
+	} else if n > 0 {
+		// Everything of the transactions before the first row left is
+		// taken.
+		for i := n - 1; i >= 0; i-- {
+			if rows[i].end != w.rows[0].end {
+				w.confirmed = max64(w.confirmed, rows[i].end)
+				break
+			}
+		}
+	}
+	w.taken += int64(n)
+	return rows, gap, w.streaming
+}
+
+// coverGap clears the gap flag (the caller claims from the table, which
+// covers it) and reports whether the stream is open.
+func (w *walReader) coverGap() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.streaming {
+		w.gap = false
+	}
+	return w.streaming
+}
+
+// putBack returns rows taken by the loop to the front of the buffer (the
+// database could not judge them yet: their transactions were not visible).
+// The slot's position does not move back: a restarted stream reads from
+// the table first.
+func (w *walReader) putBack(rows []walRow) {
+	w.mu.Lock()
+	w.rows = append(rows, w.rows...)
+	w.mu.Unlock()
+}
+
+// full reports whether the buffer holds Buffer rows or more.
+func (w *walReader) full() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.rows) >= w.buffer
+}
+
+func max64(a, b pglogrepl.LSN) pglogrepl.LSN {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// run keeps a stream open until ctx ends, reconnecting with backoff.
+func (w *walReader) run(ctx context.Context) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 100 * time.Millisecond
+	bo.MaxInterval = 5 * time.Second
+	bo.MaxElapsedTime = 0
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := w.stream(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		w.mu.Lock()
+		was := w.streaming
+		w.streaming, w.gap = false, true
+		w.mu.Unlock()
+		w.wake()
+		if w.observer != nil {
+			w.observer.WALStreaming(false, err)
+		}
+		wait := bo.NextBackOff()
+		var pe *pgconn.PgError
+		switch {
+		case errors.As(err, &pe) && pe.Code == "55006":
+			// Another reader holds the slot: stand by. A relay holder
+			// whose membership expired (frozen, or cut off from the
+			// database) is terminated, so that the slot is not held
+			// until wal_sender_timeout.
+			wait = w.standbyWait
+			if w.fence != nil {
+				who, ferr := w.fence(ctx, w.cfg.Slot)
+				switch {
+				case ferr != nil:
+					w.log.Warn("WAL source: checking the slot's reader failed", "slot", w.cfg.Slot, "error", ferr)
+				case who != "":
+					w.log.Warn("WAL source: terminated the slot's reader, a relay whose membership expired (frozen or cut off); taking the slot over", "slot", w.cfg.Slot, "reader", who)
+					wait = 0
+				}
+			}
+			if wait > 0 {
+				w.log.Debug("WAL source standing by: another reader holds the slot", "slot", w.cfg.Slot, "error", err)
+			}
+		case was:
+			w.log.Warn("WAL source stream ended; claiming from the table until it is back", "slot", w.cfg.Slot, "error", err)
+		default:
+			w.log.Warn("WAL source unavailable; claiming from the table", "slot", w.cfg.Slot, "error", err)
+		}
+		if time.Since(started) > time.Minute {
+			bo.Reset()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	w.mu.Lock()
+	was := w.streaming
+	w.streaming = false
+	w.mu.Unlock()
+	if was && w.observer != nil {
+		w.observer.WALStreaming(false, ctx.Err())
+	}
+}
+
+// connect opens a replication connection (replication=database).
+func (w *walReader) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(w.cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("%w: parsing WALConfig.DSN: %v", ErrInvalidConfig, redactPgError(err))
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = walApplicationName(w.instance)
+	// The output functions run in the walsender with these settings: the
+	// text forms parsed below.
+	cfg.RuntimeParams["DateStyle"] = "ISO"
+	cfg.RuntimeParams["TimeZone"] = "UTC"
+	cfg.RuntimeParams["bytea_output"] = "hex"
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgconn.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: replication connection: %v", ErrWALUnavailable, redactPgError(err))
+	}
+	return conn, nil
+}
+
+// walApplicationName is the replication connection's application_name:
+// how another relay recognises the slot's reader in pg_stat_replication.
+func walApplicationName(instance string) string {
+	name := "outbox-relay " + instance
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	return name
+}
+
+// redactPgError keeps a connection error's text from quoting a password
+// (pgconn's errors name the host and user, not the password; this is a
+// guard for parse errors, which may quote the DSN).
+func redactPgError(err error) error {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		return errors.New("cannot parse the DSN (not shown: it may hold a password)")
+	}
+	return err
+}
+
+// stream opens the slot and reads it until an error or ctx's end.
+func (w *walReader) stream(ctx context.Context) error {
+	conn, err := w.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if err := w.ensureSlot(ctx, conn); err != nil {
+		return err
+	}
+	args := []string{"proto_version '1'", "publication_names '" + w.cfg.Publication + "'"}
+	if err := pglogrepl.StartReplication(ctx, conn, w.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
+		return fmt.Errorf("%w: starting replication from slot %s: %w", ErrWALUnavailable, w.cfg.Slot, err)
+	}
+	w.mu.Lock()
+	w.streaming, w.gap = true, true
+	w.mu.Unlock()
+	w.wake()
+	if w.observer != nil {
+		w.observer.WALStreaming(true, nil)
+	}
+	w.log.Info("WAL source streaming", "slot", w.cfg.Slot, "publication", w.cfg.Publication)
+
+	rels := map[uint32]*walRelation{}
+	var txn []walRow
+	inTxn := false
+	var commitTime time.Time
+	var xid uint32
+	nextStatus := time.Now()
+	for {
+		if now := time.Now(); !now.Before(nextStatus) {
+			w.mu.Lock()
+			pos := w.confirmed
+			w.mu.Unlock()
+			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos}); err != nil {
+				return fmt.Errorf("sending the slot position: %w", err)
+			}
+			nextStatus = now.Add(w.statusInt)
+		}
+		if w.full() {
+			// Backpressure: the server's walsender waits on the socket
+			// until the loop takes rows; the position is still reported
+			// every StatusInterval, so the server does not time the
+			// connection out.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-w.space:
+			case <-time.After(time.Until(nextStatus)):
+			}
+			continue
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		raw, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if pgconn.Timeout(err) && ctx.Err() == nil {
+				continue
+			}
+			return err
+		}
+		switch m := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("%w: %v", ErrWALUnavailable, pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyData:
+			if len(m.Data) == 0 {
+				continue
+			}
+			switch m.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parsing a keepalive: %w", err)
+				}
+				w.mu.Lock()
+				if !inTxn && len(w.rows) == 0 && ka.ServerWALEnd > w.received {
+					// Nothing of ours is in flight: the slot may move to
+					// the keepalive's position, so that other tables'
+					// writes do not keep WAL for it. A logical walsender's
+					// keepalive carries the position it has decoded up to
+					// (walsender.c: sentPtr, or the end of a transaction
+					// it skipped), not the server's flush position: every
+					// commit of ours below it was sent before it.
+					w.received = ka.ServerWALEnd
+					w.confirmed = max64(w.confirmed, ka.ServerWALEnd)
+				}
+				w.mu.Unlock()
+				if ka.ReplyRequested {
+					nextStatus = time.Now()
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parsing WAL data: %w", err)
+				}
+				msg, err := pglogrepl.Parse(xld.WALData)
+				if err != nil {
+					return fmt.Errorf("decoding pgoutput: %w", err)
+				}
+				switch lm := msg.(type) {
+				case *pglogrepl.RelationMessage:
+					rel, err := newWALRelation(lm)
+					if err != nil {
+						return err
+					}
+					rels[lm.RelationID] = rel
+				case *pglogrepl.BeginMessage:
+					inTxn, txn, commitTime, xid = true, txn[:0], lm.CommitTime, lm.Xid
+				case *pglogrepl.InsertMessage:
+					rel := rels[lm.RelationID]
+					if rel == nil {
+						return fmt.Errorf("decoding pgoutput: insert into relation %d before its description", lm.RelationID)
+					}
+					row, created, err := rel.message(lm.Tuple)
+					if err != nil {
+						return fmt.Errorf("decoding a row of %s from the WAL: %w", w.table, err)
+					}
+					if created.IsZero() {
+						created = commitTime
+					}
+					txn = append(txn, walRow{msg: row, xid: xid, age: max(0, xld.ServerTime.Sub(created)), at: time.Now()})
+				case *pglogrepl.CommitMessage:
+					inTxn = false
+					w.push(txn, lm.TransactionEndLSN)
+					txn = txn[:0]
+				}
+			}
+		default:
+			return fmt.Errorf("unexpected replication message %T", raw)
+		}
+	}
+}
+
+// push buffers one committed transaction's rows (a transaction is never
+// split; the buffer may pass Buffer by one transaction).
+func (w *walReader) push(txn []walRow, end pglogrepl.LSN) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if end > w.received {
+		w.received = end
+	}
+	if len(txn) == 0 {
+		if len(w.rows) == 0 {
+			w.confirmed = max64(w.confirmed, end)
+		}
+		return
+	}
+	for i := range txn {
+		txn[i].end = end
+		w.rows = append(w.rows, txn[i])
+	}
+	w.wake()
+}
+
+// ensureSlot creates the slot if it is missing, and recreates it if the
+// server invalidated it (wal_status 'lost': the WAL it needed was
+// removed, max_slot_wal_keep_size): in table mode nothing is lost, the
+// rows are in the table.
+func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
+	if w.cfg.Slot == "" {
+		res, err := conn.Exec(ctx, "SELECT current_database()").ReadAll()
+		if err != nil || len(res) != 1 || len(res[0].Rows) != 1 {
+			return fmt.Errorf("%w: reading the database name: %v", ErrWALUnavailable, err)
+		}
+		w.cfg.Slot = SlotName(string(res[0].Rows[0][0]), w.table)
+	}
+	res, err := conn.Exec(ctx, "SELECT 1 FROM pg_publication WHERE pubname = '"+w.cfg.Publication+"'").ReadAll()
+	if err != nil {
+		return fmt.Errorf("%w: reading publication %s: %v", ErrWALUnavailable, w.cfg.Publication, err)
+	}
+	if len(res) != 1 || len(res[0].Rows) == 0 {
+		_, err := conn.Exec(ctx, "CREATE PUBLICATION "+w.cfg.Publication+" FOR TABLE "+w.quoted+" WITH (publish = 'insert')").ReadAll()
+		var pe *pgconn.PgError
+		if err != nil && !(errors.As(err, &pe) && pe.Code == "42710") { // 42710: another relay created it meanwhile
+			return fmt.Errorf("%w: creating publication %s: %v", ErrWALUnavailable, w.cfg.Publication, err)
+		}
+		if err == nil {
+			w.log.Info("publication created", "publication", w.cfg.Publication)
+		}
+	}
+	res, err = conn.Exec(ctx, "SELECT COALESCE(wal_status, ''), plugin, database = current_database(), COALESCE(confirmed_flush_lsn, '0/0') FROM pg_replication_slots WHERE slot_name = '"+w.cfg.Slot+"'").ReadAll()
+	if err != nil {
+		return fmt.Errorf("%w: reading slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
+	}
+	if len(res) == 1 && len(res[0].Rows) == 1 {
+		row := res[0].Rows[0]
+		if string(row[1]) != "pgoutput" || string(row[2]) != "t" {
+			return fmt.Errorf("%w: slot %s exists but is not a pgoutput slot of this database: name another WALConfig.Slot", ErrInvalidConfig, w.cfg.Slot)
+		}
+		if string(row[0]) != "lost" {
+			// The stream starts at the slot's confirmed position: report
+			// that until the loop takes more.
+			lsn, err := pglogrepl.ParseLSN(string(row[3]))
+			if err != nil {
+				return fmt.Errorf("%w: slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
+			}
+			w.startAt(lsn)
+			return nil
+		}
+		w.log.Warn("replication slot invalidated by the server (wal_status lost); recreating it and claiming from the table meanwhile (nothing is lost: the table holds every row)", "slot", w.cfg.Slot)
+		if err := pglogrepl.DropReplicationSlot(ctx, conn, w.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+			return fmt.Errorf("%w: dropping the invalidated slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
+		}
+	}
+	created, err := pglogrepl.CreateReplicationSlot(ctx, conn, w.cfg.Slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42710" { // another relay created it meanwhile
+			return fmt.Errorf("%w: slot %s was created by another relay meanwhile", ErrWALUnavailable, w.cfg.Slot)
+		}
+		return fmt.Errorf("%w: creating slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
+	}
+	if lsn, err := pglogrepl.ParseLSN(created.ConsistentPoint); err == nil {
+		w.startAt(lsn)
+	}
+	w.log.Info("replication slot created", "slot", w.cfg.Slot)
+	return nil
+}
+
+// startAt sets the reported position to lsn, the slot's confirmed
+// position when a stream starts, and empties the buffer: the stream
+// starts with a gap, and the claim that covers it reads those rows from
+// the table (the new stream may deliver them again too).
+func (w *walReader) startAt(lsn pglogrepl.LSN) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.rows = w.rows[:0]
+	w.confirmed, w.received = lsn, lsn
+}
+
+// walRelation maps the outbox table's columns, as pgoutput describes
+// them, to a Message.
+type walRelation struct {
+	idx map[string]int
+}
+
+var walColumns = []string{"id", "message_id", "aggregate_type", "aggregate_id", "event_type", "topic", "partition_key",
+	"content_type", "payload", "headers", "attempts", "created_at"}
+
+func newWALRelation(m *pglogrepl.RelationMessage) (*walRelation, error) {
+	r := &walRelation{idx: map[string]int{}}
+	for i, c := range m.Columns {
+		r.idx[c.Name] = i
+	}
+	for _, c := range walColumns {
+		if _, ok := r.idx[c]; !ok {
+			return nil, fmt.Errorf("relation %s.%s in the publication has no column %s: it is not an outbox table", m.Namespace, m.RelationName, c)
+		}
+	}
+	return r, nil
+}
+
+// message decodes one inserted row (text format), and its created_at
+// (zero if it does not parse).
+func (r *walRelation) message(t *pglogrepl.TupleData) (Message, time.Time, error) {
+	var m Message
+	if t == nil {
+		return m, time.Time{}, errors.New("insert without a tuple")
+	}
+	col := func(name string) (string, bool, error) {
+		i := r.idx[name]
+		if i >= len(t.Columns) {
+			return "", false, fmt.Errorf("column %s missing from the tuple", name)
+		}
+		c := t.Columns[i]
+		switch c.DataType {
+		case pglogrepl.TupleDataTypeNull:
+			return "", false, nil
+		case pglogrepl.TupleDataTypeText:
+			return string(c.Data), true, nil
+		}
+		return "", false, fmt.Errorf("column %s: unexpected tuple data type %q", name, c.DataType)
+	}
+	var err error
+	text := func(name string) string {
+		if err != nil {
+			return ""
+		}
+		var v string
+		v, _, err = col(name)
+		return v
+	}
+	num := func(name string) int64 {
+		s := text(name)
+		if err != nil {
+			return 0
+		}
+		var n int64
+		n, err = strconv.ParseInt(s, 10, 64)
+		return n
+	}
+	m.ID = num("id")
+	m.MessageID = text("message_id")
+	m.AggregateType = text("aggregate_type")
+	m.AggregateID = text("aggregate_id")
+	m.EventType = text("event_type")
+	m.Topic = text("topic")
+	m.Partition = int(num("partition_key"))
+	m.ContentType = text("content_type")
+	m.Attempts = int(num("attempts"))
+	payload := text("payload")
+	headers := text("headers")
+	created := text("created_at")
+	if err != nil {
+		return m, time.Time{}, err
+	}
+	if !strings.HasPrefix(payload, `\x`) {
+		return m, time.Time{}, errors.New("payload is not in bytea's hex form")
+	}
+	if m.Payload, err = hex.DecodeString(payload[2:]); err != nil {
+		return m, time.Time{}, fmt.Errorf("payload: %w", err)
+	}
+	if headers != "" {
+		if err := json.Unmarshal([]byte(headers), &m.Headers); err != nil {
+			return m, time.Time{}, fmt.Errorf("headers of row %d: %w", m.ID, err)
+		}
+	}
+	ts, _ := time.Parse("2006-01-02 15:04:05.999999-07", created)
+	return m, ts, nil
+}

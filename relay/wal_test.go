@@ -1,0 +1,810 @@
+package relay_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sqloutbox/outbox"
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
+	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
+	"github.com/sqloutbox/outbox/internal/testkit/testdb"
+	"github.com/sqloutbox/outbox/relay"
+)
+
+// walTarget is the target the WAL source's tests run on (pgx: the
+// replication protocol is pgx's whatever the application's driver).
+var walTarget = testdb.Target{Name: "pgx", Dialect: driver.Postgres}
+
+// walEnv is a private table on the shared server, which must run with
+// wal_level = logical (.ci/run sets it); the test is skipped otherwise,
+// or failed under OUTBOX_TEST_REQUIRE. The slot and publication the test's
+// relays create are dropped when it ends, failed or not.
+func walEnv(t *testing.T) (*testdb.Env, relay.WALConfig) {
+	t.Helper()
+	e := testdb.New(t, walTarget, driver.Config{})
+	var level string
+	if err := e.RelayDB.QueryRow("SHOW wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
+			t.Fatalf("the PostgreSQL server runs with wal_level = %s; the WAL source needs logical (.ci/run sets it)", level)
+		}
+		t.Skipf("SKIP: the PostgreSQL server runs with wal_level = %s; the WAL source needs logical", level)
+	}
+	cfg := relay.WALConfig{DSN: e.DSN, Slot: strings.ToLower(testdb.RandomName("outbox_test_"))}
+	dropWAL(t, e, cfg)
+	return e, cfg
+}
+
+// dropWAL drops cfg's slot and publication when t ends (registered before
+// the relays, so it runs after they stopped).
+func dropWAL(t *testing.T, e *testdb.Env, cfg relay.WALConfig) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for {
+			err := relay.DropWAL(ctx, e.Outbox, e.RelayDB, cfg)
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, relay.ErrWALUnavailable) || ctx.Err() != nil {
+				t.Errorf("dropping the test's slot %s: %v", cfg.Slot, err)
+				return
+			}
+			// The walsender of a relay that just stopped is still
+			// exiting: wait for the slot to be released.
+			_, _ = e.RelayDB.ExecContext(ctx, "SELECT pg_sleep(0.05)")
+		}
+	})
+}
+
+// walSetup starts a relay with the WAL source on e.
+func walSetup(t *testing.T, e *testdb.Env, wal relay.WALConfig, mod func(*relay.Config)) *bundle {
+	t.Helper()
+	return setupOn(t, e, func(c *relay.Config) {
+		c.Source = relay.SourceWAL
+		c.WAL = wal
+		// The fallback poll rarely: what is published must come from the
+		// stream, not from a claim that happens to run.
+		c.PollInterval = 30 * time.Second
+		if mod != nil {
+			mod(c)
+		}
+	})
+}
+
+// waitStreaming waits until the relay reads the stream and has caught up
+// with the table (its first claim came back short).
+func waitStreaming(t *testing.T, b *bundle, slot string) {
+	t.Helper()
+	eventually(t, b.ctx, "the relay reads slot "+slot+" and has caught up with the table", b.r.OnStream)
+}
+
+// TestWALSourcePublishesFromTheStream: events committed while the relay
+// reads the slot are published from the stream (not claimed), in order
+// per aggregate, marked sent, and the slot's confirmed position moves past
+// them.
+func TestWALSourcePublishesFromTheStream(t *testing.T) {
+	t.Parallel()
+	e, wal := walEnv(t)
+	b := walSetup(t, e, wal, nil)
+	waitStreaming(t, b, wal.Slot)
+	var before string
+	if err := e.RelayDB.QueryRow("SELECT pg_current_wal_lsn()::text").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	for i := 1; i <= n; i++ {
+		b.emit(t, event("A", i), event("B", i))
+	}
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == n && len(order(m, "B")) == n })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, agg := range []string{"A", "B"} {
+		var want []string
+		for i := 1; i <= n; i++ {
+			want = append(want, fmt.Sprintf("%s-%d", agg, i))
+		}
+		if got := order(msgs, agg); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s delivered as %v", agg, got)
+		}
+	}
+	for _, m := range msgs {
+		if string(m.Payload) == "" || m.Partition < 0 || m.Epoch == 0 {
+			t.Errorf("message %+v read from the WAL lacks its payload, partition or lease epoch", m)
+		}
+	}
+	stream, _ := b.r.WALCounts()
+	if stream == 0 {
+		t.Errorf("no message came from the stream")
+	}
+	eventually(t, b.ctx, "every event marked sent", func() bool {
+		var pending int
+		_ = e.RelayDB.QueryRow("SELECT count(*) FROM " + testdb.PendingTable(e.Table)).Scan(&pending)
+		return pending == 0
+	})
+	eventually(t, b.ctx, "the slot confirmed past the events", func() bool {
+		var past bool
+		err := e.RelayDB.QueryRow("SELECT confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, before).Scan(&past)
+		return err == nil && past
+	})
+	t.Logf("%d of %d messages from the stream", stream, 2*n)
+}
+
+// TestWALSourceClaimsWhatCameBefore: rows committed before the relay (and
+// its slot) existed are claimed from the table, then the stream takes
+// over; nothing is lost or reordered at the seam.
+func TestWALSourceClaimsWhatCameBefore(t *testing.T) {
+	t.Parallel()
+	e, wal := walEnv(t)
+	pre := &bundle{e: e, ctx: context.Background()}
+	for i := 1; i <= 300; i++ {
+		pre.emit(t, event(fmt.Sprintf("K%d", i%7), i))
+	}
+	b := walSetup(t, e, wal, nil)
+	waitStreaming(t, b, wal.Slot)
+	for i := 301; i <= 400; i++ {
+		b.emit(t, event(fmt.Sprintf("K%d", i%7), i))
+	}
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(m) >= 400 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, m := range msgs {
+		var n int
+		fmt.Sscanf(string(m.Payload), "%d", &n)
+		if last := seen[m.AggregateID]; n <= last {
+			t.Fatalf("%s: event %d after %d", m.AggregateID, n, last)
+		}
+		seen[m.AggregateID] = n
+	}
+	if len(msgs) != 400 {
+		t.Errorf("%d messages published, want 400", len(msgs))
+	}
+	stream, table := b.r.WALCounts()
+	t.Logf("%d from the stream, %d from the table", stream, table)
+	if table < 300 {
+		t.Errorf("only %d messages claimed from the table; the 300 written before the slot existed must be", table)
+	}
+}
+
+// TestWALSourceKeepsAHeldAggregateBack: A's first event fails twice; A's
+// later events, read from the stream meanwhile, wait for it (the
+// database refuses them: held_idx), B flows from the stream.
+func TestWALSourceKeepsAHeldAggregateBack(t *testing.T) {
+	t.Parallel()
+	e, wal := walEnv(t)
+	var fails atomic.Int64
+	b := walSetup(t, e, wal, func(c *relay.Config) { c.PollInterval = 50 * time.Millisecond })
+	b.pub.FailWith(func(m relay.Message) error {
+		if m.MessageID == "A-1" && fails.Add(1) <= 2 {
+			return errors.New("transient")
+		}
+		return nil
+	})
+	waitStreaming(t, b, wal.Slot)
+	b.emit(t, event("A", 1), event("B", 1))
+	eventually(t, b.ctx, "A-1 failed once", func() bool { return fails.Load() >= 1 })
+	b.emit(t, event("A", 2), event("B", 2))
+	b.emit(t, event("A", 3), event("B", 3))
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 3 && len(order(m, "B")) == 3 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := order(msgs, "A"); fmt.Sprint(got) != "[A-1 A-2 A-3]" {
+		t.Errorf("A delivered as %v", got)
+	}
+	if got := order(msgs, "B"); fmt.Sprint(got) != "[B-1 B-2 B-3]" {
+		t.Errorf("B delivered as %v", got)
+	}
+}
+
+// TestWALSourceRetriedDeadLetterGoesFirst: A-1 is dead-lettered and holds
+// A; A-2 arrives through the stream and is held. An operator retries
+// A-1: it goes out before A-2, and A-3, written after the retry and read
+// from the stream, after both.
+func TestWALSourceRetriedDeadLetterGoesFirst(t *testing.T) {
+	t.Parallel()
+	e, wal := walEnv(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	b := walSetup(t, e, wal, nil)
+	b.pub.FailWith(func(m relay.Message) error {
+		if m.MessageID == "A-1" && broken.Load() {
+			return fmt.Errorf("%w: refused", relay.ErrPermanent)
+		}
+		return nil
+	})
+	waitStreaming(t, b, wal.Slot)
+	b.emit(t, event("A", 1))
+	eventually(t, b.ctx, "A-1 dead", func() bool { s, _ := b.status(t, "A-1"); return s == 2 })
+	b.emit(t, event("A", 2), event("B", 1))
+	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "B")) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := b.status(t, "A-2"); s != 0 {
+		t.Fatalf("A-2 status %d, want pending behind the dead letter", s)
+	}
+	broken.Store(false)
+	dl, err := relay.NewDeadLetters(e.Outbox, e.RelayDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := dl.Retry(b.ctx, relay.Selector{MessageID: "A-1"}); err != nil || n != 1 {
+		t.Fatalf("retry: %d, %v", n, err)
+	}
+	b.emit(t, event("A", 3))
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 3 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := order(msgs, "A"); fmt.Sprint(got) != "[A-1 A-2 A-3]" {
+		t.Errorf("A delivered as %v", got)
+	}
+}
+
+// TestWALSourceWithoutLogicalWAL: on a server whose wal_level is not
+// logical the relay says why in its log and publishes from the table.
+func TestWALSourceFallsBackToTheTable(t *testing.T) {
+	t.Parallel()
+	e := testdb.New(t, walTarget, driver.Config{})
+	logs := &syncLog{}
+	// A slot that another database's pgoutput slot cannot be: a name
+	// taken by a physical slot of the test's own.
+	slot := strings.ToLower(testdb.RandomName("outbox_phys_"))
+	if _, err := e.RelayDB.Exec("SELECT pg_create_physical_replication_slot($1)", slot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = e.RelayDB.Exec("SELECT pg_drop_replication_slot($1)", slot) })
+	wal := relay.WALConfig{DSN: e.DSN, Slot: slot}
+	t.Cleanup(func() { _, _ = e.RelayDB.Exec("DROP PUBLICATION IF EXISTS " + relay.PublicationName(e.Table)) })
+	b := setupOn(t, e, func(c *relay.Config) {
+		c.Source = relay.SourceWAL
+		c.WAL = wal
+		c.PollInterval = 50 * time.Millisecond
+		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	b.emit(t, event("A", 1), event("A", 2))
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 2 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := order(msgs, "A"); fmt.Sprint(got) != "[A-1 A-2]" {
+		t.Errorf("A delivered as %v", got)
+	}
+	eventually(t, b.ctx, "a log line on the unavailable source", func() bool {
+		for _, l := range logs.lines() {
+			if l["msg"] == "WAL source unavailable; claiming from the table" && strings.Contains(fmt.Sprint(l["error"]), slot) {
+				return true
+			}
+		}
+		return false
+	})
+	if stream, _ := b.r.WALCounts(); stream != 0 {
+		t.Errorf("%d messages from a stream that never opened", stream)
+	}
+}
+
+// TestWALConfigValidation: New refuses SourceWAL without a DSN, on
+// another dialect, or with a slot name PostgreSQL would not take.
+func TestWALConfigValidation(t *testing.T) {
+	t.Parallel()
+	pg, err := driver.New(driver.Config{Dialect: driver.Postgres})
+	if err != nil {
+		t.Fatal(err)
+	}
+	my, err := driver.New(driver.Config{Dialect: driver.MySQL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := &sql.DB{}
+	for _, tc := range []struct {
+		name string
+		ob   *driver.Outbox
+		wal  relay.WALConfig
+	}{
+		{"no DSN", pg, relay.WALConfig{}},
+		{"MySQL", my, relay.WALConfig{DSN: "postgres://h/db"}},
+		{"slot with a capital", pg, relay.WALConfig{DSN: "postgres://h/db", Slot: "Outbox"}},
+		{"slot too long", pg, relay.WALConfig{DSN: "postgres://h/db", Slot: strings.Repeat("s", 64)}},
+		{"publication with a dot", pg, relay.WALConfig{DSN: "postgres://h/db", Publication: "a.b"}},
+		{"DSN that does not parse", pg, relay.WALConfig{DSN: "postgres://u:secret@h:notaport/db"}},
+	} {
+		_, err := relay.New(tc.ob, db, relay.Config{Publisher: relayNop{}, Source: relay.SourceWAL, WAL: tc.wal})
+		if !errors.Is(err, relay.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", tc.name, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret") {
+			t.Errorf("%s: the error quotes the password: %v", tc.name, err)
+		}
+	}
+	for _, tc := range []struct{ db, table, want string }{
+		{"test", "outbox", "outbox_test_outbox"},
+		{"Shop-DB", "billing.Outbox", "outbox_shop_db_billing_outbox"},
+	} {
+		if got := relay.SlotName(tc.db, tc.table); got != tc.want {
+			t.Errorf("SlotName(%q, %q) = %q, want %q", tc.db, tc.table, got, tc.want)
+		}
+	}
+	long := relay.SlotName(strings.Repeat("d", 40), strings.Repeat("t", 40))
+	if len(long) != 63 || long == relay.SlotName(strings.Repeat("d", 40), strings.Repeat("t", 41)) {
+		t.Errorf("long names: %q (%d bytes) must be 63 bytes and differ when the names differ", long, len(long))
+	}
+}
+
+type relayNop struct{}
+
+func (relayNop) Publish(context.Context, []relay.Message) error { return nil }
+
+// slotReader returns the application_name of the slot's reader, or "".
+func slotReader(t *testing.T, db *sql.DB, slot string) string {
+	t.Helper()
+	var name sql.NullString
+	err := db.QueryRow(`SELECT a.application_name FROM pg_replication_slots s
+		LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1`, slot).Scan(&name)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		t.Fatal(err)
+	}
+	return name.String
+}
+
+// TestWALSourceStandbyTakesOver: two relays share a table and its slot;
+// one reads the slot, the other stands by and claims its partitions from
+// the table. When the reader stops, the other takes the slot over and
+// publishes from the stream; every event is published once per relay
+// that owned it, in order per aggregate, across the handover.
+func TestWALSourceStandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	e, wal := walEnv(t)
+	mod := func(c *relay.Config) {
+		c.LeaseTTL = relay.MinLeaseTTL
+		c.LeaseHeartbeat = relay.MinLeaseTTL / 4
+	}
+	var relays []*bundle
+	for _, id := range []string{"one", "two"} {
+		relays = append(relays, walSetup(t, e, wal, func(c *relay.Config) { mod(c); c.InstanceID = "wal-" + id }))
+	}
+	eventually(t, relays[0].ctx, "a relay reads the slot", func() bool { return slotReader(t, e.RelayDB, wal.Slot) != "" })
+	holder, other := relays[0], relays[1]
+	if slotReader(t, e.RelayDB, wal.Slot) == "outbox-relay wal-two" {
+		holder, other = other, holder
+	}
+	published := func() []relay.Message {
+		return append(holder.pub.Messages(), other.pub.Messages()...)
+	}
+	n := 0
+	emit := func(k int) {
+		for i := 0; i < k; i++ {
+			n++
+			holder.emit(t, event(fmt.Sprintf("H%d", n%9), n))
+		}
+	}
+	emit(50)
+	eventually(t, holder.ctx, "the first 50 published", func() bool { return len(published()) >= 50 })
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := holder.r.Stop(sctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, other.ctx, "the standby reads the slot", func() bool {
+		return slotReader(t, e.RelayDB, wal.Slot) == "outbox-relay "+other.r.InstanceID()
+	})
+	waitStreaming(t, other, wal.Slot)
+	before, _ := other.r.WALCounts()
+	emit(50)
+	eventually(t, other.ctx, "all 100 published", func() bool {
+		seen := map[string]bool{}
+		for _, m := range published() {
+			seen[m.MessageID] = true
+		}
+		return len(seen) == 100
+	})
+	if after, _ := other.r.WALCounts(); after == before {
+		t.Errorf("the new reader published nothing from the stream")
+	}
+	last := map[string]int{}
+	for _, m := range other.pub.Messages() {
+		var k int
+		fmt.Sscanf(string(m.Payload), "%d", &k)
+		if k < last[m.AggregateID] {
+			t.Errorf("%s: %d after %d", m.AggregateID, k, last[m.AggregateID])
+		}
+		last[m.AggregateID] = k
+	}
+}
+
+// TestWALSourceFencesAnExpiredReader: a slot held by a relay whose
+// membership expired (here a replication connection that never reads,
+// named as a relay would be, as a frozen process keeps its connection
+// open) is taken over: the new relay terminates that reader and reads
+// the slot. A reader whose relay is still a live member is left alone.
+func TestWALSourceFencesAnExpiredReader(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		member bool // the frozen reader's relay has an unexpired membership row
+	}{
+		{"membership expired", false},
+		{"membership live", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e, wal := walEnv(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if _, err := e.RelayDB.ExecContext(ctx, "CREATE PUBLICATION "+relay.PublicationName(e.Table)+" FOR TABLE "+e.Table+" WITH (publish = 'insert')"); err != nil {
+				t.Fatal(err)
+			}
+			ghost := "ghost-" + strings.ToLower(testdb.RandomName(""))
+			if tc.member {
+				if _, err := e.RelayDB.ExecContext(ctx, "INSERT INTO "+e.Table+"_relay (instance_id, expires_at, mode) VALUES ($1, 'infinity', $2)", ghost, relay.ModeAtLeastOnce); err != nil {
+					t.Fatal(err)
+				}
+			}
+			conn := frozenReader(t, ctx, e.DSN, "outbox-relay "+ghost, wal.Slot, relay.PublicationName(e.Table))
+			defer conn.Close(context.Background())
+			logs := &syncLog{}
+			b := walSetup(t, e, wal, func(c *relay.Config) {
+				c.LeaseTTL = relay.MinLeaseTTL
+				c.LeaseHeartbeat = relay.MinLeaseTTL / 4
+				c.PollInterval = 50 * time.Millisecond
+				c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			})
+			b.emit(t, event("F", 1), event("F", 2))
+			if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "F")) == 2 }); err != nil {
+				t.Fatal(err)
+			}
+			if tc.member {
+				// After two standby rounds, each of which checked the
+				// reader, the live member's reader still holds the slot.
+				eventually(t, b.ctx, "two standby rounds", func() bool {
+					n := 0
+					for _, l := range logs.lines() {
+						if l["msg"] == "WAL source standing by: another reader holds the slot" {
+							n++
+						}
+					}
+					return n >= 2
+				})
+				if got := slotReader(t, e.RelayDB, wal.Slot); got != "outbox-relay "+ghost {
+					t.Errorf("the slot's reader is %q; a live member's reader must not be terminated", got)
+				}
+				return
+			}
+			eventually(t, b.ctx, "the relay reads the slot", func() bool {
+				return slotReader(t, e.RelayDB, wal.Slot) == "outbox-relay "+b.r.InstanceID()
+			})
+			waitStreaming(t, b, wal.Slot)
+			before, _ := b.r.WALCounts()
+			b.emit(t, event("F", 3))
+			eventually(t, b.ctx, "F-3 from the stream", func() bool { after, _ := b.r.WALCounts(); return after > before })
+		})
+	}
+}
+
+// frozenReader opens a replication connection named name that starts
+// streaming slot (creating it) and then never reads nor answers: a
+// frozen relay's connection, from the server's side.
+func frozenReader(t *testing.T, ctx context.Context, dsn, name, slot, pub string) *pgconn.PgConn {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = name
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'"}}); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// TestWALSourceSurvivesStreamCuts: the replication connection is cut
+// (through a proxy of the test's own) three times while a writer commits
+// events one transaction at a time; the relay reconnects and, across the
+// gaps, publishes every event once, in order per aggregate.
+func TestWALSourceSurvivesStreamCuts(t *testing.T) {
+	t.Parallel()
+	e, wal := walEnv(t)
+	u, err := url.Parse(e.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	u.Host = proxy.Addr()
+	wal.DSN = u.String()
+	b := walSetup(t, e, wal, func(c *relay.Config) { c.PollInterval = 200 * time.Millisecond })
+	waitStreaming(t, b, wal.Slot)
+	const total = 300
+	written := make(chan int, total)
+	go func() {
+		defer close(written)
+		for i := 1; i <= total; i++ {
+			ctx := outbox.NewContext(b.ctx)
+			tx, err := e.DB.BeginTx(ctx, nil)
+			if err != nil {
+				return
+			}
+			if outbox.Emit(ctx, event(fmt.Sprintf("S%d", i%10), i)) != nil || tx.Commit() != nil {
+				return
+			}
+			written <- i
+		}
+	}()
+	cuts := 0
+	for i := range written {
+		if i%80 == 0 {
+			proxy.CutAll()
+			cuts++
+		}
+	}
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool {
+		seen := map[string]bool{}
+		for _, x := range m {
+			seen[x.MessageID] = true
+		}
+		return len(seen) == total
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]int{}
+	dups := 0
+	for _, m := range msgs {
+		var k int
+		fmt.Sscanf(string(m.Payload), "%d", &k)
+		switch {
+		case k == last[m.AggregateID]:
+			dups++
+		case k < last[m.AggregateID]:
+			t.Errorf("%s: %d after %d", m.AggregateID, k, last[m.AggregateID])
+		}
+		last[m.AggregateID] = max(k, last[m.AggregateID])
+	}
+	stream, table := b.r.WALCounts()
+	t.Logf("%d cuts; %d messages (%d duplicates), %d from the stream, %d from the table", cuts, len(msgs), dups, stream, table)
+	if len(msgs) != total {
+		t.Errorf("%d messages published, want %d (a replication cut must not re-send)", len(msgs), total)
+	}
+	if stream == 0 {
+		t.Errorf("nothing came from the stream")
+	}
+}
+
+// TestWALSourceRecreatesAnInvalidatedSlot: on a server of the test's own
+// with max_slot_wal_keep_size = 1MB, the slot's reader stops, events are
+// committed meanwhile, and more WAL than the slot may keep is written:
+// the server invalidates the slot (wal_status lost). The next relay says
+// so, recreates the slot, claims the events from the table and streams
+// the next ones: nothing is lost.
+func TestWALSourceRecreatesAnInvalidatedSlot(t *testing.T) {
+	t.Parallel()
+	srv := privateserver.StartPostgres(t, map[string]string{
+		"wal_level": "logical", "max_slot_wal_keep_size": "'1MB'", "min_wal_size": "'32MB'", "max_wal_size": "'64MB'",
+	})
+	e := testdb.NewOn(t, walTarget, srv.DSN, driver.Config{})
+	wal := relay.WALConfig{DSN: srv.DSN, Slot: "outbox_test_invalidated"}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	first := walSetup(t, e, wal, nil)
+	waitStreaming(t, first, wal.Slot)
+	first.emit(t, event("V", 1))
+	if _, err := first.pub.WaitForIDs(first.ctx, "V-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 2; i <= 50; i++ {
+		first.emit(t, event("V", i))
+	}
+	if _, err := e.RelayDB.ExecContext(ctx, "CREATE TABLE filler (b text)"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "the slot invalidated", func() bool {
+		for _, q := range []string{"INSERT INTO filler SELECT repeat('x', 2000) FROM generate_series(1, 10000)", "SELECT pg_switch_wal()", "CHECKPOINT"} {
+			if _, err := e.RelayDB.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var status string
+		_ = e.RelayDB.QueryRowContext(ctx, "SELECT COALESCE(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", wal.Slot).Scan(&status)
+		return status == "lost"
+	})
+	logs := &syncLog{}
+	second := walSetup(t, e, wal, func(c *relay.Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	if _, err := second.pub.Wait(second.ctx, func(m []relay.Message) bool { return len(order(m, "V")) == 49 }); err != nil {
+		t.Fatal(err)
+	}
+	waitStreaming(t, second, wal.Slot)
+	if st, err := relay.ReadWALStatus(ctx, e.Outbox, e.RelayDB, wal); err != nil || !st.Active || st.WALStatus == "lost" {
+		t.Errorf("slot after the restart: %+v, %v; want a new one, read", st, err)
+	}
+	before, _ := second.r.WALCounts()
+	second.emit(t, event("V", 51))
+	if _, err := second.pub.WaitForIDs(second.ctx, "V-51"); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := second.r.WALCounts(); after == before {
+		t.Errorf("V-51 did not come from the new slot's stream")
+		for _, l := range logs.lines() {
+			t.Log(l)
+		}
+	}
+	found := false
+	for _, l := range logs.lines() {
+		if strings.HasPrefix(fmt.Sprint(l["msg"]), "replication slot invalidated by the server") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no log line says the slot was invalidated")
+	}
+}
+
+// TestWALAcceptCostPerRow proves with page counts what a batch from the
+// stream costs the database against a claim of the same rows: the check
+// (wal_accept) probes the pending set's primary key and held_idx per row
+// and never reads the outbox table's rows, where the claim also reads
+// each row by primary key (its payload pages included) and sends it back.
+// 2,000 pending rows of 200-byte payloads behind 20,000 sent ones; each
+// statement measured on its second run in one session.
+func TestWALAcceptCostPerRow(t *testing.T) {
+	t.Parallel()
+	const batch, sent = 2000, 20000
+	e := testdb.New(t, walTarget, driver.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	exec := func(q string) {
+		t.Helper()
+		if _, err := e.RelayDB.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	insert := func(from, n int) {
+		exec(fmt.Sprintf("INSERT INTO %s (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers) "+
+			"SELECT 'm-' || g, 'order', 'agg-' || (g %% 100), 'created', 't', g %% 32, 'application/json', convert_to(repeat('x', 200), 'UTF8'), '' "+
+			"FROM generate_series(%d, %d) g", e.Table, from, from+n-1))
+	}
+	insert(1, sent)
+	exec("DELETE FROM " + testdb.PendingTable(e.Table))
+	insert(sent+1, batch)
+	d, err := dialect.New(dialect.Postgres, e.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := make([]int, 32)
+	for i := range parts {
+		parts[i] = i
+	}
+	claim := testdb.PostgresClaimBuffers(t, ctx, e.RelayDB, d, sent+1, batch, parts, nil)
+
+	var ids []int64
+	var types, aggs []string
+	for _, v := range testdb.Column(t, ctx, e.RelayDB, "SELECT id FROM "+testdb.PendingTable(e.Table)+" ORDER BY id") {
+		var id int64
+		fmt.Sscan(v, &id)
+		ids = append(ids, id)
+		types = append(types, "order")
+		aggs = append(aggs, fmt.Sprintf("agg-%d", id%100))
+	}
+	var xid int64
+	if err := e.RelayDB.QueryRowContext(ctx, "SELECT xmin::text::bigint FROM "+e.Table+" WHERE id = $1", ids[0]).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	xids := make([]int64, len(ids))
+	for i := range xids {
+		xids[i] = xid
+	}
+	conn, err := e.RelayDB.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var accept int
+	var scans []string
+	for i := 0; i < 2; i++ {
+		var raw string
+		if err := conn.QueryRowContext(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+d.Query("wal_accept"),
+			dialect.IDArray(ids), dialect.TextArray(types), dialect.TextArray(aggs), dialect.IDArray(xids)).Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		accept, scans = planPages(t, raw, e.Table)
+	}
+	accepted := 0
+	rows, err := conn.QueryContext(ctx, d.Query("wal_accept"), dialect.IDArray(ids), dialect.TextArray(types), dialect.TextArray(aggs), dialect.IDArray(xids))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, epoch int64
+		var v int
+		if err := rows.Scan(&id, &v, &epoch); err != nil {
+			t.Fatal(err)
+		}
+		if v == 2 {
+			accepted++
+		}
+	}
+	rows.Close()
+	t.Logf("%d rows: claim %d pages (%.1f a row), wal_accept %d pages (%.1f a row); wal_accept's reads of the outbox table: %v",
+		batch, claim, float64(claim)/batch, accept, float64(accept)/batch, scans)
+	if accepted != batch {
+		t.Errorf("wal_accept accepted %d of %d pending rows", accepted, batch)
+	}
+	for _, s := range scans {
+		if s != "held_idx" {
+			t.Errorf("wal_accept reads the outbox table by %s; only held_idx probes are expected", s)
+		}
+	}
+	if accept > 4*batch {
+		t.Errorf("wal_accept read %d pages for %d rows: more than 4 a row", accept, batch)
+	}
+}
+
+// planPages returns a JSON plan's pages (shared hit + read) and the index
+// (or node type) of each node that reads table.
+func planPages(t *testing.T, raw, table string) (int, []string) {
+	t.Helper()
+	var plan []struct {
+		Plan map[string]any `json:"Plan"`
+	}
+	if err := json.Unmarshal([]byte(raw), &plan); err != nil || len(plan) != 1 {
+		t.Fatalf("plan %s: %v", raw, err)
+	}
+	base := table[strings.LastIndex(table, ".")+1:]
+	var scans []string
+	var walk func(n map[string]any)
+	walk = func(n map[string]any) {
+		if rel, _ := n["Relation Name"].(string); rel == base {
+			if idx, ok := n["Index Name"].(string); ok {
+				scans = append(scans, strings.TrimPrefix(idx, base+"_"))
+			} else {
+				scans = append(scans, fmt.Sprint(n["Node Type"]))
+			}
+		}
+		if ps, ok := n["Plans"].([]any); ok {
+			for _, p := range ps {
+				if m, ok := p.(map[string]any); ok {
+					walk(m)
+				}
+			}
+		}
+	}
+	walk(plan[0].Plan)
+	hit, _ := plan[0].Plan["Shared Hit Blocks"].(float64)
+	read, _ := plan[0].Plan["Shared Read Blocks"].(float64)
+	return int(hit + read), scans
+}

@@ -1,0 +1,443 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/sqlerr"
+)
+
+// How the loop uses the WAL source (Config.Source = SourceWAL).
+//
+// The loop is the polling relay's, with one more way to fill a batch.
+// While r.tableDue is false, a cycle takes rows from the reader's buffer
+// instead of claiming, and asks the database about them in one statement
+// (wal_accept): each row is published only if it is still in the pending
+// set, not in the batch being marked sent, in a relay partition this
+// relay holds, and no event of its aggregate up to it has failed and
+// not been sent (held_idx: a retry waiting, or a dead letter holding the
+// aggregate). The same statement reads the table's floor epoch, which
+// every change that makes old rows pending again raises (a dead letter
+// retried, a row re-queued by hand).
+//
+// The loop claims from the table (r.tableDue) after anything the stream
+// cannot vouch for: the start; a reconnection of the stream or rows it
+// dropped (the buffer was full); a relay partition acquired or held at a
+// new lease epoch since the last claim (the stream's rows of it were left
+// to its owner before); a row the database
+// did not accept for a reason other than "already sent"; a raised floor
+// epoch; a failed cycle; the fallback poll (PollInterval after the last
+// claim: retries come due in the table, not in the WAL). It claims until
+// a claim comes back short, then returns to the stream. Before each
+// claim it empties the buffer: what was committed before the claim's
+// snapshot is claimed; what commits after is in the stream.
+//
+// Why that keeps the order of each aggregate: after a short claim, every
+// pending row of this relay's partitions committed before the claim's
+// snapshot was published, is held (a failed row of its aggregate: every
+// later row of that aggregate is refused by the held_idx check), or is
+// in the batch being marked. Every row committed after it arrives through
+// the stream in commit order, and a gap in the stream sends the loop back
+// to the table. A batch from the stream is published in id order; so
+// events of one aggregate go out in commit order, which is their id order
+// when the application serialises an aggregate's transactions (a row
+// lock on the aggregate, as the seed recommends; the ids are drawn just
+// before COMMIT). Two transactions that write one aggregate concurrently
+// may go out in commit order where the table claim would have waited for
+// the lower id (docs/wal.md).
+
+var pgIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// checkSource validates Config.Source and Config.WAL.
+func checkSource(cfg Config, d *dialect.Dialect) error {
+	switch cfg.Source {
+	case SourceTable:
+		return nil
+	case SourceWAL:
+	default:
+		return fmt.Errorf("%w: unknown Source %d", ErrInvalidConfig, cfg.Source)
+	}
+	if d.Name() != dialect.Postgres {
+		return fmt.Errorf("%w: SourceWAL needs PostgreSQL, not %s", ErrInvalidConfig, d.Name())
+	}
+	if cfg.WAL.DSN == "" {
+		return fmt.Errorf("%w: SourceWAL needs WAL.DSN (the replication connection)", ErrInvalidConfig)
+	}
+	if _, err := pgconn.ParseConfig(cfg.WAL.DSN); err != nil {
+		return fmt.Errorf("%w: WAL.DSN: %v", ErrInvalidConfig, redactPgError(err))
+	}
+	for what, name := range map[string]string{"WAL.Slot": cfg.WAL.Slot, "WAL.Publication": cfg.WAL.Publication} {
+		if name != "" && !pgIdent.MatchString(name) {
+			return fmt.Errorf("%w: %s %q: lower-case letters, digits and _, at most 63 bytes, not starting with a digit", ErrInvalidConfig, what, name)
+		}
+	}
+	if cfg.WAL.Buffer < 1 || cfg.WAL.StatusInterval <= 0 {
+		return fmt.Errorf("%w: WAL.Buffer %d and WAL.StatusInterval %s must be positive", ErrInvalidConfig, cfg.WAL.Buffer, cfg.WAL.StatusInterval)
+	}
+	return nil
+}
+
+// startWAL starts the WAL source's reader (SourceWAL); it returns the
+// channel that signals buffered rows (nil without the source) and a
+// function that stops the reader and waits for it.
+func (r *Relay) startWAL(ctx context.Context) (<-chan struct{}, func()) {
+	if r.cfg.Source != SourceWAL {
+		return nil, func() {}
+	}
+	r.wal = newWALReader(r.cfg.WAL, r.table, r.d.QuotedTable(), r.cfg.InstanceID, r.log)
+	r.wal.fence = r.fenceSlotReader
+	r.wal.observer, _ = r.cfg.Observer.(SourceObserver)
+	r.wal.standbyWait = r.cfg.LeaseHeartbeat
+	r.tableDue = true
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.wal.run(rctx) }()
+	return r.wal.signal, func() { cancel(); <-done }
+}
+
+// fenceSlotReader terminates the walsender reading slot if its client is
+// a relay (application_name "outbox-relay <instance>") with no unexpired
+// membership row in this table's relay group: it missed its heartbeats
+// for a lease TTL, so its leases have expired too and it publishes
+// nothing (its trust window ended), but a frozen process keeps its
+// replication connection open until the server's wal_sender_timeout. It
+// returns the terminated reader's application_name, or "". The role needs
+// pg_signal_backend (or to be the reader's role, or superuser).
+func (r *Relay) fenceSlotReader(ctx context.Context, slot string) (string, error) {
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	var who string
+	// MATERIALIZED: the planner orders a WHERE clause's conditions by
+	// cost, and would call pg_terminate_backend before the membership
+	// check.
+	err := r.db.QueryRowContext(qctx, `WITH expired AS MATERIALIZED (
+		    SELECT a.pid, a.application_name FROM pg_replication_slots s
+		    JOIN pg_stat_activity a ON a.pid = s.active_pid
+		    WHERE s.slot_name = $1 AND a.application_name LIKE 'outbox-relay %'
+		      AND NOT EXISTS (SELECT 1 FROM `+r.d.MembersTable()+` m
+		                      WHERE left('outbox-relay ' || m.instance_id, 63) = a.application_name AND m.expires_at > clock_timestamp()))
+		SELECT application_name FROM expired WHERE pg_terminate_backend(pid)`, slot).Scan(&who)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("fencing the reader of slot %s: %w", slot, err)
+	}
+	return who, nil
+}
+
+// claimTable makes the next cycle claim from the table, for reason (logged
+// at DEBUG when the relay was using the stream).
+func (r *Relay) claimTable(reason string) {
+	if r.wal != nil && !r.tableDue {
+		r.log.Debug("WAL source: claiming from the table", "reason", reason)
+	}
+	r.tableDue = true
+	r.onStream.Store(false)
+}
+
+// pollDue makes the next cycle claim from the table if the last claim is
+// PollInterval old (the WAL source's fallback poll).
+func (r *Relay) pollDue() {
+	if r.wal != nil && time.Since(r.lastTableClaim) >= r.cfg.PollInterval {
+		r.claimTable("fallback poll")
+	}
+}
+
+// next fills the cycle's batch: from the WAL source while it vouches for
+// its rows, else by claiming from the table.
+func (r *Relay) next(ctx context.Context, set leaseSet) ([]Message, error) {
+	if r.wal == nil {
+		msgs, err := r.claim(ctx, set)
+		if so, ok := r.cfg.Observer.(SourceObserver); ok && len(msgs) > 0 {
+			so.FromSource(SourceTable, len(msgs))
+		}
+		return msgs, err
+	}
+	if !r.tableDue {
+		msgs, err := r.walClaim(ctx, set)
+		if err != nil || len(msgs) > 0 || !r.tableDue {
+			return msgs, err
+		}
+	}
+	// The claim covers a gap in the stream that came before it: what was
+	// committed before the claim's snapshot is claimed, the rest is in
+	// the stream after the gap. (A gap is a restart of the stream, which
+	// resumes at the slot's confirmed position, at least 100 ms after the
+	// loss; what was committed before that position is visible to this
+	// claim.) The rows buffered stay, and are checked like any other.
+	streaming := r.wal.coverGap()
+	limit := r.batch
+	msgs, err := r.claim(ctx, set)
+	if err != nil {
+		return nil, err
+	}
+	r.lastTableClaim = time.Now()
+	r.walClaimed.Add(int64(len(msgs)))
+	if so, ok := r.cfg.Observer.(SourceObserver); ok && len(msgs) > 0 {
+		so.FromSource(SourceTable, len(msgs))
+	}
+	if len(msgs) < limit && streaming {
+		r.tableDue = false
+		r.onStream.Store(true)
+		r.walEpoch = r.floor.epoch
+		r.walLeases = maps.Clone(set.epochs)
+	}
+	return msgs, nil
+}
+
+// walClaim takes up to a batch of rows from the WAL source and returns
+// those the database accepts (see the comment at the top of this file).
+// It sets r.tableDue when the rows cannot be vouched for.
+func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
+	for p, e := range set.epochs {
+		if r.walLeases[p] != e {
+			// A partition taken since the last claim: rows of it the
+			// stream delivered before were left to its owner then, and
+			// are pending in the table.
+			r.claimTable("partition acquired")
+			return nil, nil
+		}
+	}
+	rows, gap, streaming := r.wal.take(r.batch)
+	if gap || !streaming {
+		// Claim first; the rows taken stay buffered and are checked after
+		// the claim (one decoded from a commit the claim's snapshot does
+		// not show yet would otherwise wait for the next poll, while a
+		// later event of its aggregate went out from the stream).
+		r.wal.putBack(rows)
+		r.claimTable("stream gap or closed")
+		return nil, nil
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	marking := map[int64]bool{}
+	if r.marking != nil {
+		for _, id := range r.marking.ids {
+			marking[id] = true
+		}
+	}
+	cand := make([]Message, 0, len(rows))
+	seen := make(map[int64]bool, len(rows))
+	for _, w := range rows {
+		m := w.msg
+		if _, ok := set.epochs[m.Partition]; !ok || marking[m.ID] || seen[m.ID] {
+			continue // another relay's partition (it claims the row), published and being marked, or twice in the batch
+		}
+		seen[m.ID] = true
+		m.Epoch = set.epochs[m.Partition]
+		m.Age = w.age + time.Since(w.at)
+		cand = append(cand, m)
+	}
+	taken := len(rows)
+	r.batch = nextBatch(r.cfg, r.batch, taken, 0)
+	if len(cand) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(cand, func(a, b Message) int { return cmpInt64(a.ID, b.ID) })
+	xidOf := make(map[int64]uint32, len(rows))
+	for _, w := range rows {
+		xidOf[w.msg.ID] = w.xid
+	}
+	ids := make([]int64, len(cand))
+	types := make([]string, len(cand))
+	aggs := make([]string, len(cand))
+	xids := make([]int64, len(cand))
+	for i := range cand {
+		ids[i], types[i], aggs[i], xids[i] = cand[i].ID, cand[i].AggregateType, cand[i].AggregateID, int64(xidOf[cand[i].ID])
+	}
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	res, err := r.db.QueryContext(qctx, r.d.Query("wal_accept"), dialect.IDArray(ids), dialect.TextArray(types), dialect.TextArray(aggs), dialect.IDArray(xids))
+	if err != nil {
+		return nil, fmt.Errorf("checking %d rows from the WAL against %s: %w", len(ids), r.table, err)
+	}
+	defer res.Close()
+	verdict := make(map[int64]int, len(ids))
+	var epoch int64
+	for res.Next() {
+		var id int64
+		var v int
+		if err := res.Scan(&id, &v, &epoch); err != nil {
+			return nil, fmt.Errorf("checking rows from the WAL: %w", err)
+		}
+		verdict[id] = v
+	}
+	if err := res.Err(); err != nil {
+		return nil, fmt.Errorf("checking rows from the WAL: %w", err)
+	}
+	if epoch != r.walEpoch {
+		// Rows were made pending again below the stream (a dead letter
+		// retried): they go out first, from the table.
+		r.claimTable("floor epoch raised")
+		return nil, nil
+	}
+	for _, v := range verdict {
+		if v == walNotVisible {
+			// Decoded from a commit record that this snapshot does not
+			// show committed yet (the committing backend had not left
+			// the process array): judged again in a moment, with the
+			// rows after it.
+			r.wal.putBack(rows)
+			r.batch = r.cfg.BatchSize
+			time.AfterFunc(time.Millisecond, r.wal.wake)
+			return nil, nil
+		}
+	}
+	out := cand[:0]
+	for _, m := range cand {
+		switch verdict[m.ID] {
+		case walAccepted:
+			out = append(out, m)
+		case walHeld:
+			r.claimTable("aggregate held") // the table claim holds or retries its aggregate
+		}
+	}
+	r.walPublished.Add(int64(len(out)))
+	if so, ok := r.cfg.Observer.(SourceObserver); ok && len(out) > 0 {
+		so.FromSource(SourceWAL, len(out))
+	}
+	return out, nil
+}
+
+// wal_accept's verdicts.
+const (
+	walSent     = 0 // not in the pending set (sent, dead-lettered, or being marked): dropped
+	walHeld     = 1 // an event of its aggregate up to it failed and was not sent: left to the table claim
+	walAccepted = 2
+	// Not in the pending set, and its transaction not yet visible in the
+	// statement's snapshot: a commit record is written, and so decoded,
+	// before the committing backend leaves the process array.
+	walNotVisible = 3
+)
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// WALStatus describes the WAL source's replication slot and publication
+// on the server (ReadWALStatus).
+type WALStatus struct {
+	// Slot and Publication are the names read (the defaults if the
+	// WALConfig gave none).
+	Slot, Publication string
+	// SlotExists and PublicationExists report whether they exist.
+	SlotExists, PublicationExists bool
+	// Active reports whether a reader holds the slot, and Reader names it
+	// (its application_name: "outbox-relay <instance ID>" for a relay;
+	// "" if none or not visible to this role).
+	Active bool
+	Reader string
+	// WALStatus is pg_replication_slots.wal_status: reserved, extended,
+	// unreserved (past max_wal_size, kept by max_slot_wal_keep_size) or
+	// lost (invalidated: the relay recreates the slot and claims from the
+	// table meanwhile).
+	WALStatus string
+	// RetainedBytes is how much WAL the slot keeps the server from
+	// removing: pg_current_wal_lsn() - restart_lsn, in bytes. It grows
+	// while no relay reads the slot; alert on it (docs/wal.md).
+	RetainedBytes int64
+	// UnconfirmedBytes is pg_current_wal_lsn() - confirmed_flush_lsn: WAL
+	// written since the position the reader last confirmed, in bytes.
+	UnconfirmedBytes int64
+}
+
+// ReadWALStatus reads the state of the WAL source's slot and publication
+// for ob's table from db (any role that can read pg_replication_slots).
+// It returns ErrInvalidConfig for an Outbox of another dialect, and
+// database errors wrapped with context.
+func ReadWALStatus(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig) (WALStatus, error) {
+	var st WALStatus
+	slot, pub, err := walNames(ctx, ob, db, cfg)
+	if err != nil {
+		return st, err
+	}
+	st.Slot, st.Publication = slot, pub
+	if err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", pub).Scan(&st.PublicationExists); err != nil {
+		return st, fmt.Errorf("outbox: reading publication %s: %w", pub, err)
+	}
+	var reader sql.NullString
+	err = db.QueryRowContext(ctx, `SELECT s.active, a.application_name, COALESCE(s.wal_status, ''),
+		       COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0)::bigint,
+		       COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)::bigint
+		FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+		WHERE s.slot_name = $1`, slot).Scan(&st.Active, &reader, &st.WALStatus, &st.RetainedBytes, &st.UnconfirmedBytes)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return st, nil
+	case err != nil:
+		return st, fmt.Errorf("outbox: reading replication slot %s: %w", slot, err)
+	}
+	st.SlotExists, st.Reader = true, reader.String
+	return st, nil
+}
+
+// walNames returns cfg's slot and publication names, or their defaults
+// for ob's table in db's database.
+func walNames(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig) (slot, pub string, err error) {
+	if ob == nil || db == nil {
+		return "", "", fmt.Errorf("%w: a *driver.Outbox and a *sql.DB are required", ErrInvalidConfig)
+	}
+	if ob.Config().Dialect != driver.Postgres {
+		return "", "", fmt.Errorf("%w: the WAL source needs PostgreSQL", ErrInvalidConfig)
+	}
+	for what, name := range map[string]string{"Slot": cfg.Slot, "Publication": cfg.Publication} {
+		if name != "" && !pgIdent.MatchString(name) {
+			return "", "", fmt.Errorf("%w: %s %q: lower-case letters, digits and _, at most 63 bytes, not starting with a digit", ErrInvalidConfig, what, name)
+		}
+	}
+	slot, pub = cfg.Slot, cfg.Publication
+	if slot == "" {
+		var database string
+		if err := db.QueryRowContext(ctx, "SELECT current_database()").Scan(&database); err != nil {
+			return "", "", fmt.Errorf("outbox: reading the database name: %w", err)
+		}
+		slot = SlotName(database, ob.Config().Table)
+	}
+	if pub == "" {
+		pub = PublicationName(ob.Config().Table)
+	}
+	return slot, pub, nil
+}
+
+// DropWAL removes what the WAL source created for ob's table on db's
+// server: the replication slot (cfg.Slot, or the default for db's
+// database) and the publication (cfg.Publication, or the default). Run it
+// when a relay with SourceWAL is retired for good: a slot nobody reads
+// keeps the server's WAL until the disk is full (or max_slot_wal_keep_size
+// invalidates it). It fails, wrapping ErrWALUnavailable, while a reader
+// holds the slot (stop the relays first). Missing objects are not an
+// error. ErrInvalidConfig for an Outbox of another dialect.
+func DropWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig) error {
+	slot, pub, err := walNames(ctx, ob, db, cfg)
+	if err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot); err != nil {
+		if sqlerr.PostgresCode(err) == "55006" { // object_in_use
+			return fmt.Errorf("%w: slot %s is read by a running relay: stop it first (%v)", ErrWALUnavailable, slot, err)
+		}
+		return fmt.Errorf("outbox: dropping replication slot %s: %w", slot, err)
+	}
+	if _, err := db.ExecContext(ctx, "DROP PUBLICATION IF EXISTS "+pub); err != nil {
+		return fmt.Errorf("outbox: dropping publication %s: %w", pub, err)
+	}
+	return nil
+}
