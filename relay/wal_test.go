@@ -462,10 +462,20 @@ func TestWALSourceFencesAnExpiredReader(t *testing.T) {
 			conn := frozenReader(t, ctx, e.DSN, "outbox-relay "+ghost, wal.Slot, relay.PublicationName(e.Table))
 			defer conn.Close(context.Background())
 			logs := &syncLog{}
+			t.Cleanup(func() {
+				if t.Failed() {
+					for _, l := range logs.lines() {
+						t.Logf("relay log: %v", l)
+					}
+				}
+			})
 			b := walSetup(t, e, wal, func(c *relay.Config) {
 				c.LeaseTTL = relay.MinLeaseTTL
 				c.LeaseHeartbeat = relay.MinLeaseTTL / 4
-				c.PollInterval = 50 * time.Millisecond
+				// A fallback poll that does not race the stream for the
+				// events below (a CI run's decoding lagged past a 50 ms
+				// poll, which claimed the event first).
+				c.PollInterval = 30 * time.Second
 				c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			})
 			b.emit(t, event("F", 1), event("F", 2))
@@ -493,9 +503,22 @@ func TestWALSourceFencesAnExpiredReader(t *testing.T) {
 				return slotReader(t, e.RelayDB, wal.Slot) == "outbox-relay "+b.r.InstanceID()
 			})
 			waitStreaming(t, b, wal.Slot)
+			// An event can still be claimed from the table first (a lease
+			// renewed late under load makes the next cycle claim): each
+			// try emits one more event, until one comes from the stream.
 			before, _ := b.r.WALCounts()
-			b.emit(t, event("F", 3))
-			eventually(t, b.ctx, "F-3 from the stream", func() bool { after, _ := b.r.WALCounts(); return after > before })
+			next := 3
+			eventually(t, b.ctx, "an event from the stream", func() bool {
+				if after, _ := b.r.WALCounts(); after > before {
+					return true
+				}
+				if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "F")) >= next-1 }); err != nil {
+					t.Fatal(err)
+				}
+				b.emit(t, event("F", next))
+				next++
+				return false
+			})
 		})
 	}
 }
@@ -543,7 +566,9 @@ func TestWALSourceSurvivesStreamCuts(t *testing.T) {
 	t.Cleanup(func() { proxy.Close() })
 	u.Host = proxy.Addr()
 	wal.DSN = u.String()
-	b := walSetup(t, e, wal, func(c *relay.Config) { c.PollInterval = 200 * time.Millisecond })
+	// walSetup's fallback poll (30 s): with a 200 ms poll, decoding that
+	// lagged behind other tests' WAL let the poll claim every event.
+	b := walSetup(t, e, wal, nil)
 	waitStreaming(t, b, wal.Slot)
 	const total = 300
 	written := make(chan int, total)
