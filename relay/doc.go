@@ -171,7 +171,9 @@
 //     the relay backs off as a whole. A configuration mistake never
 //     dead-letters the backlog. An event whose route will never exist (a
 //     mistyped Topic) stays pending until an operator dead-letters it
-//     (DeadLetters.ListPending, then DeadLetterPending on the ids shown).
+//     (DeadLetters.ListPending, then DeadLetterPending on the ids shown),
+//     or, with Config.DeadLetterUnroutableAfter, until its route has been
+//     refused that long while the broker acknowledged other routes.
 //   - The whole batch failed (broker unreachable, timeout): nothing is
 //     recorded; the relay backs off as a whole (exponential, 100 ms to
 //     30 s) and re-sends later. No attempt is burned by an outage.

@@ -134,6 +134,23 @@ type Config struct {
 	// a publish fails with ErrUnavailable (authorization, unknown topic,
 	// TLS/SASL): the relay then counts no attempt and backs off as a whole.
 	OnUnavailable func(error)
+	// DeadLetterUnroutableAfter, if positive, dead-letters (as a permanent
+	// error: at once, no further attempts; held per DeadLetterPolicy) a
+	// message whose route has failed with ErrUnavailable for at least this
+	// long, once the broker acknowledged a message of another route after
+	// the route's first failure: a mistyped Topic, a subject no stream
+	// binds, an exchange nobody declared. The route is the message's
+	// Topic, or its aggregate type and event type when Topic is "". The
+	// clock runs in this relay's memory from the first failure it saw and
+	// starts again when the relay restarts or the route acknowledges a
+	// message. The broker must have acknowledged a message of another
+	// route after the route's first failure and within the last
+	// DeadLetterUnroutableAfter: a refusal of every route (authorization
+	// revoked, the broker misconfigured as a whole, an outage) that lasts
+	// that long dead-letters nothing. Default 0: off, and such an event stays pending until
+	// an operator dead-letters or skips it (DeadLetters.DeadLetterPending,
+	// outbox pending dead). Negative is ErrInvalidConfig.
+	DeadLetterUnroutableAfter time.Duration
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
 	// PartitionCheckInterval is how often the running relay looks for
@@ -321,6 +338,8 @@ type Relay struct {
 	// published from the stream and claimed from the table (tests, and
 	// the progress line).
 	walPublished, walClaimed atomic.Int64
+	// unroutable carries Config.DeadLetterUnroutableAfter (unroutable.go).
+	unroutable *unroutable
 	// pipe is rec if it is a Pipeliner: then the exactly-once mode marks
 	// one batch sent while it publishes the next.
 	pipe Pipeliner
@@ -373,7 +392,7 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 	cfg = cfg.withDefaults()
 	if cfg.PollInterval < 0 || cfg.MinPollInterval < 0 || cfg.MinPollInterval > cfg.PollInterval || cfg.BatchSize < 1 || cfg.MaxBatchSize < cfg.BatchSize || cfg.MaxBatchBytes < 1 || cfg.MaxAttempts < 1 || cfg.RetryInitial < 0 ||
 		cfg.RetryMax < cfg.RetryInitial || cfg.RetryJitter < 0 || cfg.RetryJitter >= 1 ||
-		cfg.PublishTimeout < 0 || cfg.QueryTimeout < 0 || cfg.DeadLetterPolicy < HoldAggregate || cfg.DeadLetterPolicy > SkipDead {
+		cfg.PublishTimeout < 0 || cfg.QueryTimeout < 0 || cfg.DeadLetterPolicy < HoldAggregate || cfg.DeadLetterPolicy > SkipDead || cfg.DeadLetterUnroutableAfter < 0 {
 		return nil, fmt.Errorf("%w: out-of-range setting in %+v", ErrInvalidConfig, cfg)
 	}
 	if cfg.PartitionCheckInterval < 0 {
@@ -401,6 +420,7 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 	return &Relay{
 		ob: ob, db: db, cfg: cfg, d: d, batch: cfg.BatchSize, table: table, rec: rec, pipe: pipe,
 		log:        log,
+		unroutable: newUnroutable(cfg.DeadLetterUnroutableAfter, cfg.Clock.Now),
 		cycleLog:   newRepeatLog(log, slog.LevelWarn, "relay cycle failed; backing off"),
 		unavailLog: newRepeatLog(log, slog.LevelError, "the broker refuses the route (misconfigured, not authorized, or full); backing off without counting attempts"),
 		notify:     make(chan struct{}, 1),
@@ -763,6 +783,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		for i := range msgs {
 			r.cfg.Observer.Published(msgs[i], took)
 		}
+		r.unroutable.acked(msgs)
 		r.health.published.Add(int64(len(msgs)))
 		r.health.busy.Add(int64(took))
 		if r.rec != nil && r.pipe == nil {
@@ -792,12 +813,18 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		if errors.Is(perr, ErrOutcomeUnknown) {
 			r.unreconcile(msgs)
 		}
+		dead, err := r.deadLetterUnroutable(ctx, msgs, perr)
+		if err != nil {
+			return len(msgs), err
+		}
 		class := ClassBatch
 		if errors.Is(perr, ErrUnavailable) {
 			class = ClassUnavailable
 		}
 		for i := range msgs {
-			r.cfg.Observer.Failed(msgs[i], class, perr)
+			if !dead[i] { // a dead letter's failure was reported as permanent
+				r.cfg.Observer.Failed(msgs[i], class, perr)
+			}
 		}
 		return len(msgs), fmt.Errorf("publishing %d messages: %w", len(msgs), perr)
 	}
@@ -810,6 +837,13 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	// lost): it is not the message's fault, so it counts no attempt and
 	// stays pending, and the loop backs off as after a failed batch.
 	sent := make([]Message, 0, len(msgs))
+	acked := make([]Message, 0, len(msgs))
+	for i := range msgs {
+		if pe[i] == nil {
+			acked = append(acked, msgs[i])
+		}
+	}
+	r.unroutable.acked(acked) // before the failures: an acknowledgement in this batch counts for them
 	var failed []int
 	var unavailable, batchErr error
 	held := map[aggregateKey]bool{}
@@ -840,6 +874,11 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 				continue
 			}
 			if errors.Is(pe[i], ErrUnavailable) {
+				if dead := r.unroutable.failed(msgs[i], pe[i]); dead != nil {
+					pe[i] = dead // DeadLetterUnroutableAfter: dead-lettered below
+					failed = append(failed, i)
+					continue
+				}
 				unavailable = pe[i] // not the message's fault: no attempt
 				r.cfg.Observer.Failed(msgs[i], ClassUnavailable, pe[i])
 				continue
@@ -868,6 +907,34 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		return len(msgs), fmt.Errorf("publishing: %d of %d messages acknowledged, the rest not sent or unresolved: %w", len(sent), len(msgs), batchErr)
 	}
 	return len(msgs), nil
+}
+
+// deadLetterUnroutable applies Config.DeadLetterUnroutableAfter to a
+// batch that failed as a whole with perr: if perr wraps ErrUnavailable
+// (every message failed on its route, or was held back behind its
+// aggregate's failed one), each aggregate's first message whose route has
+// been unavailable for long enough is dead-lettered; the rest stay
+// pending, without an attempt. It returns the indexes dead-lettered.
+func (r *Relay) deadLetterUnroutable(ctx context.Context, msgs []Message, perr error) (map[int]bool, error) {
+	if r.unroutable.after <= 0 || !errors.Is(perr, ErrUnavailable) {
+		return nil, nil
+	}
+	done := map[int]bool{}
+	first := map[aggregateKey]bool{}
+	for i := range msgs {
+		k := aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}
+		if first[k] {
+			continue
+		}
+		first[k] = true
+		if dead := r.unroutable.failed(msgs[i], perr); dead != nil {
+			if err := r.markFailed(ctx, msgs[i], dead); err != nil {
+				return done, err
+			}
+			done[i] = true
+		}
+	}
+	return done, nil
 }
 
 // orderViolation reports m, acknowledged by the publisher although an

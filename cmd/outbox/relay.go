@@ -53,6 +53,7 @@ type relayFlags struct {
 	retryInitial     time.Duration
 	retryMax         time.Duration
 	deadLetterPolicy string
+	unroutableAfter  time.Duration
 
 	source         string
 	walSlot        string
@@ -94,12 +95,15 @@ has been tried --max-attempts times; then, or at once on a permanent error
 (a message the broker can never take, such as one too large), it is
 dead-lettered (status failed; see 'outbox dead'). Errors of the route or
 the broker as a whole (unreachable, authorization, unknown topic) count no
-attempt: the relay backs off and tries again. --dead-letter-policy says
-what a dead letter does to its aggregate's later events: hold (the
-default) keeps them pending until the dead letter is retried or skipped
-('outbox dead retry', 'outbox dead skip'): strict order; skip lets them
-go on, so consumers see a gap, and a dead letter retried later arrives
-after them.
+attempt: the relay backs off and tries again. An event whose route is never
+created (a mistyped topic) stays pending until an operator dead-letters it
+('outbox pending dead'), or, with --dead-letter-unroutable-after D,
+is dead-lettered once its route has been refused for D while the broker
+took other routes. --dead-letter-policy says what a dead letter does to its
+aggregate's later events: hold (the default) keeps them pending until the
+dead letter is retried or skipped ('outbox dead retry', 'outbox dead
+skip'): strict order; skip lets them go on, so consumers see a gap, and a
+dead letter retried later arrives after them.
 
 It also deletes sent rows older than --retention (moving them to
 <table>_archive with --archive), in small batches.
@@ -240,6 +244,8 @@ password redacted).`,
 	envFlag(fs, "retry-max", "OUTBOX_RETRY_MAX")
 	fs.StringVar(&f.deadLetterPolicy, "dead-letter-policy", "hold", "what a dead letter does to its aggregate's later events: hold (keep them pending until it is retried or skipped: strict order) or skip (let them go on: consumers see a gap)")
 	envFlag(fs, "dead-letter-policy", "OUTBOX_DEAD_LETTER_POLICY")
+	fs.DurationVar(&f.unroutableAfter, "dead-letter-unroutable-after", 0, "dead-letter an event whose route (topic, subject, exchange) the broker has refused for this long while it took other routes; 0 keeps such events pending for an operator")
+	envFlag(fs, "dead-letter-unroutable-after", "OUTBOX_DEAD_LETTER_UNROUTABLE_AFTER")
 	fs.StringVar(&f.source, "source", "table", "where the relay learns of committed events: table (claim from the table) or wal (PostgreSQL: read the table's inserts from a logical replication slot, claiming from the table whenever the stream cannot vouch for a row; needs wal_level = logical and a role with REPLICATION; see docs/wal.md)")
 	envFlag(fs, "source", "OUTBOX_SOURCE")
 	fs.StringVar(&f.walSlot, "wal-slot", "", "with --source wal: the replication slot's name (default outbox_<database>_<table>); drop it with 'outbox wal drop' when the relay is retired")
@@ -284,6 +290,8 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 		return usageErrorf("--progress must be positive, or 0 to disable it")
 	case f.maxAttempts < 1:
 		return usageErrorf("--max-attempts must be at least 1, got %d", f.maxAttempts)
+	case f.unroutableAfter < 0:
+		return usageErrorf("--dead-letter-unroutable-after must be positive, or 0 to keep unroutable events pending")
 	case f.retryInitial <= 0 || f.retryMax <= 0:
 		return usageErrorf("--retry-initial and --retry-max must be positive")
 	case f.retryMax < f.retryInitial:
@@ -339,21 +347,22 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 		progress = -1 // relay.Config: negative disables
 	}
 	cfg := relay.Config{
-		Publisher:              nopPublisher{},
-		UnhealthyAfter:         f.unhealthyAfter,
-		StallTimeout:           f.stallTimeout,
-		ProgressInterval:       progress,
-		PollInterval:           f.poll,
-		BatchSize:              f.batchSize,
-		MaxBatchSize:           f.maxBatchSize,
-		PartitionCheckInterval: f.checkEvery,
-		LeaseTTL:               f.leaseTTL,
-		InstanceID:             f.instanceID,
-		MaxAttempts:            f.maxAttempts,
-		RetryInitial:           f.retryInitial,
-		RetryMax:               f.retryMax,
-		DeadLetterPolicy:       policy,
-		Logger:                 baseLog, // logs dead letters, unavailable routes and the error ending Run at ERROR itself
+		Publisher:                 nopPublisher{},
+		UnhealthyAfter:            f.unhealthyAfter,
+		StallTimeout:              f.stallTimeout,
+		ProgressInterval:          progress,
+		PollInterval:              f.poll,
+		BatchSize:                 f.batchSize,
+		MaxBatchSize:              f.maxBatchSize,
+		PartitionCheckInterval:    f.checkEvery,
+		LeaseTTL:                  f.leaseTTL,
+		InstanceID:                f.instanceID,
+		MaxAttempts:               f.maxAttempts,
+		RetryInitial:              f.retryInitial,
+		RetryMax:                  f.retryMax,
+		DeadLetterPolicy:          policy,
+		DeadLetterUnroutableAfter: f.unroutableAfter,
+		Logger:                    baseLog, // logs dead letters, unavailable routes and the error ending Run at ERROR itself
 	}
 	if source == relay.SourceWAL {
 		cfg.Source = source
@@ -491,7 +500,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 	attrs = append(attrs, "partitions", parts, "retention", f.retention.String(), "archive", f.archive,
 		"unhealthy_after", f.unhealthyAfter.String(), "stall_timeout", f.stallTimeout.String(),
 		"max_attempts", f.maxAttempts, "retry_initial", f.retryInitial.String(), "retry_max", f.retryMax.String(),
-		"dead_letter_policy", strings.ToLower(f.deadLetterPolicy))
+		"dead_letter_policy", strings.ToLower(f.deadLetterPolicy), "dead_letter_unroutable_after", f.unroutableAfter.String())
 	log.Info("starting relay", attrs...)
 
 	// Background work ends with bg; the relay itself is stopped with Stop.

@@ -49,6 +49,8 @@ func TestRelayRetryFlagErrors(t *testing.T) {
 		{"EnvRetryMaxBelowInitial", nil, map[string]string{"OUTBOX_RETRY_INITIAL": "1m", "OUTBOX_RETRY_MAX": "30s"}, "--retry-max (30s) must be at least --retry-initial (1m0s)"},
 		{"EnvUnknownPolicy", nil, map[string]string{"OUTBOX_DEAD_LETTER_POLICY": "drop"}, `invalid --dead-letter-policy "drop"`},
 		{"FlagBeatsValidEnv", []string{"--max-attempts", "0"}, map[string]string{"OUTBOX_MAX_ATTEMPTS": "3"}, "--max-attempts must be at least 1, got 0"},
+		{"UnroutableAfterNegative", []string{"--dead-letter-unroutable-after", "-1m"}, nil, "--dead-letter-unroutable-after must be positive, or 0"},
+		{"EnvUnroutableAfterNotADuration", nil, map[string]string{"OUTBOX_DEAD_LETTER_UNROUTABLE_AFTER": "10"}, `invalid OUTBOX_DEAD_LETTER_UNROUTABLE_AFTER="10"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -92,8 +94,9 @@ func TestRelayRetryFlagValues(t *testing.T) {
 		initial    string
 		max        string
 		deadLetter string
+		unroutable string
 	}
-	defaults := want{relay.DefaultMaxAttempts, relay.DefaultRetryInitial.String(), relay.DefaultRetryMax.String(), "hold"}
+	defaults := want{relay.DefaultMaxAttempts, relay.DefaultRetryInitial.String(), relay.DefaultRetryMax.String(), "hold", "0s"}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -101,14 +104,14 @@ func TestRelayRetryFlagValues(t *testing.T) {
 		want want
 	}{
 		{"Defaults", nil, nil, defaults},
-		{"Flags", []string{"--max-attempts", "3", "--retry-initial", "250ms", "--retry-max", "1m", "--dead-letter-policy", "skip"}, nil,
-			want{3, "250ms", "1m0s", "skip"}},
-		{"Variables", nil, map[string]string{"OUTBOX_MAX_ATTEMPTS": "9", "OUTBOX_RETRY_INITIAL": "1s", "OUTBOX_RETRY_MAX": "30s", "OUTBOX_DEAD_LETTER_POLICY": "skip"},
-			want{9, "1s", "30s", "skip"}},
+		{"Flags", []string{"--max-attempts", "3", "--retry-initial", "250ms", "--retry-max", "1m", "--dead-letter-policy", "skip", "--dead-letter-unroutable-after", "15m"}, nil,
+			want{3, "250ms", "1m0s", "skip", "15m0s"}},
+		{"Variables", nil, map[string]string{"OUTBOX_MAX_ATTEMPTS": "9", "OUTBOX_RETRY_INITIAL": "1s", "OUTBOX_RETRY_MAX": "30s", "OUTBOX_DEAD_LETTER_POLICY": "skip", "OUTBOX_DEAD_LETTER_UNROUTABLE_AFTER": "1h"},
+			want{9, "1s", "30s", "skip", "1h0m0s"}},
 		{"FlagsBeatVariables", []string{"--max-attempts", "2", "--retry-max", "2s", "--dead-letter-policy", "hold"},
 			map[string]string{"OUTBOX_MAX_ATTEMPTS": "9", "OUTBOX_RETRY_INITIAL": "1s", "OUTBOX_RETRY_MAX": "30s", "OUTBOX_DEAD_LETTER_POLICY": "skip"},
-			want{2, "1s", "2s", "hold"}},
-		{"PolicyAnyCase", []string{"--dead-letter-policy", "SKIP"}, nil, want{relay.DefaultMaxAttempts, defaults.initial, defaults.max, "skip"}},
+			want{2, "1s", "2s", "hold", "0s"}},
+		{"PolicyAnyCase", []string{"--dead-letter-policy", "SKIP"}, nil, want{relay.DefaultMaxAttempts, defaults.initial, defaults.max, "skip", "0s"}},
 		{"EmptyVariablesAreUnset", nil, map[string]string{"OUTBOX_MAX_ATTEMPTS": "", "OUTBOX_DEAD_LETTER_POLICY": ""}, defaults},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -124,6 +127,7 @@ func TestRelayRetryFlagValues(t *testing.T) {
 			got.initial, _ = line["retry_initial"].(string)
 			got.max, _ = line["retry_max"].(string)
 			got.deadLetter, _ = line["dead_letter_policy"].(string)
+			got.unroutable, _ = line["dead_letter_unroutable_after"].(string)
 			if got != tc.want {
 				t.Errorf("logged %+v, want %+v; line %v", got, tc.want, line)
 			}
