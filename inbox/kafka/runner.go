@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -528,16 +529,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if fetches.IsClientClosed() {
 			break
 		}
-		failed := false
-		fetches.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
-				failed = true
-				if !r.health.Problem(fmt.Sprintf("fetch %s %d: %v", t, p, err), fmt.Errorf("inboxkafka: fetching %s partition %d: %w", t, p, err),
-					"fetch error", "topic", t, "partition", p) {
-					r.log.Debug("fetch error again", "topic", t, "partition", p, "err", err)
-				}
-			}
-		})
+		failed := r.fetchErrors(fetches)
 		if !failed && fetches.NumRecords() > 0 && !r.missing.Load() {
 			r.health.OK("fetching again")
 		}
@@ -928,4 +920,39 @@ func (o observer) Processed(d *consume.Delivery, res consume.Result) {
 func (o observer) AttemptFailed(d *consume.Delivery, attempt int, err error) {
 	rec := d.Ref.(*kgo.Record)
 	o.o.AttemptFailed(rec.Topic, rec.Partition, attempt, err)
+}
+
+// fetchErrors reports a poll's fetch errors (context cancellation aside)
+// to the runner's health, one problem per distinct error naming every
+// partition it hit: a cause shared by all partitions (the broker refuses
+// the topic, or is gone) is one WARN line, not one per partition and
+// poll. It returns whether any fetch failed.
+func (r *Runner) fetchErrors(fetches kgo.Fetches) bool {
+	type hit struct {
+		err   error
+		parts []string
+	}
+	var hits []*hit
+	byText := map[string]*hit{}
+	fetches.EachError(func(t string, p int32, err error) {
+		if errors.Is(err, context.Canceled) {
+			return
+		}
+		h := byText[err.Error()]
+		if h == nil {
+			h = &hit{err: err}
+			byText[err.Error()] = h
+			hits = append(hits, h)
+		}
+		h.parts = append(h.parts, fmt.Sprintf("%s/%d", t, p))
+	})
+	for _, h := range hits {
+		slices.Sort(h.parts)
+		where := strings.Join(h.parts, ", ")
+		if !r.health.Problem("fetch: "+h.err.Error(), fmt.Errorf("inboxkafka: fetching %s: %w", where, h.err),
+			"fetch error", "partitions", where) {
+			r.log.Debug("fetch error again", "partitions", where, "err", h.err)
+		}
+	}
+	return len(hits) > 0
 }
