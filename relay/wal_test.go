@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -37,16 +36,7 @@ var walTarget = testdb.Target{Name: "pgx", Dialect: driver.Postgres}
 func walEnv(t *testing.T) (*testdb.Env, relay.WALConfig) {
 	t.Helper()
 	e := testdb.New(t, walTarget, driver.Config{})
-	var level string
-	if err := e.RelayDB.QueryRow("SHOW wal_level").Scan(&level); err != nil {
-		t.Fatal(err)
-	}
-	if level != "logical" {
-		if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
-			t.Fatalf("the PostgreSQL server runs with wal_level = %s; the WAL source needs logical (.ci/run sets it)", level)
-		}
-		t.Skipf("SKIP: the PostgreSQL server runs with wal_level = %s; the WAL source needs logical", level)
-	}
+	testdb.RequireLogicalWAL(t, e.RelayDB)
 	cfg := relay.WALConfig{DSN: e.DSN, Slot: strings.ToLower(testdb.RandomName("outbox_test_"))}
 	dropWAL(t, e, cfg)
 	return e, cfg

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -23,16 +22,7 @@ import (
 func TestRelayCommandWALSource(t *testing.T) {
 	t.Parallel()
 	tg := serverTarget(t, driver.Postgres)
-	var level string
-	if err := tg.plainDB(t).QueryRow("SHOW wal_level").Scan(&level); err != nil {
-		t.Fatal(err)
-	}
-	if level != "logical" {
-		if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
-			t.Fatalf("wal_level = %s; the WAL source needs logical (.ci/run sets it)", level)
-		}
-		t.Skipf("SKIP: wal_level = %s; the WAL source needs logical", level)
-	}
+	testdb.RequireLogicalWAL(t, tg.plainDB(t))
 	broker, err := kafkatest.Start(kafkatest.Topics(4, "outbox.event.order"))
 	if err != nil {
 		t.Fatal(err)

@@ -1,14 +1,10 @@
 package inboxkafka_test
 
 import (
-	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,41 +19,6 @@ import (
 	inboxkafka "github.com/sqloutbox/outbox/inbox/kafka"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
-
-// logRecorder is a slog.Handler keeping every record's level and message.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.recs = append(h.recs, r)
-	return nil
-}
-func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *logRecorder) WithGroup(string) slog.Handler      { return h }
-
-func (h *logRecorder) count(level slog.Level, msg string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, r := range h.recs {
-		if r.Level == level && strings.Contains(r.Message, msg) {
-			n++
-		}
-	}
-	return n
-}
-
-func probe(r *inboxkafka.Runner) (int, string) {
-	rec := httptest.NewRecorder()
-	r.HealthHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-	b, _ := io.ReadAll(rec.Body)
-	return rec.Code, string(b)
-}
 
 // TestMissingTopicFailsFast: with FailFast, Run on a topic that does not
 // exist returns ErrTopicNotFound naming it; Ready says the same.
@@ -74,7 +35,7 @@ func TestMissingTopicFailsFast(t *testing.T) {
 	if !errors.Is(err, inboxkafka.ErrTopicNotFound) || !errors.Is(err, inbox.ErrSourceMissing) || !strings.Contains(err.Error(), missing) {
 		t.Fatalf("Run = %v, want ErrTopicNotFound naming %s", err, missing)
 	}
-	if code, body := probe(r); code != http.StatusServiceUnavailable || !strings.Contains(body, missing) {
+	if code, body := ledgertest.Probe(r.HealthHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, missing) {
 		t.Fatalf("health handler: %d %q", code, body)
 	}
 }
@@ -87,12 +48,12 @@ func TestMissingTopicWarnsOnceThenConsumes(t *testing.T) {
 	b, _ := startBroker(t, 1)
 	c := ledgertest.NewDB(t, pgx)
 	missing := randomName("nowhere.")
-	logs := &logRecorder{}
+	logs := &ledgertest.LogRecorder{}
 	r := newRunner(t, b.Addrs(), randomName("g-"), missing, c, func(cfg *inboxkafka.Config) { cfg.Logger = slog.New(logs) })
 	runRunner(t, r)
 	ctx := testCtx(t, 120*time.Second)
 	testdb.Eventually(t, ctx, "the missing topic reported", func() bool { return errors.Is(r.Ready(), inboxkafka.ErrTopicNotFound) })
-	if code, body := probe(r); code != http.StatusServiceUnavailable || !strings.Contains(body, missing) {
+	if code, body := ledgertest.Probe(r.HealthHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, missing) {
 		t.Fatalf("health handler: %d %q", code, body)
 	}
 
@@ -108,10 +69,10 @@ func TestMissingTopicWarnsOnceThenConsumes(t *testing.T) {
 	testdb.Eventually(t, ctx, "every record applied and the runner ready", func() bool {
 		return r.Stats().Applied == 10 && r.Ready() == nil
 	})
-	if code, body := probe(r); code != http.StatusOK || body != "ready\n" {
+	if code, body := ledgertest.Probe(r.HealthHandler()); code != http.StatusOK || body != "ready\n" {
 		t.Fatalf("health handler: %d %q", code, body)
 	}
-	if n := logs.count(slog.LevelWarn, "does not exist"); n != 1 {
+	if n := logs.Count(slog.LevelWarn, "does not exist"); n != 1 {
 		t.Fatalf("%d WARN lines about the missing topic, want 1", n)
 	}
 	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {
@@ -129,7 +90,7 @@ func TestFetchErrorOnEveryPartitionWarnsOnce(t *testing.T) {
 	const parts = 8
 	b, topic := startBroker(t, parts)
 	c := ledgertest.NewDB(t, pgx)
-	logs := &logRecorder{}
+	logs := &ledgertest.LogRecorder{}
 	r := newRunner(t, b.Addrs(), randomName("g-"), topic, c, func(cfg *inboxkafka.Config) { cfg.Logger = slog.New(logs) })
 	runRunner(t, r)
 	ctx := testCtx(t, 120*time.Second)
@@ -163,7 +124,7 @@ func TestFetchErrorOnEveryPartitionWarnsOnce(t *testing.T) {
 	if err := r.Ready(); !errors.Is(err, inboxkafka.ErrNotReady) || !strings.Contains(err.Error(), "TOPIC_AUTHORIZATION_FAILED") {
 		t.Errorf("Ready = %v, want ErrNotReady naming the broker's error", err)
 	}
-	if n := logs.count(slog.LevelWarn, "fetch error"); n != 1 {
+	if n := logs.Count(slog.LevelWarn, "fetch error"); n != 1 {
 		t.Errorf("%d WARN lines for %d partitions refused %d times, want 1", n, parts, refused.Load()/parts)
 	}
 	refusing.Store(0)

@@ -1,14 +1,10 @@
 package inboxnats_test
 
 import (
-	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,44 +15,6 @@ import (
 	inboxnats "github.com/sqloutbox/outbox/inbox/nats"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
-
-// logRecorder is a slog.Handler keeping every record's level and message.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.recs = append(h.recs, r)
-	return nil
-}
-func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *logRecorder) WithGroup(string) slog.Handler      { return h }
-
-// count returns how many records of level have a message containing msg.
-func (h *logRecorder) count(level slog.Level, msg string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, r := range h.recs {
-		if r.Level == level && strings.Contains(r.Message, msg) {
-			n++
-		}
-	}
-	return n
-}
-
-// probe returns the status and body HealthHandler answers.
-func probe(t *testing.T, r *inboxnats.Runner) (int, string) {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	r.HealthHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-	b, _ := io.ReadAll(rec.Body)
-	return rec.Code, string(b)
-}
 
 // TestMissingStreamFailsFast: with FailFast, Run on a stream that does
 // not exist returns ErrStreamNotFound at once, naming the stream and the
@@ -80,7 +38,7 @@ func TestMissingStreamFailsFast(t *testing.T) {
 	if err := r.Ready(); !errors.Is(err, inboxnats.ErrNotReady) || !errors.Is(err, inboxnats.ErrStreamNotFound) {
 		t.Fatalf("Ready after Run = %v, want ErrNotReady and ErrStreamNotFound", err)
 	}
-	if code, body := probe(t, r); code != http.StatusServiceUnavailable || !strings.Contains(body, "outbox nats stream create") {
+	if code, body := ledgertest.Probe(r.HealthHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, "outbox nats stream create") {
 		t.Fatalf("health handler: %d %q", code, body)
 	}
 	if _, err := s.js.KeyValue(testCtx(t, 10*time.Second), s.Bucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -105,20 +63,20 @@ func TestMissingStreamWarnsOnceThenConsumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := ledgertest.NewDB(t, pgx)
-	logs := &logRecorder{}
+	logs := &ledgertest.LogRecorder{}
 	r := newRunner(t, s, c, func(cfg *inboxnats.Config) { cfg.Logger = slog.New(logs) })
 	runRunner(t, r)
 	testdb.Eventually(t, ctx, "three looks for the missing stream", func() bool {
-		return logs.count(slog.LevelDebug, "still does not exist") >= 3
+		return logs.Count(slog.LevelDebug, "still does not exist") >= 3
 	})
 	if err := r.Ready(); !errors.Is(err, inboxnats.ErrNotReady) || !errors.Is(err, inboxnats.ErrStreamNotFound) ||
 		!strings.Contains(err.Error(), "outbox nats stream create --stream "+s.Stream) {
 		t.Fatalf("Ready = %v, want ErrStreamNotFound naming the command", err)
 	}
-	if code, _ := probe(t, r); code != http.StatusServiceUnavailable {
+	if code, _ := ledgertest.Probe(r.HealthHandler()); code != http.StatusServiceUnavailable {
 		t.Fatalf("health handler: %d, want 503", code)
 	}
-	if n := logs.count(slog.LevelWarn, ""); n != 1 {
+	if n := logs.Count(slog.LevelWarn, ""); n != 1 {
 		t.Fatalf("%d WARN lines while the stream is missing, want 1", n)
 	}
 	if st := r.Stats(); st.Restarts != 0 {
@@ -135,7 +93,7 @@ func TestMissingStreamWarnsOnceThenConsumes(t *testing.T) {
 	if err := r.Ready(); err != nil {
 		t.Fatalf("Ready while consuming = %v", err)
 	}
-	if code, body := probe(t, r); code != http.StatusOK || body != "ready\n" {
+	if code, body := ledgertest.Probe(r.HealthHandler()); code != http.StatusOK || body != "ready\n" {
 		t.Fatalf("health handler: %d %q, want 200 ready", code, body)
 	}
 	if probs := ledgertest.Check(ledgertest.Read(t, c.DB, c.Ledger), want); len(probs) > 0 {

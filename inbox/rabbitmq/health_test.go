@@ -1,15 +1,11 @@
 package inboxrabbitmq_test
 
 import (
-	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,41 +15,6 @@ import (
 	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
-
-// logRecorder is a slog.Handler keeping every record's level and message.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.recs = append(h.recs, r)
-	return nil
-}
-func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *logRecorder) WithGroup(string) slog.Handler      { return h }
-
-func (h *logRecorder) count(level slog.Level, msg string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, r := range h.recs {
-		if r.Level == level && strings.Contains(r.Message, msg) {
-			n++
-		}
-	}
-	return n
-}
-
-func probe(r *inboxrabbitmq.Runner) (int, string) {
-	rec := httptest.NewRecorder()
-	r.HealthHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-	b, _ := io.ReadAll(rec.Body)
-	return rec.Code, string(b)
-}
 
 // TestMissingQueue: with FailFast, Run on a queue that does not exist
 // returns ErrQueue and ErrNotFound naming it, and declares nothing;
@@ -79,7 +40,7 @@ func TestMissingQueue(t *testing.T) {
 		if _, err := s.ch.QueueDeclarePassive(s.queue, true, false, false, false, nil); err == nil {
 			t.Fatalf("the queue was declared by a refused Run")
 		}
-		if code, body := probe(r); code != http.StatusServiceUnavailable || !strings.Contains(body, s.queue) {
+		if code, body := ledgertest.Probe(r.HealthHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, s.queue) {
 			t.Fatalf("health handler: %d %q", code, body)
 		}
 	})
@@ -97,14 +58,14 @@ func TestMissingQueue(t *testing.T) {
 	})
 	t.Run("DeclaredUnbound", func(t *testing.T) {
 		s := newSpace(t)
-		logs := &logRecorder{}
+		logs := &ledgertest.LogRecorder{}
 		r := newRunner(t, s, c, func(cfg *inboxrabbitmq.Config) { cfg.Bindings = nil; cfg.Logger = slog.New(logs) })
 		stop := run(t, r)
 		testdb.Eventually(t, ctx, "consuming", func() bool { return r.Ready() == nil })
-		if code, body := probe(r); code != http.StatusOK || body != "ready\n" {
+		if code, body := ledgertest.Probe(r.HealthHandler()); code != http.StatusOK || body != "ready\n" {
 			t.Fatalf("health handler: %d %q", code, body)
 		}
-		if n := logs.count(slog.LevelWarn, "did not exist"); n != 1 {
+		if n := logs.Count(slog.LevelWarn, "did not exist"); n != 1 {
 			t.Fatalf("%d WARN lines about the declared queue, want 1", n)
 		}
 		stop()
@@ -132,7 +93,7 @@ func TestResumesSoonAfterAConnectionCut(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	u.Host = p.Addr()
-	logs := &logRecorder{}
+	logs := &ledgertest.LogRecorder{}
 	r := newRunner(t, s, c, func(cfg *inboxrabbitmq.Config) { cfg.URL = u.String(); cfg.Logger = slog.New(logs) })
 	run(t, r)
 	ctx := testCtx(t, 60*time.Second)
@@ -144,7 +105,7 @@ func TestResumesSoonAfterAConnectionCut(t *testing.T) {
 	back := time.Now()
 	testdb.Eventually(t, ctx, "consuming again", func() bool { return r.Ready() == nil })
 	t.Logf("consuming again %s after the broker came back (4 s cut; ReconnectMax %s)", time.Since(back).Round(time.Millisecond), inboxrabbitmq.DefaultReconnectMax)
-	if n := logs.count(slog.LevelWarn, "connection lost"); n > 2 {
+	if n := logs.Count(slog.LevelWarn, "connection lost"); n > 2 {
 		t.Errorf("%d WARN lines for one cut, want at most 2 (the cut, the refused reconnection)", n)
 	}
 }

@@ -1,14 +1,10 @@
 package inboxredis_test
 
 import (
-	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,41 +13,6 @@ import (
 	inboxredis "github.com/sqloutbox/outbox/inbox/redis"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 )
-
-// logRecorder is a slog.Handler keeping every record's level and message.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.recs = append(h.recs, r)
-	return nil
-}
-func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *logRecorder) WithGroup(string) slog.Handler      { return h }
-
-func (h *logRecorder) count(level slog.Level, msg string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, r := range h.recs {
-		if r.Level == level && strings.Contains(r.Message, msg) {
-			n++
-		}
-	}
-	return n
-}
-
-func probe(r *inboxredis.Runner) (int, string) {
-	rec := httptest.NewRecorder()
-	r.HealthHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-	b, _ := io.ReadAll(rec.Body)
-	return rec.Code, string(b)
-}
 
 // TestMissingStreamKeyFailsFast: with FailFast, Run on a stream key that
 // does not exist returns ErrStreamNotFound naming it, and creates nothing.
@@ -70,7 +31,7 @@ func TestMissingStreamKeyFailsFast(t *testing.T) {
 	if n, err := f.c.Exists(ctx, f.streams[0]).Result(); err != nil || n != 0 {
 		t.Fatalf("EXISTS %s = %d, %v after a refused Run, want 0", f.streams[0], n, err)
 	}
-	if code, body := probe(r); code != http.StatusServiceUnavailable || !strings.Contains(body, f.streams[0]) {
+	if code, body := ledgertest.Probe(r.HealthHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, f.streams[0]) {
 		t.Fatalf("health handler: %d %q", code, body)
 	}
 }
@@ -81,20 +42,20 @@ func TestMissingStreamKeyFailsFast(t *testing.T) {
 func TestMissingStreamKeyWarnsOnceAndIsReady(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
-	logs := &logRecorder{}
+	logs := &ledgertest.LogRecorder{}
 	r := f.runner(t, func(c *inboxredis.Config) { c.Logger = slog.New(logs) })
 	stop := ledgertest.Serve(t, r.Run)
 	ctx := ledgertest.Context(t, 60*time.Second)
-	testdb.Eventually(t, ctx, "the WARN about the created key", func() bool { return logs.count(slog.LevelWarn, "did not exist") > 0 })
+	testdb.Eventually(t, ctx, "the WARN about the created key", func() bool { return logs.Count(slog.LevelWarn, "did not exist") > 0 })
 	ids := f.publish(t, f.streams[0], []string{"a"}, 1, 3)
 	testdb.Eventually(t, ctx, "every entry applied", func() bool { return f.applied(t) == len(ids) })
 	if err := r.Ready(); err != nil {
 		t.Fatalf("Ready while consuming = %v", err)
 	}
-	if code, body := probe(r); code != http.StatusOK || body != "ready\n" {
+	if code, body := ledgertest.Probe(r.HealthHandler()); code != http.StatusOK || body != "ready\n" {
 		t.Fatalf("health handler: %d %q", code, body)
 	}
-	if n := logs.count(slog.LevelWarn, "did not exist"); n != 1 {
+	if n := logs.Count(slog.LevelWarn, "did not exist"); n != 1 {
 		t.Fatalf("%d WARN lines about the created key, want 1", n)
 	}
 	stop()

@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,16 +26,7 @@ import (
 // wal_level is not logical (.ci/run sets it).
 func walChild(t *testing.T, e *testdb.Env) (slot string, env []string) {
 	t.Helper()
-	var level string
-	if err := e.RelayDB.QueryRow("SHOW wal_level").Scan(&level); err != nil {
-		t.Fatal(err)
-	}
-	if level != "logical" {
-		if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
-			t.Fatalf("the PostgreSQL server runs with wal_level = %s; the WAL source needs logical (.ci/run sets it)", level)
-		}
-		t.Skipf("SKIP: the PostgreSQL server runs with wal_level = %s; the WAL source needs logical", level)
-	}
+	testdb.RequireLogicalWAL(t, e.RelayDB)
 	slot = strings.ToLower(testdb.RandomName("outbox_test_"))
 	cfg := relay.WALConfig{Slot: slot}
 	t.Cleanup(func() {

@@ -588,3 +588,21 @@ func PostgresClaimBuffersOn(t testing.TB, ctx context.Context, conn *sql.Conn, d
 	}
 	return buffers
 }
+
+// RequireLogicalWAL skips t, or fails it under OUTBOX_TEST_REQUIRE, unless
+// the PostgreSQL server behind db runs with wal_level = logical (what the
+// relay's WAL source needs; .ci/run sets it, with one restart).
+func RequireLogicalWAL(t testing.TB, db *sql.DB) {
+	t.Helper()
+	var level string
+	if err := db.QueryRow("SHOW wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level == "logical" {
+		return
+	}
+	if os.Getenv("OUTBOX_TEST_REQUIRE") != "" {
+		t.Fatalf("the PostgreSQL server runs with wal_level = %s; the WAL source needs logical (.ci/run sets it)", level)
+	}
+	t.Skipf("SKIP: the PostgreSQL server runs with wal_level = %s; the WAL source needs logical", level)
+}
