@@ -507,3 +507,35 @@ func TestBrokersNotReachable(t *testing.T) {
 		t.Errorf("table:\n%s", out.String())
 	}
 }
+
+// TestSmokeHandover runs part "handover" (-smoke sizes) on SQLite: one
+// relay alone, then a second joining during the load, each measured, the
+// second's takeover time reported and the target listed.
+func TestSmokeHandover(t *testing.T) {
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := run(ctx, []string{"-smoke", "-json", "-only", "handover", "-writers", "8"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("output is not one JSON object: %v\n%s", err, out.Bytes())
+	}
+	h := r.Handover
+	if h == nil || len(h.Runs) != 2*r.Runs || h.Steady == nil || h.Join == nil || h.JoinTakeoverMs <= 0 {
+		t.Fatalf("handover %+v:\n%s", h, out.Bytes())
+	}
+	for _, l := range h.Runs {
+		if len(l.Points) != 1 || l.Points[0].Events == 0 || l.Points[0].RecvP99Ms <= 0 {
+			t.Errorf("run %+v", l)
+		}
+	}
+	found := false
+	for _, tg := range r.Targets {
+		found = found || strings.Contains(tg.Name, "while a second relay joins")
+	}
+	if !found {
+		t.Errorf("no handover target in %+v", r.Targets)
+	}
+}

@@ -133,6 +133,9 @@ type Result struct {
 	// ExactlyOnce is part "exactlyonce": the Kafka publisher's default
 	// mode and its exactly-once mode, drain and latency, in this run.
 	ExactlyOnce *BrokersResult `json:"exactly_once,omitempty"`
+	// Handover is part "handover": latency while a second relay joins,
+	// against one relay alone.
+	Handover *HandoverResult `json:"handover,omitempty"`
 	// Soak is the -soak mode's result (then the only part).
 	Soak      *SoakResult `json:"soak,omitempty"`
 	Targets   []Target    `json:"targets"`
@@ -158,7 +161,7 @@ var allParts = []string{"commit", "latency", "standalone", "drain", "history", "
 
 // extraParts are parts -only accepts that do not run by default: brokers
 // needs NATS, RabbitMQ and Redis servers besides the database.
-var extraParts = []string{"brokers", "exactlyonce"}
+var extraParts = []string{"brokers", "exactlyonce", "handover"}
 
 func main() {
 	maybeRunChild()
@@ -440,6 +443,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("exactlyonce: %w", err)
 		}
 	}
+	if want["handover"] {
+		if res.Handover, err = runHandover(ctx, db, kafkaEP, dur, o.writers, o.runs, logf); err != nil {
+			return err
+		}
+	}
 	for i := range res.LatencyRuns {
 		seedRatios(res.LatencyRuns[i], res.LatencySeedRuns[i])
 	}
@@ -519,6 +527,11 @@ func targets(r *Result) []Target {
 			lr := l1.Points[0].RecvP50Ms / l0.Points[0].RecvP50Ms
 			ts = append(ts, target("exactly-once commit->received p50 / default's (Kafka)", "<= 1.5", lr, lr <= 1.5))
 		}
+	}
+	if h := r.Handover; h != nil && h.Steady != nil && h.Join != nil && len(h.Steady.Points) > 0 && len(h.Join.Points) > 0 {
+		// Issue 36, item 8: a handover's p99 under the lease-free path's.
+		s, j := h.Steady.Points[0].RecvP99Ms, h.Join.Points[0].RecvP99Ms
+		ts = append(ts, target("commit->received p99 ms at 1,000/s while a second relay joins, vs one relay alone", fmt.Sprintf("<= %.2f (alone)", s), j, j <= s))
 	}
 	if r.LatencyStandalone != nil {
 		for _, p := range r.LatencyStandalone.Points {
@@ -679,6 +692,20 @@ func printTables(out io.Writer, r *Result) {
 	}
 	if b := r.ExactlyOnce; b != nil {
 		printBrokers(w, out, b)
+	}
+	if h := r.Handover; h != nil {
+		fmt.Fprintf(w, "handover at %d/s\trun\trecv p50 ms\tp99 ms\tp99.9 ms\tmax ms\t\n", handoverRate)
+		for _, l := range append(append([]*LatencyResult{}, h.Runs...), h.Steady, h.Join) {
+			if l == nil || len(l.Points) == 0 {
+				continue
+			}
+			p, run := l.Points[0], fmt.Sprint(l.Run)
+			if l.Run == 0 {
+				run = fmt.Sprintf("median of %d", l.Runs)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t\n", l.Relay, run, p.RecvP50Ms, p.RecvP99Ms, p.RecvP999Ms, p.RecvMaxMs)
+		}
+		fmt.Fprintf(w, "second relay owned its share after (median ms)\t\t%.1f\t\t\t\t\n\n", h.JoinTakeoverMs)
 	}
 	fmt.Fprintf(w, "target\twant\tgot\tmet\t\n")
 	for _, t := range r.Targets {
