@@ -82,6 +82,13 @@
 //   - outbox_relay_wal_streaming (gauge): 1 while a relay with
 //     relay.SourceWAL reads its replication slot, 0 while it stands by,
 //     cannot open the slot, or is stopped; 0 without the WAL source.
+//   - outbox_relay_wal_confirmed_lsn, outbox_relay_wal_unconfirmed_bytes,
+//     outbox_relay_wal_retained_bytes, outbox_relay_wal_decode_delay_seconds
+//     (gauges, relay.WALLagObserver): the WAL source's slot, sampled by the
+//     relay reading it every relay.Config.HealthInterval: its
+//     confirmed_flush_lsn, pg_current_wal_lsn() minus it and minus
+//     restart_lsn (bytes), and how long after its commit the last outbox
+//     transaction reached the relay (0 once caught up).
 //
 // # Table metrics (NewStatsCollector)
 //

@@ -109,8 +109,8 @@ func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	var obs relay.Observer = m // the point of the type
 
 	// Before anything happens every series exists, errors at 0 per class.
-	if n := testutil.CollectAndCount(m); n != 22 {
-		t.Errorf("CollectAndCount = %d, want 22 (12 single series + 4 error classes + 4 transaction outcomes + 2 sources)", n)
+	if n := testutil.CollectAndCount(m); n != 26 {
+		t.Errorf("CollectAndCount = %d, want 26 (16 single series + 4 error classes + 4 transaction outcomes + 2 sources)", n)
 	}
 	if n := testutil.CollectAndCount(m, metrics.MetricPublishErrors); n != 4 {
 		t.Errorf("error classes exported = %d, want 4", n)
@@ -146,6 +146,7 @@ func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	so.WALStreaming(true, nil)
 	so.WALStreaming(false, errors.New("slot active"))
 	so.WALStreaming(true, nil)
+	obs.(relay.WALLagObserver).WALLag(relay.WALLag{ConfirmedLSN: 0x16B3748, UnconfirmedBytes: 512, RetainedBytes: 8192, DecodeDelay: 1500 * time.Millisecond})
 
 	want := `
 # HELP outbox_dead_lettered_total Outbox messages dead-lettered (marked failed).
@@ -189,11 +190,24 @@ outbox_relay_source_messages_total{source="wal",table="orders_outbox"} 42
 # HELP outbox_relay_wal_streaming 1 while the relay reads its replication slot (relay.SourceWAL), else 0.
 # TYPE outbox_relay_wal_streaming gauge
 outbox_relay_wal_streaming{table="orders_outbox"} 1
+# HELP outbox_relay_wal_confirmed_lsn The WAL source's slot's confirmed_flush_lsn, as a number (sampled by the relay reading it).
+# TYPE outbox_relay_wal_confirmed_lsn gauge
+outbox_relay_wal_confirmed_lsn{table="orders_outbox"} 2.3803720e+07
+# HELP outbox_relay_wal_unconfirmed_bytes pg_current_wal_lsn() - confirmed_flush_lsn of the WAL source's slot, in bytes: how far its reader is behind.
+# TYPE outbox_relay_wal_unconfirmed_bytes gauge
+outbox_relay_wal_unconfirmed_bytes{table="orders_outbox"} 512
+# HELP outbox_relay_wal_retained_bytes pg_current_wal_lsn() - restart_lsn of the WAL source's slot, in bytes: the WAL it keeps on the server.
+# TYPE outbox_relay_wal_retained_bytes gauge
+outbox_relay_wal_retained_bytes{table="orders_outbox"} 8192
+# HELP outbox_relay_wal_decode_delay_seconds Seconds between the commit of the last outbox transaction the walsender decoded and its arrival at the relay (0 once caught up).
+# TYPE outbox_relay_wal_decode_delay_seconds gauge
+outbox_relay_wal_decode_delay_seconds{table="orders_outbox"} 1.5
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		metrics.MetricDeadLettered, metrics.MetricPartitionsOwned, metrics.MetricPublishErrors,
 		metrics.MetricPublished, metrics.MetricOrderViolations, metrics.MetricRelayUp, metrics.MetricRetries,
-		metrics.MetricTransactions, metrics.MetricReconciledRows, metrics.MetricSourceMessages, metrics.MetricWALStreaming); err != nil {
+		metrics.MetricTransactions, metrics.MetricReconciledRows, metrics.MetricSourceMessages, metrics.MetricWALStreaming,
+		metrics.MetricWALConfirmedLSN, metrics.MetricWALUnconfirmedBytes, metrics.MetricWALRetainedBytes, metrics.MetricWALDecodeDelay); err != nil {
 		t.Error(err)
 	}
 
@@ -522,7 +536,8 @@ func TestIntegrationSQLite(t *testing.T) {
 		metrics.MetricCommitToPublish, metrics.MetricBatchSize, metrics.MetricClaimDuration,
 		metrics.MetricPartitionsOwned, metrics.MetricRelayUp, metrics.MetricRelayPartitionMismatch,
 		metrics.MetricOrderViolations, metrics.MetricTransactions, metrics.MetricReconciledRows,
-		metrics.MetricSourceMessages, metrics.MetricWALStreaming, metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
+		metrics.MetricSourceMessages, metrics.MetricWALStreaming, metrics.MetricWALConfirmedLSN, metrics.MetricWALUnconfirmedBytes,
+		metrics.MetricWALRetainedBytes, metrics.MetricWALDecodeDelay, metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
 		metrics.MetricPartitionPendingEvents, metrics.MetricPartitionOldestPendingAge, metrics.MetricPartitionOwnerInfo,
 		metrics.MetricStatsScrapeError, metrics.MetricPartitions, metrics.MetricLeasePartitions,
 		metrics.MetricOutOfRangePending, metrics.MetricPartitionMismatch,

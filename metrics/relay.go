@@ -79,6 +79,24 @@ const (
 	// reads the slot), cannot open it, or is stopped. It stays 0 without
 	// the WAL source.
 	MetricWALStreaming = "outbox_relay_wal_streaming"
+	// MetricWALConfirmedLSN is a gauge: the WAL source's slot's
+	// confirmed_flush_lsn as a number (relay.WALLag.ConfirmedLSN), set by
+	// the relay reading the slot every relay.Config.HealthInterval. A
+	// value that stops moving while events are written means the stream
+	// is stuck.
+	MetricWALConfirmedLSN = "outbox_relay_wal_confirmed_lsn"
+	// MetricWALUnconfirmedBytes is a gauge: pg_current_wal_lsn() -
+	// confirmed_flush_lsn of the slot, in bytes (relay.WALLag): how far
+	// the reading relay is behind the server.
+	MetricWALUnconfirmedBytes = "outbox_relay_wal_unconfirmed_bytes"
+	// MetricWALRetainedBytes is a gauge: pg_current_wal_lsn() - restart_lsn
+	// of the slot, in bytes: the WAL the slot keeps on the server's disk.
+	// Alert on it against max_slot_wal_keep_size (docs/wal.md).
+	MetricWALRetainedBytes = "outbox_relay_wal_retained_bytes"
+	// MetricWALDecodeDelay is a gauge: how long after its commit the relay
+	// received the last outbox transaction the walsender decoded, in
+	// seconds, 0 once the walsender caught up (relay.WALLag.DecodeDelay).
+	MetricWALDecodeDelay = "outbox_relay_wal_decode_delay_seconds"
 )
 
 // ErrInvalidConfig is returned (wrapped) by NewRelayMetrics for a nil
@@ -132,6 +150,10 @@ type RelayMetrics struct {
 	fromTable       prometheus.Counter
 	fromWAL         prometheus.Counter
 	walStreaming    prometheus.Gauge
+	walConfirmed    prometheus.Gauge
+	walUnconfirmed  prometheus.Gauge
+	walRetained     prometheus.Gauge
+	walDelay        prometheus.Gauge
 }
 
 var (
@@ -245,6 +267,26 @@ func newRelayMetrics(table string) *RelayMetrics {
 			Help:        "1 while the relay reads its replication slot (relay.SourceWAL), else 0.",
 			ConstLabels: cl,
 		}),
+		walConfirmed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        MetricWALConfirmedLSN,
+			Help:        "The WAL source's slot's confirmed_flush_lsn, as a number (sampled by the relay reading it).",
+			ConstLabels: cl,
+		}),
+		walUnconfirmed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        MetricWALUnconfirmedBytes,
+			Help:        "pg_current_wal_lsn() - confirmed_flush_lsn of the WAL source's slot, in bytes: how far its reader is behind.",
+			ConstLabels: cl,
+		}),
+		walRetained: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        MetricWALRetainedBytes,
+			Help:        "pg_current_wal_lsn() - restart_lsn of the WAL source's slot, in bytes: the WAL it keeps on the server.",
+			ConstLabels: cl,
+		}),
+		walDelay: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        MetricWALDecodeDelay,
+			Help:        "Seconds between the commit of the last outbox transaction the walsender decoded and its arrival at the relay (0 once caught up).",
+			ConstLabels: cl,
+		}),
 	}
 	m.fromTable = m.sourceMessages.WithLabelValues(relay.SourceTable.String())
 	m.fromWAL = m.sourceMessages.WithLabelValues(relay.SourceWAL.String())
@@ -265,7 +307,8 @@ func newRelayMetrics(table string) *RelayMetrics {
 func (m *RelayMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.published, m.errors, m.retries, m.deadLettered,
 		m.commitToPublish, m.batchSize, m.claimDuration, m.partitionsOwned, m.up, m.mismatch, m.orderViolations,
-		m.transactions, m.reconciledRows, m.sourceMessages, m.walStreaming}
+		m.transactions, m.reconciledRows, m.sourceMessages, m.walStreaming,
+		m.walConfirmed, m.walUnconfirmed, m.walRetained, m.walDelay}
 }
 
 // Describe implements prometheus.Collector: it sends the descriptors of
@@ -390,6 +433,16 @@ func (m *RelayMetrics) WALStreaming(streaming bool, _ error) {
 		return
 	}
 	m.walStreaming.Set(0)
+}
+
+// WALLag implements relay.WALLagObserver: it sets
+// outbox_relay_wal_confirmed_lsn, outbox_relay_wal_unconfirmed_bytes,
+// outbox_relay_wal_retained_bytes and outbox_relay_wal_decode_delay_seconds.
+func (m *RelayMetrics) WALLag(l relay.WALLag) {
+	m.walConfirmed.Set(float64(l.ConfirmedLSN))
+	m.walUnconfirmed.Set(float64(l.UnconfirmedBytes))
+	m.walRetained.Set(float64(l.RetainedBytes))
+	m.walDelay.Set(l.DecodeDelay.Seconds())
 }
 
 // FromSource implements relay.SourceObserver: it adds n to

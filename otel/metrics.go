@@ -80,6 +80,22 @@ const (
 	// relay.SourceWAL reads its replication slot, else 0
 	// (metrics.MetricWALStreaming).
 	MetricWALStreaming = "outbox.relay.wal_streaming"
+	// MetricWALConfirmedLSN is an Int64Gauge, unit 1: the WAL source's
+	// slot's confirmed_flush_lsn as a number (relay.WALLagObserver,
+	// metrics.MetricWALConfirmedLSN).
+	MetricWALConfirmedLSN = "outbox.relay.wal_confirmed_lsn"
+	// MetricWALUnconfirmedBytes is an Int64Gauge, unit By:
+	// pg_current_wal_lsn() - confirmed_flush_lsn of the slot
+	// (metrics.MetricWALUnconfirmedBytes).
+	MetricWALUnconfirmedBytes = "outbox.relay.wal_unconfirmed"
+	// MetricWALRetainedBytes is an Int64Gauge, unit By:
+	// pg_current_wal_lsn() - restart_lsn of the slot, the WAL it keeps
+	// (metrics.MetricWALRetainedBytes).
+	MetricWALRetainedBytes = "outbox.relay.wal_retained"
+	// MetricWALDecodeDelay is a Float64Gauge, unit s: how long after its
+	// commit the relay received the last outbox transaction decoded, 0
+	// once caught up (metrics.MetricWALDecodeDelay).
+	MetricWALDecodeDelay = "outbox.relay.wal_decode_delay"
 )
 
 // SourceKey is MetricSourceMessages' attribute: table or wal
@@ -159,6 +175,10 @@ type instruments struct {
 	reconciledRows  metric.Int64Counter
 	sourceMessages  metric.Int64Counter
 	walStreaming    metric.Int64Gauge
+	walConfirmed    metric.Int64Gauge
+	walUnconfirmed  metric.Int64Gauge
+	walRetained     metric.Int64Gauge
+	walDelay        metric.Float64Gauge
 }
 
 var (
@@ -169,6 +189,7 @@ var (
 	_ relay.OrderObserver       = (*Metrics)(nil)
 	_ relay.TransactionObserver = (*Metrics)(nil)
 	_ relay.SourceObserver      = (*Metrics)(nil)
+	_ relay.WALLagObserver      = (*Metrics)(nil)
 )
 
 // NewMetrics creates the relay instruments of ob's table (its
@@ -260,6 +281,18 @@ func NewMetrics(ob *driver.Outbox, next relay.Observer, opts ...Option) (*Metric
 	in.walStreaming, err = meter.Int64Gauge(MetricWALStreaming, metric.WithUnit("1"),
 		metric.WithDescription("1 while the relay reads its replication slot (relay.SourceWAL), else 0."))
 	check(MetricWALStreaming, err)
+	in.walConfirmed, err = meter.Int64Gauge(MetricWALConfirmedLSN, metric.WithUnit("1"),
+		metric.WithDescription("The WAL source's slot's confirmed_flush_lsn, as a number (sampled by the relay reading it)."))
+	check(MetricWALConfirmedLSN, err)
+	in.walUnconfirmed, err = meter.Int64Gauge(MetricWALUnconfirmedBytes, metric.WithUnit("By"),
+		metric.WithDescription("pg_current_wal_lsn() - confirmed_flush_lsn of the WAL source's slot: how far its reader is behind."))
+	check(MetricWALUnconfirmedBytes, err)
+	in.walRetained, err = meter.Int64Gauge(MetricWALRetainedBytes, metric.WithUnit("By"),
+		metric.WithDescription("pg_current_wal_lsn() - restart_lsn of the WAL source's slot: the WAL it keeps on the server."))
+	check(MetricWALRetainedBytes, err)
+	in.walDelay, err = meter.Float64Gauge(MetricWALDecodeDelay, metric.WithUnit("s"),
+		metric.WithDescription("Seconds between the commit of the last outbox transaction the walsender decoded and its arrival at the relay (0 once caught up)."))
+	check(MetricWALDecodeDelay, err)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -463,6 +496,22 @@ func (m *Metrics) WALStreaming(streaming bool, err error) {
 	}
 	if so, ok := m.observer().(relay.SourceObserver); ok {
 		so.WALStreaming(streaming, err)
+	}
+}
+
+// WALLag implements relay.WALLagObserver: it records l in
+// outbox.relay.wal_confirmed_lsn, wal_unconfirmed, wal_retained and
+// wal_decode_delay, then forwards to the wrapped Observer if it
+// implements relay.WALLagObserver.
+func (m *Metrics) WALLag(l relay.WALLag) {
+	if in := m.instruments(); in != nil {
+		in.walConfirmed.Record(bg, int64(l.ConfirmedLSN), in.table)
+		in.walUnconfirmed.Record(bg, l.UnconfirmedBytes, in.table)
+		in.walRetained.Record(bg, l.RetainedBytes, in.table)
+		in.walDelay.Record(bg, l.DecodeDelay.Seconds(), in.table)
+	}
+	if lo, ok := m.observer().(relay.WALLagObserver); ok {
+		lo.WALLag(l)
 	}
 }
 

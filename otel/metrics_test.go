@@ -62,6 +62,9 @@ func (l *callLog) Transaction(p int, o relay.TransactionOutcome, n int) {
 func (l *callLog) Reconciled(p, rows int)           { l.log("Reconciled %d %d", p, rows) }
 func (l *callLog) WALStreaming(on bool, err error)  { l.log("WALStreaming %v %v", on, err) }
 func (l *callLog) FromSource(s relay.Source, n int) { l.log("FromSource %s %d", s, n) }
+func (l *callLog) WALLag(w relay.WALLag) {
+	l.log("WALLag %d %d %d %v", w.ConfirmedLSN, w.UnconfirmedBytes, w.RetainedBytes, w.DecodeDelay)
+}
 func (l *callLog) StartPublish(ctx context.Context, msgs []relay.Message) (context.Context, func(error)) {
 	l.log("StartPublish %d", len(msgs))
 	return ctx, func(err error) { l.log("end %v", err) }
@@ -170,6 +173,12 @@ func findPoint(data metricdata.Aggregation, set attribute.Set, w point) bool {
 	case metricdata.Gauge[int64]:
 		for _, p := range d.DataPoints {
 			if p.Attributes.Equals(&set) && float64(p.Value) == w.value {
+				return true
+			}
+		}
+	case metricdata.Gauge[float64]:
+		for _, p := range d.DataPoints {
+			if p.Attributes.Equals(&set) && p.Value == w.value {
 				return true
 			}
 		}
@@ -284,6 +293,14 @@ func TestMetrics(t *testing.T) {
 			{name: outboxotel.MetricSourceMessages, unit: "{message}", attrs: []attribute.KeyValue{outboxotel.SourceKey.String("wal")}, value: 42},
 			{name: outboxotel.MetricWALStreaming, unit: "1", value: 1},
 		}, []string{"FromSource table 300", "FromSource wal 20", "FromSource wal 22", "WALStreaming false boom", "WALStreaming true <nil>"}},
+		{"WALLag", func(m *outboxotel.Metrics) {
+			m.WALLag(relay.WALLag{ConfirmedLSN: 23803720, UnconfirmedBytes: 512, RetainedBytes: 8192, DecodeDelay: 1500 * time.Millisecond})
+		}, []point{
+			{name: outboxotel.MetricWALConfirmedLSN, unit: "1", value: 23803720},
+			{name: outboxotel.MetricWALUnconfirmedBytes, unit: "By", value: 512},
+			{name: outboxotel.MetricWALRetainedBytes, unit: "By", value: 8192},
+			{name: outboxotel.MetricWALDecodeDelay, unit: "s", value: 1.5},
+		}, []string{"WALLag 23803720 512 8192 1.5s"}},
 		{"StartPublishForwardsOnly", func(m *outboxotel.Metrics) {
 			_, end := m.StartPublish(context.Background(), []relay.Message{msg, msg})
 			end(boom)

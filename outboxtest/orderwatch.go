@@ -120,3 +120,27 @@ func (w *OrderWatch) Reconciled(partition, rows int) {
 		to.Reconciled(partition, rows)
 	}
 }
+
+// WALStreaming implements relay.SourceObserver: it forwards to the wrapped
+// Observer if it implements relay.SourceObserver.
+func (w *OrderWatch) WALStreaming(streaming bool, err error) {
+	if so, ok := w.Observer.(relay.SourceObserver); ok {
+		so.WALStreaming(streaming, err)
+	}
+}
+
+// FromSource implements relay.SourceObserver: it forwards to the wrapped
+// Observer if it implements relay.SourceObserver.
+func (w *OrderWatch) FromSource(source relay.Source, n int) {
+	if so, ok := w.Observer.(relay.SourceObserver); ok {
+		so.FromSource(source, n)
+	}
+}
+
+// WALLag implements relay.WALLagObserver: it forwards to the wrapped
+// Observer if it implements relay.WALLagObserver.
+func (w *OrderWatch) WALLag(l relay.WALLag) {
+	if lo, ok := w.Observer.(relay.WALLagObserver); ok {
+		lo.WALLag(l)
+	}
+}

@@ -155,6 +155,38 @@ type SourceObserver interface {
 	FromSource(source Source, n int)
 }
 
+// WALLag is the WAL source's position, as the relay reading the slot
+// samples it every Config.HealthInterval (WALLagObserver).
+type WALLag struct {
+	// ConfirmedLSN is the slot's confirmed_flush_lsn (pg_replication_slots)
+	// as a number: the position below which the relay took every row.
+	ConfirmedLSN uint64
+	// UnconfirmedBytes is pg_current_wal_lsn() - confirmed_flush_lsn: the
+	// WAL written since that position, in bytes. It stays below a few
+	// pages while the relay keeps up (an idle stream confirms up to the
+	// walsender's position), and grows while the walsender decodes
+	// behind the server or the loop falls behind the stream.
+	UnconfirmedBytes int64
+	// RetainedBytes is pg_current_wal_lsn() - restart_lsn: the WAL the slot
+	// keeps the server from removing, in bytes (max_slot_wal_keep_size
+	// bounds it; docs/wal.md).
+	RetainedBytes int64
+	// DecodeDelay is how long after its commit the relay received the
+	// last transaction of the outbox table the walsender decoded (both
+	// times by the server's clock), and 0 once the walsender reported it
+	// had caught up (a keepalive without a reply request while nothing of
+	// the table was in flight).
+	DecodeDelay time.Duration
+}
+
+// WALLagObserver is an optional interface of an Observer (package
+// metrics' RelayMetrics implements it): with Config.Source SourceWAL, the
+// relay reading the slot calls WALLag every Config.HealthInterval while
+// its stream is open. Calls come from one goroutine; keep them short.
+type WALLagObserver interface {
+	WALLag(WALLag)
+}
+
 // walRow is a row read from the stream, with the end of its transaction.
 type walRow struct {
 	msg Message
@@ -198,6 +230,15 @@ type walReader struct {
 	received  pglogrepl.LSN // the end of the last commit buffered (or dropped)
 	confirmed pglogrepl.LSN // the position the loop has taken everything below
 	taken     int64         // rows handed to the loop (tests)
+	delay     time.Duration // WALLag.DecodeDelay
+}
+
+// lagState returns WALLag.DecodeDelay, the slot's name, and whether the
+// stream is open.
+func (w *walReader) lagState() (time.Duration, string, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.delay, w.cfg.Slot, w.streaming
 }
 
 func newWALReader(cfg WALConfig, table, quoted, instance string, log *slog.Logger) *walReader {
@@ -466,6 +507,9 @@ func (w *walReader) stream(ctx context.Context) error {
 					return fmt.Errorf("parsing a keepalive: %w", err)
 				}
 				w.mu.Lock()
+				if !inTxn && !ka.ReplyRequested {
+					w.delay = 0 // the walsender waits for WAL: it caught up
+				}
 				if !inTxn && len(w.rows) == 0 && ka.ServerWALEnd > w.received {
 					// Nothing of ours is in flight: the slot may move to
 					// the keepalive's position, so that other tables'
@@ -514,6 +558,9 @@ func (w *walReader) stream(ctx context.Context) error {
 					txn = append(txn, walRow{msg: row, xid: xid, age: max(0, xld.ServerTime.Sub(created)), at: time.Now()})
 				case *pglogrepl.CommitMessage:
 					inTxn = false
+					w.mu.Lock()
+					w.delay = max(0, xld.ServerTime.Sub(lm.CommitTime))
+					w.mu.Unlock()
 					w.push(txn, lm.TransactionEndLSN)
 					txn = txn[:0]
 				}
@@ -555,7 +602,10 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		if err != nil || len(res) != 1 || len(res[0].Rows) != 1 {
 			return fmt.Errorf("%w: reading the database name: %v", ErrWALUnavailable, err)
 		}
-		w.cfg.Slot = SlotName(string(res[0].Rows[0][0]), w.table)
+		slot := SlotName(string(res[0].Rows[0][0]), w.table)
+		w.mu.Lock() // lagState reads it from another goroutine
+		w.cfg.Slot = slot
+		w.mu.Unlock()
 	}
 	res, err := conn.Exec(ctx, "SELECT 1 FROM pg_publication WHERE pubname = '"+w.cfg.Publication+"'").ReadAll()
 	if err != nil {

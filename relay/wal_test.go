@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -822,4 +823,63 @@ func planPages(t *testing.T, raw, table string) (int, []string) {
 	hit, _ := plan[0].Plan["Shared Hit Blocks"].(float64)
 	read, _ := plan[0].Plan["Shared Read Blocks"].(float64)
 	return int(hit + read), scans
+}
+
+// lagRecorder keeps the WAL source's lag samples (relay.WALLagObserver).
+type lagRecorder struct {
+	relay.NopObserver
+	mu   sync.Mutex
+	lags []relay.WALLag
+}
+
+func (o *lagRecorder) WALLag(l relay.WALLag) {
+	o.mu.Lock()
+	o.lags = append(o.lags, l)
+	o.mu.Unlock()
+}
+
+func (o *lagRecorder) last() (relay.WALLag, int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.lags) == 0 {
+		return relay.WALLag{}, 0
+	}
+	return o.lags[len(o.lags)-1], len(o.lags)
+}
+
+// TestWALSourceReportsItsLag: the reading relay samples its slot every
+// HealthInterval (relay.WALLagObserver): after events are published, the
+// confirmed position reaches the WAL position of their commit, and the
+// byte counts agree with pg_replication_slots.
+func TestWALSourceReportsItsLag(t *testing.T) {
+	t.Parallel()
+	e, wal := walEnv(t)
+	lags := &lagRecorder{}
+	b := walSetup(t, e, wal, func(c *relay.Config) {
+		c.Observer = lags
+		c.HealthInterval = 50 * time.Millisecond
+	})
+	waitStreaming(t, b, wal.Slot)
+	for i := 1; i <= 5; i++ {
+		b.emit(t, event("L", i))
+	}
+	var after string
+	if err := e.RelayDB.QueryRow("SELECT pg_current_wal_lsn()::text").Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	want, err := pglogrepl.ParseLSN(after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "L")) == 5 }); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, b.ctx, "a sample with the confirmed position past the events", func() bool {
+		l, _ := lags.last()
+		return l.ConfirmedLSN >= uint64(want)
+	})
+	l, n := lags.last()
+	if l.UnconfirmedBytes < 0 || l.RetainedBytes < l.UnconfirmedBytes || l.DecodeDelay < 0 || l.DecodeDelay > time.Minute {
+		t.Errorf("sample %d: %+v", n, l)
+	}
 }

@@ -8,8 +8,10 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"sync"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sqloutbox/outbox/driver"
@@ -100,9 +102,60 @@ func (r *Relay) startWAL(ctx context.Context) (<-chan struct{}, func()) {
 	r.wal.standbyWait = r.cfg.LeaseHeartbeat
 	r.tableDue = true
 	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); r.wal.run(rctx) }()
-	return r.wal.signal, func() { cancel(); <-done }
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); r.wal.run(rctx) }()
+	if lo, ok := r.cfg.Observer.(WALLagObserver); ok {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.sampleWALLag(rctx, lo) }()
+	}
+	return r.wal.signal, func() { cancel(); wg.Wait() }
+}
+
+// sampleWALLag reports the slot's position to o every HealthInterval
+// while this relay's stream is open (a standby reports nothing: the
+// reading relay does). A failed sample is logged at DEBUG and skipped.
+func (r *Relay) sampleWALLag(ctx context.Context, o WALLagObserver) {
+	t := time.NewTicker(r.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		delay, slot, streaming := r.wal.lagState()
+		if !streaming {
+			continue
+		}
+		lag, err := r.readWALLag(ctx, slot)
+		if err != nil {
+			r.log.Debug("WAL source: reading the slot's position failed", "slot", slot, "error", err)
+			continue
+		}
+		lag.DecodeDelay = delay
+		o.WALLag(lag)
+	}
+}
+
+// readWALLag reads the slot's positions from pg_replication_slots.
+func (r *Relay) readWALLag(ctx context.Context, slot string) (WALLag, error) {
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	var lag WALLag
+	var confirmed string
+	err := r.db.QueryRowContext(qctx, `SELECT confirmed_flush_lsn::text,
+		    (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint
+		FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn IS NOT NULL`, slot).Scan(&confirmed, &lag.UnconfirmedBytes, &lag.RetainedBytes)
+	if err != nil {
+		return lag, fmt.Errorf("reading slot %s: %w", slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(confirmed)
+	if err != nil {
+		return lag, fmt.Errorf("reading slot %s: %w", slot, err)
+	}
+	lag.ConfirmedLSN = uint64(lsn)
+	return lag, nil
 }
 
 // fenceSlotReader terminates the walsender reading slot if its client is
