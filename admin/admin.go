@@ -148,6 +148,12 @@ type Config struct {
 	// name); InboxTables must name at least one table, else New returns
 	// ErrInvalidConfig.
 	InboxOnly bool
+	// WAL names the WAL source's slot and publication (relay.SourceWAL)
+	// when the relays give them; the zero value means the relay's
+	// defaults (relay.SlotName, relay.PublicationName). On PostgreSQL the
+	// overview shows the slot and the publication when either exists:
+	// who reads the slot, its wal_status, and the WAL it keeps.
+	WAL relay.WALConfig
 }
 
 // Handler is the admin page, an http.Handler. Create it with New.

@@ -15,6 +15,7 @@ import (
 	"github.com/sqloutbox/outbox/admin"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
+	"github.com/sqloutbox/outbox/relay"
 )
 
 func ev(agg string, n int, payload string) outbox.Event {
@@ -423,5 +424,39 @@ func TestExpiredRelayMarked(t *testing.T) {
 	re := regexp.MustCompile(`<td>killed-relay</td><td>at-least-once</td><td><span class="bad">expired</span> [0-9hms]+ ago: killed, or lost the database; a live relay deletes the row after 10 lease TTLs</td>`)
 	if !re.MatchString(body) {
 		t.Errorf("overview does not mark killed-relay expired:\n%s", body)
+	}
+}
+
+// TestOverviewShowsTheWALSlot: on PostgreSQL the overview shows the WAL
+// source's slot and publication when they exist (here made by the test,
+// with no reader: the page says the slot keeps WAL), and no WAL section
+// when neither exists.
+func TestOverviewShowsTheWALSlot(t *testing.T) {
+	t.Parallel()
+	tg := testdb.Target{Name: "pgx", Dialect: driver.Postgres}
+	slot := strings.ToLower(testdb.RandomName("outbox_test_"))
+	wal := relay.WALConfig{Slot: slot, Publication: slot + "_pub"}
+	s := newSite(t, tg, func(c *admin.Config) { c.WAL = wal })
+	testdb.RequireLogicalWAL(t, s.e.RelayDB)
+	c := s.client(t)
+	c.login()
+	if body := c.get("/"); strings.Contains(body, `id="wal"`) || strings.Contains(body, "wal-error") {
+		t.Fatalf("a WAL section without a slot or a publication:\n%s", body)
+	}
+	t.Cleanup(func() {
+		_, _ = s.e.RelayDB.Exec("SELECT pg_drop_replication_slot($1)", slot)
+		_, _ = s.e.RelayDB.Exec("DROP PUBLICATION IF EXISTS " + wal.Publication)
+	})
+	if _, err := s.e.RelayDB.ExecContext(s.ctx, "CREATE PUBLICATION "+wal.Publication+" FOR TABLE "+s.e.Table+" WITH (publish = 'insert')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.e.RelayDB.ExecContext(s.ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
+		t.Fatal(err)
+	}
+	body := c.get("/")
+	for _, want := range []string{`<table id="wal">`, "<td>" + slot + "</td>", "none: the slot keeps WAL until a relay reads it", "<td>reserved</td>", "<td>" + wal.Publication + "</td>"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("overview lacks %q:\n%s", want, body)
+		}
 	}
 }

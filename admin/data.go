@@ -11,6 +11,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
+	"github.com/sqloutbox/outbox/relay"
 )
 
 // Row statuses, as the outbox table stores them (docs/schema.md).
@@ -56,6 +57,10 @@ type overviewData struct {
 	Members                     []member
 	Endpoints                   []endpointStatus
 	Stuck                       int
+	// WAL is the WAL source's slot and publication (PostgreSQL, when
+	// either exists), WALError why they could not be read.
+	WAL      *relay.WALStatus
+	WALError string
 }
 
 // readOverview returns the cached reading, or reads the table again when
@@ -212,7 +217,25 @@ func (h *Handler) read(ctx context.Context) (*overviewData, error) {
 		return nil, fmt.Errorf("outbox admin: reading the relays' heartbeats: %w", err)
 	}
 	o.Endpoints = h.readEndpoints(ctx)
+	h.readWAL(ctx, o)
 	return o, nil
+}
+
+// readWAL reads the WAL source's slot and publication into o on
+// PostgreSQL; a failure is shown on the page, not returned (the rest of
+// the overview stands).
+func (h *Handler) readWAL(ctx context.Context, o *overviewData) {
+	if h.cfg.Outbox.Config().Dialect != driver.Postgres {
+		return
+	}
+	st, err := relay.ReadWALStatus(ctx, h.cfg.Outbox, h.cfg.DB, h.cfg.WAL)
+	switch {
+	case err != nil:
+		h.log.Debug("outbox admin: reading the WAL source's slot failed (shown on the overview)", "error", err)
+		o.WALError = err.Error()
+	case st.SlotExists || st.PublicationExists:
+		o.WAL = &st
+	}
 }
 
 func (h *Handler) each(ctx context.Context, q string, args []any, fn func(*sql.Rows) error) error {

@@ -42,7 +42,18 @@ var funcs = template.FuncMap{
 		}
 		return group(n)
 	},
-	"num":  func(n int64) string { return group(n) },
+	"num": func(n int64) string { return group(n) },
+	"bytes": func(n int64) string {
+		switch {
+		case n >= 1<<30:
+			return strconv.FormatFloat(float64(n)/(1<<30), 'f', 1, 64) + " GiB"
+		case n >= 1<<20:
+			return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB"
+		case n >= 1<<10:
+			return strconv.FormatFloat(float64(n)/(1<<10), 'f', 1, 64) + " KiB"
+		}
+		return group(n) + " B"
+	},
 	"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/sqloutbox/outbox/admin"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/inbox"
+	"github.com/sqloutbox/outbox/relay"
 )
 
 // Environment variables of the admin page's token (never a flag value:
@@ -44,6 +45,9 @@ type adminFlags struct {
 	secureCookie bool
 	trusted      []string
 	inboxOnly    bool // set by runAdmin: no outbox table, --inbox-table given
+	// wal names the WAL source's slot and publication the overview shows:
+	// --wal-slot and --wal-publication of outbox admin, or the relay's own.
+	wal relay.WALConfig
 }
 
 // register adds the flags; prefix is "" for `outbox admin` and "admin-"
@@ -102,6 +106,7 @@ func (a *app) startAdmin(ctx context.Context, f *adminFlags, flag, token string,
 	}
 	cfg := admin.Config{Outbox: ob, DB: db, Token: token, InboxTables: f.inboxTables, ReadOnly: f.readOnly,
 		HidePayloads: f.hidePayloads, SecureCookie: f.secureCookie, TrustedProxies: f.trusted, InboxOnly: f.inboxOnly, Relays: relays, RelayEndpoints: f.endpoints, Logger: log,
+		WAL:   f.wal,
 		Audit: log.With("component", "outbox.admin.audit"),
 		// Cookies do not tell ports apart: one name per port.
 		CookieName: "outbox_admin_" + port}
@@ -175,6 +180,8 @@ keyset pages; see docs/admin.md for what each view costs.`,
 		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error { return a.runAdmin(cmd, &f) }),
 	}
 	f.register(cmd.Flags(), "", defaultAdminListen)
+	cmd.Flags().StringVar(&f.wal.Slot, "wal-slot", "", "PostgreSQL: the WAL source's replication slot the overview shows, if the relays name one (default outbox_<database>_<table>, the relays' default)")
+	cmd.Flags().StringVar(&f.wal.Publication, "wal-publication", "", "PostgreSQL: the WAL source's publication the overview shows (default <table>_outbox_pub)")
 	return cmd
 }
 

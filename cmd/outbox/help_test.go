@@ -25,6 +25,7 @@ func TestHelpGolden(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"relay"},
+		{"admin"},
 		{"nats", "stream", "create"},
 		{"nats", "stream", "check"},
 		{"rabbitmq", "declare"},

@@ -468,6 +468,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 		if t.dialect != driver.SQLite {
 			adb.SetMaxOpenConns(2)
 		}
+		f.admin.wal = relay.WALConfig{Slot: f.walSlot, Publication: f.walPublication}
 		as, err := a.startAdmin(sctx, &f.admin, "admin-listen", adminToken, ob, adb, baseLog, func() []admin.RelayStatus {
 			return []admin.RelayStatus{{Instance: r.InstanceID(), Broker: string(plan.kind), Ready: ready()}}
 		})
