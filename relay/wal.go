@@ -219,6 +219,9 @@ type walReader struct {
 	// standbyWait is how long a relay waits between attempts on a slot
 	// another relay reads (LeaseHeartbeat).
 	standbyWait time.Duration
+	// opened is called when a stream opens (run's repeat log: the
+	// failures before it are over).
+	opened func()
 
 	signal chan struct{} // rows were buffered, or the stream's state changed
 	space  chan struct{} // the loop took rows: a full buffer has room again
@@ -327,6 +330,8 @@ func (w *walReader) run(ctx context.Context) {
 	bo.InitialInterval = 100 * time.Millisecond
 	bo.MaxInterval = 5 * time.Second
 	bo.MaxElapsedTime = 0
+	unavailable := newRepeatLog(w.log, slog.LevelWarn, "WAL source unavailable; claiming from the table")
+	w.opened = unavailable.ok
 	for ctx.Err() == nil {
 		started := time.Now()
 		err := w.stream(ctx)
@@ -366,7 +371,10 @@ func (w *walReader) run(ctx context.Context) {
 		case was:
 			w.log.Warn("WAL source stream ended; claiming from the table until it is back", "slot", w.cfg.Slot, "error", err)
 		default:
-			w.log.Warn("WAL source unavailable; claiming from the table", "slot", w.cfg.Slot, "error", err)
+			// Once per distinct error (its whole text), then once a minute
+			// with the count: a server without wal_level = logical fails
+			// every attempt, every 5 s, for as long as it runs.
+			unavailable.failed(errors.New(err.Error()), "slot", w.cfg.Slot)
 		}
 		if time.Since(started) > time.Minute {
 			bo.Reset()
@@ -452,6 +460,9 @@ func (w *walReader) stream(ctx context.Context) error {
 	w.wake()
 	if w.observer != nil {
 		w.observer.WALStreaming(true, nil)
+	}
+	if w.opened != nil {
+		w.opened()
 	}
 	w.log.Info("WAL source streaming", "slot", w.cfg.Slot, "publication", w.cfg.Publication)
 
@@ -621,6 +632,15 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 			w.log.Info("publication created", "publication", w.cfg.Publication)
 		}
 	}
+	res, err = conn.Exec(ctx, publicationCheck(w.cfg.Publication, w.quoted)).ReadAll()
+	if err != nil {
+		return fmt.Errorf("%w: reading publication %s: %v", ErrWALUnavailable, w.cfg.Publication, err)
+	}
+	if len(res) == 1 && len(res[0].Rows) == 1 {
+		if err := publicationProblem(w.cfg.Publication, w.table, string(res[0].Rows[0][0]) == "t", string(res[0].Rows[0][1]) == "t"); err != nil {
+			return err
+		}
+	}
 	res, err = conn.Exec(ctx, "SELECT COALESCE(wal_status, ''), plugin, database = current_database(), COALESCE(confirmed_flush_lsn, '0/0') FROM pg_replication_slots WHERE slot_name = '"+w.cfg.Slot+"'").ReadAll()
 	if err != nil {
 		return fmt.Errorf("%w: reading slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
@@ -660,6 +680,32 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	w.log.Info("replication slot created", "slot", w.cfg.Slot)
 	return nil
 }
+
+// publicationCheck is the query for publicationProblem: whether
+// publication pub publishes inserts, and whether it publishes table (a
+// quoted SQL name), by any of its forms (FOR TABLE, TABLES IN SCHEMA, ALL
+// TABLES). Plain text: it runs on a replication connection too.
+func publicationCheck(pub, table string) string {
+	return "SELECT p.pubinsert, EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname " +
+		"AND format('%I.%I', t.schemaname, t.tablename)::regclass = to_regclass(" + sqlLiteral(table) + ")) " +
+		"FROM pg_publication p WHERE p.pubname = " + sqlLiteral(pub)
+}
+
+// publicationProblem returns the error (wrapping ErrInvalidConfig) for a
+// publication that exists under the source's name but would stream
+// nothing of the table: one made for other tables, or without inserts.
+func publicationProblem(pub, table string, inserts, hasTable bool) error {
+	switch {
+	case !hasTable:
+		return fmt.Errorf("%w: publication %s does not publish table %s: name another WALConfig.Publication (--wal-publication), or ALTER PUBLICATION %s ADD TABLE %s", ErrInvalidConfig, pub, table, pub, table)
+	case !inserts:
+		return fmt.Errorf("%w: publication %s does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", ErrInvalidConfig, pub, pub)
+	}
+	return nil
+}
+
+// sqlLiteral quotes s as an SQL string literal (standard_conforming_strings).
+func sqlLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // startAt sets the reported position to lsn, the slot's confirmed
 // position when a stream starts, and empties the buffer: the stream

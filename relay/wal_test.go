@@ -252,45 +252,100 @@ func TestWALSourceRetriedDeadLetterGoesFirst(t *testing.T) {
 	}
 }
 
-// TestWALSourceWithoutLogicalWAL: on a server whose wal_level is not
-// logical the relay says why in its log and publishes from the table.
+// streamFailures counts the WAL source's failed attempts to open its
+// stream (relay.SourceObserver).
+type streamFailures struct {
+	relay.NopObserver
+	n atomic.Int64
+}
+
+func (o *streamFailures) WALStreaming(streaming bool, err error) {
+	if !streaming && err != nil {
+		o.n.Add(1)
+	}
+}
+func (o *streamFailures) FromSource(relay.Source, int) {}
+
+// TestWALSourceFallsBackToTheTable: with a slot or a publication it cannot
+// use, the relay publishes everything by claiming from the table, and says
+// why in one WARN line, not one per attempt (it tries again with backoff,
+// every 5 s at most, for as long as it runs): a slot name taken by a
+// physical slot, and a publication of the source's name made for another
+// table (which would stream nothing of this one).
 func TestWALSourceFallsBackToTheTable(t *testing.T) {
 	t.Parallel()
-	e := testdb.New(t, walTarget, driver.Config{})
-	logs := &syncLog{}
-	// A slot that another database's pgoutput slot cannot be: a name
-	// taken by a physical slot of the test's own.
-	slot := strings.ToLower(testdb.RandomName("outbox_phys_"))
-	if _, err := e.RelayDB.Exec("SELECT pg_create_physical_replication_slot($1)", slot); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = e.RelayDB.Exec("SELECT pg_drop_replication_slot($1)", slot) })
-	wal := relay.WALConfig{DSN: e.DSN, Slot: slot}
-	t.Cleanup(func() { _, _ = e.RelayDB.Exec("DROP PUBLICATION IF EXISTS " + relay.PublicationName(e.Table)) })
-	b := setupOn(t, e, func(c *relay.Config) {
-		c.Source = relay.SourceWAL
-		c.WAL = wal
-		c.PollInterval = 50 * time.Millisecond
-		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
-	})
-	b.emit(t, event("A", 1), event("A", 2))
-	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 2 })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := order(msgs, "A"); fmt.Sprint(got) != "[A-1 A-2]" {
-		t.Errorf("A delivered as %v", got)
-	}
-	eventually(t, b.ctx, "a log line on the unavailable source", func() bool {
-		for _, l := range logs.lines() {
-			if l["msg"] == "WAL source unavailable; claiming from the table" && strings.Contains(fmt.Sprint(l["error"]), slot) {
-				return true
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, e *testdb.Env) relay.WALConfig
+		why   func(cfg relay.WALConfig, table string) string
+	}{
+		{"physical slot", func(t *testing.T, e *testdb.Env) relay.WALConfig {
+			slot := strings.ToLower(testdb.RandomName("outbox_phys_"))
+			if _, err := e.RelayDB.Exec("SELECT pg_create_physical_replication_slot($1)", slot); err != nil {
+				t.Fatal(err)
 			}
-		}
-		return false
-	})
-	if stream, _ := b.r.WALCounts(); stream != 0 {
-		t.Errorf("%d messages from a stream that never opened", stream)
+			t.Cleanup(func() { _, _ = e.RelayDB.Exec("SELECT pg_drop_replication_slot($1)", slot) })
+			return relay.WALConfig{DSN: e.DSN, Slot: slot}
+		}, func(cfg relay.WALConfig, _ string) string { return cfg.Slot }},
+		{"another table's publication", func(t *testing.T, e *testdb.Env) relay.WALConfig {
+			other := e.Table + "_other"
+			pub := strings.ToLower(testdb.RandomName("outbox_test_pub_"))
+			for _, q := range []string{"CREATE TABLE " + other + " (id int)", "CREATE PUBLICATION " + pub + " FOR TABLE " + other} {
+				if _, err := e.RelayDB.Exec(q); err != nil {
+					t.Fatal(err)
+				}
+			}
+			slot := strings.ToLower(testdb.RandomName("outbox_test_"))
+			t.Cleanup(func() {
+				_, _ = e.RelayDB.Exec("DROP PUBLICATION IF EXISTS " + pub)
+				_, _ = e.RelayDB.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
+			})
+			return relay.WALConfig{DSN: e.DSN, Slot: slot, Publication: pub}
+		}, func(cfg relay.WALConfig, table string) string {
+			return "publication " + cfg.Publication + " does not publish table " + table
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := testdb.New(t, walTarget, driver.Config{})
+			testdb.RequireLogicalWAL(t, e.RelayDB)
+			logs := &syncLog{}
+			wal := tc.setup(t, e)
+			t.Cleanup(func() { _, _ = e.RelayDB.Exec("DROP PUBLICATION IF EXISTS " + relay.PublicationName(e.Table)) })
+			failures := &streamFailures{}
+			b := setupOn(t, e, func(c *relay.Config) {
+				c.Source = relay.SourceWAL
+				c.WAL = wal
+				c.PollInterval = 50 * time.Millisecond
+				c.Observer = failures
+				c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+			})
+			b.emit(t, event("A", 1), event("A", 2))
+			msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 2 })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := order(msgs, "A"); fmt.Sprint(got) != "[A-1 A-2]" {
+				t.Errorf("A delivered as %v", got)
+			}
+			eventually(t, b.ctx, "three failed attempts to open the stream", func() bool { return failures.n.Load() >= 3 })
+			why := tc.why(wal, e.Table)
+			n := 0
+			for _, l := range logs.lines() {
+				if strings.HasPrefix(fmt.Sprint(l["msg"]), "WAL source unavailable") {
+					n++
+					if !strings.Contains(fmt.Sprint(l["error"]), why) {
+						t.Errorf("WARN %v does not say %q", l, why)
+					}
+				}
+			}
+			if n != 1 {
+				t.Errorf("%d WARN lines for %d failed attempts with one cause, want 1", n, failures.n.Load())
+			}
+			if stream, _ := b.r.WALCounts(); stream != 0 {
+				t.Errorf("%d messages from a stream that never opened", stream)
+			}
+		})
 	}
 }
 

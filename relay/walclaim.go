@@ -494,3 +494,57 @@ func DropWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig) 
 	}
 	return nil
 }
+
+// CreateWAL creates what the WAL source reads for ob's table on db's
+// server, if missing: the publication (cfg.Publication or the default; the
+// table's inserts only) and the logical replication slot (cfg.Slot or the
+// default; pgoutput). A relay with SourceWAL creates both at its first
+// start; CreateWAL lets an operator whose role owns the table create them
+// ahead, so that the relays' role needs only REPLICATION and the table's
+// privileges. It returns the state afterwards (ReadWALStatus). Errors:
+// ErrInvalidConfig for an Outbox of another dialect, a bad name, a slot of
+// that name that is not a pgoutput slot of this database, or a publication
+// of that name that does not publish the table's inserts; ErrWALUnavailable
+// when the server refuses (wal_level is not logical, the role lacks
+// REPLICATION or ownership of the table), with the server's error.
+func CreateWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig) (WALStatus, error) {
+	slot, pub, err := walNames(ctx, ob, db, cfg)
+	if err != nil {
+		return WALStatus{}, err
+	}
+	d, err := dialectOf(ob)
+	if err != nil {
+		return WALStatus{}, err
+	}
+	var exists bool
+	if err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", pub).Scan(&exists); err != nil {
+		return WALStatus{}, fmt.Errorf("outbox: reading publication %s: %w", pub, err)
+	}
+	if !exists {
+		_, err := db.ExecContext(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+d.QuotedTable()+" WITH (publish = 'insert')")
+		if err != nil && sqlerr.PostgresCode(err) != "42710" { // created meanwhile
+			return WALStatus{}, fmt.Errorf("%w: creating publication %s: %w", ErrWALUnavailable, pub, err)
+		}
+	}
+	var inserts, hasTable bool
+	if err := db.QueryRowContext(ctx, publicationCheck(pub, d.QuotedTable())).Scan(&inserts, &hasTable); err != nil {
+		return WALStatus{}, fmt.Errorf("outbox: reading publication %s: %w", pub, err)
+	}
+	if err := publicationProblem(pub, ob.Config().Table, inserts, hasTable); err != nil {
+		return WALStatus{}, err
+	}
+	var plugin string
+	var here bool
+	err = db.QueryRowContext(ctx, "SELECT COALESCE(plugin, ''), database IS NOT DISTINCT FROM current_database() FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &here)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if _, err := db.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil && sqlerr.PostgresCode(err) != "42710" {
+			return WALStatus{}, fmt.Errorf("%w: creating slot %s: %w", ErrWALUnavailable, slot, err)
+		}
+	case err != nil:
+		return WALStatus{}, fmt.Errorf("outbox: reading slot %s: %w", slot, err)
+	case plugin != "pgoutput" || !here:
+		return WALStatus{}, fmt.Errorf("%w: slot %s exists but is not a pgoutput slot of this database: name another WALConfig.Slot", ErrInvalidConfig, slot)
+	}
+	return ReadWALStatus(ctx, ob, db, WALConfig{Slot: slot, Publication: pub})
+}

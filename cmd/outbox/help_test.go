@@ -34,6 +34,7 @@ func TestHelpGolden(t *testing.T) {
 		{"kafka", "state-topic", "check"},
 		{"wal", "status"},
 		{"wal", "drop"},
+		{"wal", "create"},
 	} {
 		name := strings.Join(args, "_")
 		t.Run(name, func(t *testing.T) {

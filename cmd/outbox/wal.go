@@ -16,11 +16,12 @@ import (
 func (a *app) walCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "wal",
-		Short: "Show or drop the replication slot of the relay's WAL source (--source wal, PostgreSQL)",
+		Short: "Create, show or drop the replication slot of the relay's WAL source (--source wal, PostgreSQL)",
 		Long: `The relay's WAL source (outbox relay --source wal) reads the table's
 inserts from a logical replication slot and creates the slot and its
-publication at its first start. A slot keeps the server's WAL until a
-reader confirms it: one that no relay reads any more fills the disk, unless
+publication at its first start ('outbox wal create' makes them ahead, as a
+role that owns the table). A slot keeps the server's WAL until a reader
+confirms it: one that no relay reads any more fills the disk, unless
 max_slot_wal_keep_size invalidates it first. See docs/wal.md.`,
 		Args:                  cobra.NoArgs,
 		RunE:                  groupRunE,
@@ -127,7 +128,50 @@ creates a new slot and claims what it finds pending first.`,
 		}),
 	}
 	flags(drop.Flags())
-	cmd.AddCommand(status, drop)
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "Create the slot and its publication ahead of the relays",
+		Long: `Create the WAL source's publication (the table's inserts) and its logical
+replication slot (pgoutput), each if missing, and show them. A relay with
+--source wal creates both at its first start; run this as a role that owns
+the table (CREATE PUBLICATION needs it) and has REPLICATION, so that the
+relays' own role needs only REPLICATION and the table's privileges. The slot
+keeps WAL from now on: start a relay on it, or drop it with 'outbox wal
+drop'. It fails, naming the server's error, if wal_level is not logical
+(set it and restart the server), the role lacks a privilege, a slot of that
+name is not a pgoutput slot of this database, or a publication of that name
+does not publish the table's inserts.`,
+		Example: `  outbox wal create --dsn postgres://owner@db/app
+  outbox wal create --wal-slot billing_outbox --wal-publication billing_outbox_pub`,
+		Args: cobra.NoArgs,
+		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := a.commandContext(cmd)
+			defer cancel()
+			ob, err := a.walOutbox()
+			if err != nil {
+				return err
+			}
+			_, db, err := a.open(ctx, true)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			cfg := relay.WALConfig{Slot: slot, Publication: pub}
+			before, err := relay.ReadWALStatus(ctx, ob, db, cfg)
+			if err != nil {
+				return err
+			}
+			if _, err := relay.CreateWAL(ctx, ob, db, cfg); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "publication %s %s; slot %s %s\n",
+				before.Publication, map[bool]string{true: "existed", false: "created"}[before.PublicationExists],
+				before.Slot, map[bool]string{true: "existed", false: "created"}[before.SlotExists])
+			return nil
+		}),
+	}
+	flags(create.Flags())
+	cmd.AddCommand(status, drop, create)
 	return cmd
 }
 

@@ -106,10 +106,49 @@ func TestRelayCommandWALSource(t *testing.T) {
 func TestWALCommandsRefuseOtherDatabases(t *testing.T) {
 	t.Parallel()
 	tg := sqliteTarget(t)
-	for _, args := range [][]string{{"wal", "status"}, {"wal", "drop"}} {
+	for _, args := range [][]string{{"wal", "status"}, {"wal", "drop"}, {"wal", "create"}} {
 		r := expect(t, cli(t, append([]string{"--dsn", tg.dsn}, args...)...), 2)
 		if !strings.Contains(r.stderr, "needs PostgreSQL") {
 			t.Errorf("%v: %s", args, r)
 		}
+	}
+}
+
+// TestWALCreateCommand: outbox wal create makes the publication and the
+// slot (then says they existed), status shows the slot with no reader,
+// and a publication of that name made for another table is refused with
+// what to do.
+func TestWALCreateCommand(t *testing.T) {
+	t.Parallel()
+	tg := serverTarget(t, driver.Postgres)
+	testdb.RequireLogicalWAL(t, tg.plainDB(t))
+	table := randomTable()
+	tg.migrate(t, table)
+	slot := "outbox_test_" + strings.ToLower(strings.TrimPrefix(table, "t_"))
+	global := []string{"--dsn", tg.dsn, "--table", table}
+	t.Cleanup(func() { cli(t, append(append([]string{}, global...), "wal", "drop", "--wal-slot", slot)...) })
+	r := expect(t, cli(t, append(append([]string{}, global...), "wal", "create", "--wal-slot", slot)...), 0)
+	if want := "publication " + table + "_outbox_pub created; slot " + slot + " created"; !strings.Contains(r.stdout, want) {
+		t.Errorf("first create: %q, want %q", r.stdout, want)
+	}
+	r = expect(t, cli(t, append(append([]string{}, global...), "wal", "create", "--wal-slot", slot)...), 0)
+	if !strings.Contains(r.stdout, "existed; slot "+slot+" existed") {
+		t.Errorf("second create: %q", r.stdout)
+	}
+	st := expect(t, cli(t, append(append([]string{}, global...), "wal", "status", "--wal-slot", slot)...), 0)
+	if !strings.Contains(st.stdout, "none (no relay reads it: it keeps WAL)") {
+		t.Errorf("status after create:\n%s", st.stdout)
+	}
+
+	other := randomTable()
+	tg.migrate(t, other)
+	pub := "outbox_test_pub_" + strings.ToLower(strings.TrimPrefix(other, "t_"))
+	if _, err := tg.plainDB(t).Exec("CREATE PUBLICATION " + pub + " FOR TABLE " + other); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = tg.plainDB(t).Exec("DROP PUBLICATION IF EXISTS " + pub) })
+	r = cli(t, append(append([]string{}, global...), "wal", "create", "--wal-slot", slot+"_x", "--wal-publication", pub)...)
+	if r.code == 0 || !strings.Contains(r.stderr, "publication "+pub+" does not publish table "+table) || !strings.Contains(r.stderr, "ALTER PUBLICATION") {
+		t.Errorf("create on another table's publication: %s", r)
 	}
 }

@@ -38,6 +38,10 @@ type relayChildConfig struct {
 	Topic   string   `json:"topic"`
 	// PGDriver is -pgdriver (pq or pgx), for PostgreSQL.
 	PGDriver string `json:"pgdriver,omitempty"`
+	// WALSlot, if set (-source wal), makes the child read the table's
+	// inserts from this replication slot (relay.SourceWAL) instead of
+	// LISTENing: the stream is its only wake-up.
+	WALSlot string `json:"wal_slot,omitempty"`
 }
 
 // childLine is one line the relay child writes on its stdout: ready once
@@ -135,7 +139,7 @@ func relayChild(raw string) int {
 	// a fresh table takes them all in its first heartbeat).
 	up := make(chan struct{})
 	var upOnce sync.Once
-	obs := &upObserver{up: func() { upOnce.Do(func() { close(up) }) }, partitions: partition.DefaultCount}
+	obs := &upObserver{up: func() { upOnce.Do(func() { close(up) }) }, partitions: partition.DefaultCount, wal: cfg.WALSlot != ""}
 	obs.published = func(m relay.Message) { out.send(childLine{ID: m.MessageID, Nanos: time.Now().UnixNano()}) }
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	// Another process than the writers: the table is described by dialect
@@ -144,7 +148,11 @@ func relayChild(raw string) int {
 	if err != nil {
 		return fail(err)
 	}
-	r, err := relay.New(ob, db, relay.Config{Publisher: pub, Observer: obs, Logger: logger})
+	rcfg := relay.Config{Publisher: pub, Observer: obs, Logger: logger}
+	if cfg.WALSlot != "" {
+		rcfg.Source, rcfg.WAL = relay.SourceWAL, relay.WALConfig{DSN: cfg.DB, Slot: cfg.WALSlot}
+	}
+	r, err := relay.New(ob, db, rcfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -152,7 +160,7 @@ func relayChild(raw string) int {
 	go func() { runErr <- r.Run(ctx) }()
 	listening := make(chan struct{})
 	var wg sync.WaitGroup
-	if dialect == driver.Postgres {
+	if dialect == driver.Postgres && cfg.WALSlot == "" {
 		var once sync.Once
 		wake := func() {
 			// ListenPostgres wakes once right after LISTEN succeeded.
@@ -358,13 +366,19 @@ func runStandalone(ctx context.Context, db *database, brokers []string, rates []
 	defer rig.close()
 	env := rig.env
 	acks := newAckLog()
-	child, err := startChildRelay(ctx, relayChildConfig{DB: db.dsn, Schema: db.schema, File: db.file, Table: env.table, Brokers: brokers, Topic: rig.route.topic, PGDriver: db.pgDriver}, acks)
+	wal, dropSlot := db.withSource(env, relay.Config{})
+	defer dropSlot() // deferred before child.Close: runs after the child stopped
+	child, err := startChildRelay(ctx, relayChildConfig{DB: db.dsn, Schema: db.schema, File: db.file, Table: env.table, Brokers: brokers, Topic: rig.route.topic, PGDriver: db.pgDriver,
+		WALSlot: wal.WAL.Slot}, acks)
 	if err != nil {
 		return nil, fmt.Errorf("standalone relay: %w", err)
 	}
 	defer child.Close()
 	how := "relay.ListenPostgres (LISTEN/NOTIFY; the writers' commit hook NOTIFYs)"
-	if db.dialect != driver.Postgres {
+	switch {
+	case wal.WAL.Slot != "":
+		how = "its replication stream (relay.SourceWAL, no LISTEN)"
+	case db.dialect != driver.Postgres:
 		how = fmt.Sprintf("the adaptive poll (MinPollInterval %v doubling to PollInterval %v when idle; defaults)", relay.DefaultMinPollInterval, relay.DefaultPollInterval)
 	}
 	res := &LatencyResult{Relay: "standalone relay.Relay in a child process (own pool, relay/kafka publisher), woken by " + how,
