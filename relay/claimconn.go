@@ -190,6 +190,11 @@ func (r *Relay) dropClaimSession() {
 		r.claimStmt = nil
 	}
 	r.claimNoPrep = false
+	if r.walStmt != nil { // prepared on the claim connection, or the pool
+		_ = r.walStmt.Close()
+		r.walStmt = nil
+	}
+	r.walNoPrep = false
 	if r.claimConn != nil {
 		_ = r.claimConn.Close()
 		r.claimConn = nil

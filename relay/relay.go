@@ -348,6 +348,8 @@ type Relay struct {
 	claimConn   *sql.Conn
 	claimStmt   *sql.Stmt // the claim prepared on claimConn
 	claimNoPrep bool      // preparing it failed: run it unprepared
+	walStmt     *sql.Stmt // wal_accept prepared on claimConn (or the pool: walclaim.go)
+	walNoPrep   bool      // preparing it failed: run it unprepared
 	// rec is cfg.Publisher if it is a Reconciler (reconcile.go), and
 	// recon which partitions it reconciled; recon is owned by the Run
 	// goroutine.

@@ -312,7 +312,7 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 	}
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	res, err := r.db.QueryContext(qctx, r.d.Query("wal_accept"), dialect.IDArray(ids), dialect.TextArray(types), dialect.TextArray(aggs), dialect.IDArray(xids))
+	res, err := r.walAccept(qctx, dialect.IDArray(ids), dialect.TextArray(types), dialect.TextArray(aggs), dialect.IDArray(xids))
 	if err != nil {
 		return nil, fmt.Errorf("checking %d rows from the WAL against %s: %w", len(ids), r.table, err)
 	}
@@ -362,6 +362,48 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 		so.FromSource(SourceWAL, len(out))
 	}
 	return out, nil
+}
+
+// walAccept runs wal_accept on the loop's claim connection (claimconn.go),
+// prepared there: unprepared, lib/pq sends a statement with arguments as
+// Parse/Describe, waits, then Bind/Execute, and PostgreSQL plans it each
+// time (1.2 ms cold); through the pool it also waited for a connection
+// while a mark-sent held the other. On a pool with no room to pin the
+// claim connection it runs prepared through the pool. A failure drops the
+// session and the statement (they may be broken); the next check takes
+// new ones.
+func (r *Relay) walAccept(ctx context.Context, args ...any) (*sql.Rows, error) {
+	conn, err := r.claimSession(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q := r.d.Query("wal_accept")
+	if r.walStmt == nil && !r.walNoPrep {
+		var st *sql.Stmt
+		if conn != nil {
+			st, err = conn.PrepareContext(ctx, q)
+		} else {
+			st, err = r.db.PrepareContext(ctx, q)
+		}
+		if err != nil {
+			r.walNoPrep = true // PgBouncer in transaction mode, say: run it unprepared
+		} else {
+			r.walStmt = st
+		}
+	}
+	var rows *sql.Rows
+	switch {
+	case r.walStmt != nil:
+		rows, err = r.walStmt.QueryContext(ctx, args...)
+	case conn != nil:
+		rows, err = conn.QueryContext(ctx, q, args...)
+	default:
+		rows, err = r.db.QueryContext(ctx, q, args...)
+	}
+	if err != nil {
+		r.dropClaimSession()
+	}
+	return rows, err
 }
 
 // wal_accept's verdicts.
