@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 	"text/tabwriter"
 
@@ -47,19 +49,8 @@ its restart position) and has not confirmed (unconfirmed_bytes). With
 		Example: `  outbox wal status --dsn postgres://relay@db/app
   outbox wal status --json --wal-slot billing_outbox`,
 		Args: cobra.NoArgs,
-		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := a.commandContext(cmd)
-			defer cancel()
-			ob, err := a.walOutbox()
-			if err != nil {
-				return err
-			}
-			_, db, err := a.open(ctx, true)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			st, err := relay.ReadWALStatus(ctx, ob, db, relay.WALConfig{Slot: slot, Publication: pub})
+		RunE: a.walRun(&slot, &pub, func(ctx context.Context, cmd *cobra.Command, ob *driver.Outbox, db *sql.DB, cfg relay.WALConfig) error {
+			st, err := relay.ReadWALStatus(ctx, ob, db, cfg)
 			if err != nil {
 				return err
 			}
@@ -101,19 +92,7 @@ table holds every event, and a relay started again with --source wal
 creates a new slot and claims what it finds pending first.`,
 		Example: `  outbox wal drop --dsn postgres://relay@db/app`,
 		Args:    cobra.NoArgs,
-		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := a.commandContext(cmd)
-			defer cancel()
-			ob, err := a.walOutbox()
-			if err != nil {
-				return err
-			}
-			_, db, err := a.open(ctx, true)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			cfg := relay.WALConfig{Slot: slot, Publication: pub}
+		RunE: a.walRun(&slot, &pub, func(ctx context.Context, cmd *cobra.Command, ob *driver.Outbox, db *sql.DB, cfg relay.WALConfig) error {
 			st, err := relay.ReadWALStatus(ctx, ob, db, cfg)
 			if err != nil {
 				return err
@@ -144,19 +123,7 @@ does not publish the table's inserts.`,
 		Example: `  outbox wal create --dsn postgres://owner@db/app
   outbox wal create --wal-slot billing_outbox --wal-publication billing_outbox_pub`,
 		Args: cobra.NoArgs,
-		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := a.commandContext(cmd)
-			defer cancel()
-			ob, err := a.walOutbox()
-			if err != nil {
-				return err
-			}
-			_, db, err := a.open(ctx, true)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			cfg := relay.WALConfig{Slot: slot, Publication: pub}
+		RunE: a.walRun(&slot, &pub, func(ctx context.Context, cmd *cobra.Command, ob *driver.Outbox, db *sql.DB, cfg relay.WALConfig) error {
 			before, err := relay.ReadWALStatus(ctx, ob, db, cfg)
 			if err != nil {
 				return err
@@ -173,6 +140,26 @@ does not publish the table's inserts.`,
 	flags(create.Flags())
 	cmd.AddCommand(status, drop, create)
 	return cmd
+}
+
+// walRun is the RunE of an `outbox wal` command: fn gets the table's
+// Outbox (PostgreSQL only), a pool on --dsn (closed after it) and the
+// slot and publication the flags name.
+func (a *app) walRun(slot, pub *string, fn func(ctx context.Context, cmd *cobra.Command, ob *driver.Outbox, db *sql.DB, cfg relay.WALConfig) error) func(*cobra.Command, []string) error {
+	return a.wrap(func(cmd *cobra.Command, _ []string) error {
+		ctx, cancel := a.commandContext(cmd)
+		defer cancel()
+		ob, err := a.walOutbox()
+		if err != nil {
+			return err
+		}
+		_, db, err := a.open(ctx, true)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		return fn(ctx, cmd, ob, db, relay.WALConfig{Slot: *slot, Publication: *pub})
+	})
 }
 
 // walOutbox is the table's Outbox for `outbox wal`: PostgreSQL only,
