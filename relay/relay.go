@@ -212,7 +212,9 @@ type Config struct {
 	// (cenkalti/backoff's Clock). Default the system clock. No decision
 	// about due retries compares host time with the database: due times are
 	// computed and compared in SQL by the database's clock; Clock exists so
-	// tests can skew the host clock and show nothing changes.
+	// tests can skew the host clock and show nothing changes. The one
+	// host-time decision is DeadLetterUnroutableAfter's, which measures how
+	// long a route has been refused on this clock.
 	Clock backoff.Clock
 
 	tableName string // set by New before withDefaults: the default publication's name
