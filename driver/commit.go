@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqloutbox/outbox/emit"
 	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/logmsg"
 	"github.com/sqloutbox/outbox/internal/sqlerr"
 	"github.com/sqloutbox/outbox/partition"
 )
@@ -32,7 +33,11 @@ func (o *Outbox) commit(t *tx) error {
 	ctx := t.ctx
 	err := o.checkServer(ctx, t.c)
 	if err == nil {
-		err = o.write(ctx, t.c, events)
+		if o.cfg.LogOnly {
+			err = o.writeLog(ctx, t.c, events)
+		} else {
+			err = o.write(ctx, t.c, events)
+		}
 	}
 	if err != nil {
 		if rbErr := t.parent.Rollback(); rbErr != nil {
@@ -54,6 +59,61 @@ func (o *Outbox) commit(t *tx) error {
 	t.c.wake.signal()
 	return nil
 }
+
+// writeLog writes events as one transactional logical decoding message
+// (Config.LogOnly): one statement, one WAL record, decoded by the relay's
+// WAL source at COMMIT and dropped by PostgreSQL's decoder if the
+// transaction (or the subtransaction that emitted it, for a savepoint
+// rolled back) aborts. Emit buffers events in the transaction, so a
+// savepoint rolled back has already dropped its events here.
+func (o *Outbox) writeLog(ctx context.Context, c *conn, events []emit.Event) error {
+	if !o.slotChecked.Load() {
+		ok, err := queryOne(ctx, c, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots
+			WHERE database = current_database() AND plugin = 'pgoutput' AND wal_status IS DISTINCT FROM 'lost')::text`, nil)
+		if err != nil {
+			return fmt.Errorf("outbox: looking for a replication slot (LogOnly): %w", err)
+		}
+		if ok != "true" {
+			return ErrNoSlot
+		}
+		o.slotChecked.Store(true)
+	}
+	parts, err := o.commitPartitions(ctx, c)
+	if err != nil {
+		return err
+	}
+	evs := make([]logmsg.Event, len(events))
+	for k := range events {
+		ev := &events[k]
+		var headers string
+		if len(ev.Headers) > 0 {
+			h, err := json.Marshal(ev.Headers)
+			if err != nil {
+				return fmt.Errorf("encoding headers of %s: %w", ev.ID, err)
+			}
+			headers = string(h)
+		}
+		evs[k] = logmsg.Event{MessageID: ev.ID, AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, EventType: ev.Type,
+			Topic: ev.Topic, ContentType: ev.ContentType, Headers: headers, Payload: ev.Payload,
+			Partition: partition.Of(ev.AggregateType, ev.AggregateID, parts)}
+	}
+	content := logmsg.Encode(make([]byte, 0, logmsg.Size(evs)), evs)
+	args := []sqldriver.NamedValue{{Ordinal: 1, Value: logmsg.Prefix(o.cfg.Table)}, {Ordinal: 2, Value: content}}
+	const q = "SELECT pg_logical_emit_message(true, $1, $2::bytea)"
+	if c.cache != nil {
+		err = c.cache.exec(ctx, c, logMessageKey, q, args)
+	} else {
+		err = recovered(func() error { _, err := c.execParentOrPrepare(ctx, q, args); return err })
+	}
+	if err != nil {
+		return fmt.Errorf("writing %d events as a logical decoding message: %w", len(events), err)
+	}
+	return nil
+}
+
+// logMessageKey is writeLog's key in a connection's statement cache
+// (insert keys are row counts, 1..cachedInsertRows).
+const logMessageKey = -2
 
 // insertCache keeps rendered multi-row INSERTs for small row counts,
 // keyed by row count; a connection's statement cache uses the same keys.

@@ -43,6 +43,12 @@ var (
 	// events; it rolled the transaction back, so neither the business
 	// changes nor the events were committed. The driver's error is wrapped.
 	ErrWriteEvents = errors.New("outbox: writing events before COMMIT failed; transaction rolled back")
+	// ErrNoSlot (Config.LogOnly): no logical replication slot of the
+	// pgoutput plugin exists in the database, so a logical decoding
+	// message written now would reach no relay. Returned wrapped in
+	// ErrWriteEvents by a commit with events; create the slot with
+	// `outbox wal create` (relay.CreateWAL) or by starting the relay.
+	ErrNoSlot = errors.New("outbox: log-only mode needs the relay's replication slot, and the database has no pgoutput slot")
 
 	// ErrSchemaMissing: the outbox table was never migrated (relay start).
 	ErrSchemaMissing = dialect.ErrSchemaMissing
@@ -103,6 +109,27 @@ type Config struct {
 	// process (they are woken by Wakeup) or no relay listens: no
 	// notifier is started and no connection opened.
 	DisableNotify bool
+	// LogOnly (PostgreSQL 14 or later, wal_level = logical) writes a
+	// transaction's events as one transactional logical decoding message
+	// (pg_logical_emit_message(true, "outbox:<Table>", ...), format in
+	// internal/logmsg) instead of rows: the commit hook writes one WAL
+	// record and no table, index or pending-set row, and no id is drawn.
+	// Only a relay with Source SourceWAL reading a slot of this database
+	// sees the events (the table holds only what the relay could not
+	// publish at once: a retry, a dead letter, an event of a partition
+	// another relay holds). A message is kept by the server only for the
+	// replication slots that exist when it is written, so a commit with
+	// events fails with ErrWriteEvents (wrapping ErrNoSlot) while no
+	// pgoutput slot of the database exists (create it with `outbox wal
+	// create` or by starting the relay); it is checked at the first such
+	// commit and then trusted. The events are lost if the slot is dropped
+	// or invalidated (max_slot_wal_keep_size) before the relay confirmed
+	// them: the relay reports that window and refuses readiness until an
+	// operator acknowledges it (docs/wal.md, "Log-only mode"). The same
+	// Emit API and limits; ErrDuplicateID is not detected (no row holds
+	// the id). Default false: rows, which every relay source reads.
+	// New refuses it on MySQL/MariaDB and SQLite (ErrInvalidConfig).
+	LogOnly bool
 	// Logger receives the warnings of the PostgreSQL wake-up notifier (a
 	// NOTIFY that failed and is being retried; never the DSN). Default
 	// slog.Default().
@@ -156,6 +183,7 @@ type Outbox struct {
 	inserts insertCache
 
 	serverChecked atomic.Bool // checkServer passed once
+	slotChecked   atomic.Bool // LogOnly: a pgoutput slot of the database was seen
 
 	mu   sync.Mutex
 	subs []chan struct{}
@@ -174,7 +202,8 @@ type Outbox struct {
 // only has a DSN (a standalone relay, the outbox command) describes the
 // table to package relay and metrics. It returns an error wrapping
 // ErrInvalidConfig for an unknown dialect, an invalid table name, a
-// partition count outside 0..partition.MaxCount or invalid Limits.
+// partition count outside 0..partition.MaxCount, invalid Limits, or
+// LogOnly with another dialect than PostgreSQL.
 func New(cfg Config) (*Outbox, error) {
 	cfg = cfg.withDefaults()
 	initial := cfg.Partitions
@@ -190,6 +219,9 @@ func New(cfg Config) (*Outbox, error) {
 	}
 	if err := cfg.Limits.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if cfg.LogOnly && cfg.Dialect != Postgres {
+		return nil, fmt.Errorf("%w: LogOnly needs PostgreSQL (logical decoding messages), not %s", ErrInvalidConfig, cfg.Dialect)
 	}
 	o := &Outbox{cfg: cfg, dialect: d}
 	o.limits.Store(&cfg.Limits)

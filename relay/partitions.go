@@ -64,6 +64,9 @@ func (r *Relay) Ready() error {
 	if err := r.Live(); err != nil {
 		return err // a stuck loop publishes nothing
 	}
+	if err := r.walLossErr(); err != nil {
+		return err
+	}
 	return r.health.verdict(time.Now(), r.cfg.UnhealthyAfter)
 }
 

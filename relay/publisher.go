@@ -11,7 +11,9 @@ import (
 // Message is one outbox row as the relay hands it to a Publisher.
 type Message struct {
 	// ID is the row's outbox id: ascending in insert order, the order the
-	// relay first-delivers one aggregate's events in.
+	// relay first-delivers one aggregate's events in. 0 for an event of
+	// the log-only mode (driver.Config.LogOnly) read from the WAL and not
+	// written to the table: such events arrive in commit order.
 	ID int64
 	// MessageID is the event's message ID (consumers dedupe by it).
 	MessageID     string
@@ -36,6 +38,10 @@ type Message struct {
 	// database clock (written just before its transaction's COMMIT, so
 	// about the time since commit).
 	Age time.Duration
+
+	// log marks an event read from a logical decoding message
+	// (log-only mode) and not in the table.
+	log bool
 }
 
 // Publisher sends messages to a broker. Publish receives a batch in outbox

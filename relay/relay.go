@@ -340,6 +340,16 @@ type Relay struct {
 	// published from the stream and claimed from the table (tests, and
 	// the progress line).
 	walPublished, walClaimed atomic.Int64
+	walSpilled               atomic.Int64 // log-only events written to the table (tests)
+	// walLoss is the log-only mode's recorded, unacknowledged loss window
+	// (walstate.go), or nil.
+	walLoss atomic.Pointer[WALLoss]
+	// logTaken is set by walClaim when it took events of logical decoding
+	// messages (log-only mode), and logDone by the cycle once each of them
+	// is published or written to the table: the cycle's end then settles
+	// the slot's position, or rewinds the stream if they were not.
+	logTaken, logDone bool
+	logWarned         bool // the WARN about writers in log-only mode and a relay not
 	// unroutable carries Config.DeadLetterUnroutableAfter (unroutable.go).
 	unroutable *unroutable
 	// pipe is rec if it is a Pipeliner: then the exactly-once mode marks
@@ -419,6 +429,11 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	rec := reconcilerOf(cfg.Publisher)
+	if ob.Config().LogOnly && rec != nil {
+		// Its manifests name events by outbox id; an event of a logical
+		// decoding message has none until it is written to the table.
+		return nil, fmt.Errorf("%w: the exactly-once mode (a Reconciler publisher) does not support the log-only mode (driver.Config.LogOnly) yet", ErrInvalidConfig)
+	}
 	pipe, _ := rec.(Pipeliner)
 	log := cfg.Logger.With("component", "outbox.relay", "table", table)
 	return &Relay{
@@ -723,6 +738,7 @@ func (r *Relay) beginStop() { r.stopOnce.Do(func() { close(r.stopping) }) }
 // cycle claims one batch, publishes it and records the outcomes. It
 // returns the number of rows claimed.
 func (r *Relay) cycle(ctx context.Context) (int, error) {
+	defer r.endLogCycle()
 	set, release := r.leases.snapshot()
 	if len(release) > 0 {
 		// Give up excess partitions only once this instance's work on
@@ -784,6 +800,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	r.finishMark()
 	took := time.Since(claimStart)
 	if perr == nil {
+		r.logDone = true // every event of a logical decoding message is published
 		for i := range msgs {
 			r.cfg.Observer.Published(msgs[i], took)
 		}
@@ -809,7 +826,11 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		return len(msgs), nil
 	}
 	var pe PublishErrors
-	if !errors.As(perr, &pe) || len(pe) != len(msgs) {
+	whole := !errors.As(perr, &pe) || len(pe) != len(msgs)
+	if err := r.spillFailed(ctx, set, msgs, pe, whole); err != nil {
+		return len(msgs), err
+	}
+	if whole {
 		// The batch failed as a whole (broker unreachable, timeout,
 		// misconfiguration): no attempt is counted; the loop backs off and
 		// re-sends.
@@ -870,6 +891,10 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 			}
 			if errors.Is(pe[i], ErrAborted) {
 				r.cfg.Observer.Failed(msgs[i], ClassBatch, pe[i]) // no attempt, no hold: sent again next cycle
+				// From the table: with the WAL source the stream would
+				// not bring it again, and a later event of its aggregate
+				// must not go out before it.
+				r.claimTable("a message aborted")
 				continue
 			}
 			if be := (*BatchError)(nil); errors.As(pe[i], &be) {
@@ -911,6 +936,32 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		return len(msgs), fmt.Errorf("publishing: %d of %d messages acknowledged, the rest not sent or unresolved: %w", len(sent), len(msgs), batchErr)
 	}
 	return len(msgs), nil
+}
+
+// spillFailed writes to the table the events of logical decoding messages
+// (log-only mode) in msgs that were not acknowledged (every one if the
+// batch failed as a whole), in batch order, and gives them their IDs: from
+// there the cycle's outcome handling retries, holds and dead-letters them
+// as rows. It then marks the cycle's log events done (r.logDone). Without
+// such events it does nothing.
+func (r *Relay) spillFailed(ctx context.Context, set leaseSet, msgs []Message, pe PublishErrors, whole bool) error {
+	if !r.logTaken {
+		return nil
+	}
+	var idx []int
+	for i := range msgs {
+		if msgs[i].log && msgs[i].ID == 0 && (whole || pe[i] != nil) {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) > 0 {
+		if err := r.spill(ctx, set, msgs, idx); err != nil {
+			return err
+		}
+		r.walSpilled.Add(int64(len(idx)))
+	}
+	r.logDone = true
+	return nil
 }
 
 // deadLetterUnroutable applies Config.DeadLetterUnroutableAfter to a
@@ -991,9 +1042,11 @@ func (j *markJob) byPartition() map[int][]int64 {
 // startMark marks msgs sent in the background; at most one job runs, and
 // only the relay's loop goroutine touches r.marking.
 func (r *Relay) startMark(ctx context.Context, msgs []Message) {
-	j := &markJob{ids: make([]int64, len(msgs)), parts: make([]int, len(msgs)), done: make(chan error, 1)}
+	j := &markJob{ids: make([]int64, 0, len(msgs)), parts: make([]int, 0, len(msgs)), done: make(chan error, 1)}
 	for i := range msgs {
-		j.ids[i], j.parts[i] = msgs[i].ID, msgs[i].Partition
+		if msgs[i].ID != 0 { // 0: an event of a logical decoding message, in no table
+			j.ids, j.parts = append(j.ids, msgs[i].ID), append(j.parts, msgs[i].Partition)
+		}
 	}
 	r.marking = j
 	go func() { j.done <- r.markSent(ctx, msgs) }()
@@ -1153,10 +1206,13 @@ func nextBatch(cfg Config, limit, n, bytes int) int {
 // being stopped: an outcome the broker already acknowledged is worth
 // recording (otherwise the message is re-sent as a duplicate).
 func (r *Relay) markSent(ctx context.Context, msgs []Message) error {
-	ids := make([]int64, len(msgs))
+	ids := make([]int64, 0, len(msgs))
 	var retried []int64
 	for i := range msgs {
-		ids[i] = msgs[i].ID
+		if msgs[i].ID == 0 {
+			continue // an event of a logical decoding message: in no table
+		}
+		ids = append(ids, msgs[i].ID)
 		if msgs[i].Attempts > 0 {
 			retried = append(retried, msgs[i].ID)
 		}

@@ -192,6 +192,10 @@ type walRow struct {
 	msg Message
 	end pglogrepl.LSN // the end of the row's transaction's commit record
 	xid uint32        // the row's transaction
+	// log marks an event of a logical decoding message (driver.Config.
+	// LogOnly): it is in no table, so the slot's position must not pass
+	// it before it is published or written to the table (walReader.hold).
+	log bool
 	// age is the row's age when it was read (the server's clock when it
 	// sent the row, minus created_at), at the host's monotonic clock: the
 	// loop adds the time since.
@@ -234,6 +238,73 @@ type walReader struct {
 	confirmed pglogrepl.LSN // the position the loop has taken everything below
 	taken     int64         // rows handed to the loop (tests)
 	delay     time.Duration // WALLag.DecodeDelay
+
+	// Log-only mode (logPrefix != ""): while the loop holds events of
+	// logical decoding messages it took (hold), the slot's position does
+	// not move past them: what take and the stream would confirm waits in
+	// later until settle. rewind discards the buffer and restarts the
+	// stream at the slot's position instead; gen tells a stream of an
+	// earlier generation (still running after a rewind) from the current.
+	logPrefix    string
+	logState     *walLogState // the loss guard (walstate.go); nil without log-only mode
+	hold         bool
+	later        pglogrepl.LSN
+	gen          int
+	cancelStream context.CancelFunc
+}
+
+// advance confirms lsn to the slot, or keeps it for settle while the loop
+// holds log events. Called with w.mu held.
+func (w *walReader) advance(lsn pglogrepl.LSN) {
+	if w.hold {
+		w.later = max64(w.later, lsn)
+		return
+	}
+	w.confirmed = max64(w.confirmed, lsn)
+}
+
+// settle ends a hold: the log events taken are published or written to
+// the table, so the slot may move past them.
+func (w *walReader) settle() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.hold {
+		w.hold = false
+		w.confirmed = max64(w.confirmed, w.later)
+		w.later = 0
+	}
+}
+
+// unhold ends a hold whose rows went back to the buffer (putBack): they
+// are taken, and confirmed, again.
+func (w *walReader) unhold() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.hold, w.later = false, 0
+}
+
+// rewind gives up the log events taken and not settled (a failed cycle,
+// a spill that did not commit): the buffer is emptied and the stream
+// restarts at the slot's confirmed position, which is before them, so
+// they are read again (at least once: some may have been published).
+func (w *walReader) rewind() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.hold, w.later = false, 0
+	w.rows = nil
+	w.gap = true
+	w.gen++
+	if w.cancelStream != nil {
+		w.cancelStream()
+	}
+}
+
+// confirmedState returns the position confirmed to the slot, the slot's
+// name, and whether the stream is open.
+func (w *walReader) confirmedState() (pglogrepl.LSN, string, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.confirmed, w.cfg.Slot, w.streaming
 }
 
 // lagState returns WALLag.DecodeDelay, the slot's name, and whether the
@@ -273,14 +344,20 @@ func (w *walReader) take(max int) (rows []walRow, gap, streaming bool) {
 	rows = append([]walRow(nil), w.rows[:n]...)
 	w.rows = append(w.rows[:0], w.rows[n:]...)
 	gap, w.gap = w.gap, false
+	for i := range rows {
+		if rows[i].log {
+			w.hold = true // until settle, unhold or rewind
+			break
+		}
+	}
 	if len(w.rows) == 0 {
-		w.confirmed = max64(w.confirmed, w.received)
+		w.advance(w.received)
 	} else if n > 0 {
 		// Everything of the transactions before the first row left is
 		// taken.
 		for i := n - 1; i >= 0; i-- {
 			if rows[i].end != w.rows[0].end {
-				w.confirmed = max64(w.confirmed, rows[i].end)
+				w.advance(rows[i].end)
 				break
 			}
 		}
@@ -307,6 +384,7 @@ func (w *walReader) coverGap() bool {
 func (w *walReader) putBack(rows []walRow) {
 	w.mu.Lock()
 	w.rows = append(rows, w.rows...)
+	w.hold, w.later = false, 0
 	w.mu.Unlock()
 }
 
@@ -438,6 +516,12 @@ func redactPgError(err error) error {
 
 // stream opens the slot and reads it until an error or ctx's end.
 func (w *walReader) stream(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.mu.Lock()
+	gen := w.gen
+	w.cancelStream = cancel
+	w.mu.Unlock()
 	conn, err := w.connect(ctx)
 	if err != nil {
 		return err
@@ -451,10 +535,17 @@ func (w *walReader) stream(ctx context.Context) error {
 		return err
 	}
 	args := []string{"proto_version '1'", "publication_names '" + w.cfg.Publication + "'"}
+	if w.logPrefix != "" {
+		args = append(args, "messages 'true'") // logical decoding messages (PostgreSQL 14)
+	}
 	if err := pglogrepl.StartReplication(ctx, conn, w.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		return fmt.Errorf("%w: starting replication from slot %s: %w", ErrWALUnavailable, w.cfg.Slot, err)
 	}
 	w.mu.Lock()
+	if gen != w.gen {
+		w.mu.Unlock()
+		return errors.New("rewound") // the loop gave up taken log events meanwhile: start again at the slot's position
+	}
 	w.streaming, w.gap = true, true
 	w.mu.Unlock()
 	w.wake()
@@ -521,7 +612,7 @@ func (w *walReader) stream(ctx context.Context) error {
 				if !inTxn && !ka.ReplyRequested {
 					w.delay = 0 // the walsender waits for WAL: it caught up
 				}
-				if !inTxn && len(w.rows) == 0 && ka.ServerWALEnd > w.received {
+				if !inTxn && len(w.rows) == 0 && ka.ServerWALEnd > w.received && gen == w.gen {
 					// Nothing of ours is in flight: the slot may move to
 					// the keepalive's position, so that other tables'
 					// writes do not keep WAL for it. A logical walsender's
@@ -530,7 +621,7 @@ func (w *walReader) stream(ctx context.Context) error {
 					// it skipped), not the server's flush position: every
 					// commit of ours below it was sent before it.
 					w.received = ka.ServerWALEnd
-					w.confirmed = max64(w.confirmed, ka.ServerWALEnd)
+					w.advance(ka.ServerWALEnd)
 				}
 				w.mu.Unlock()
 				if ka.ReplyRequested {
@@ -567,12 +658,28 @@ func (w *walReader) stream(ctx context.Context) error {
 						created = commitTime
 					}
 					txn = append(txn, walRow{msg: row, xid: xid, age: max(0, xld.ServerTime.Sub(created)), at: time.Now()})
+				case *pglogrepl.LogicalDecodingMessage:
+					if w.logPrefix == "" || lm.Prefix != w.logPrefix {
+						continue // another application's message
+					}
+					if !lm.Transactional {
+						w.log.Warn("WAL source: ignoring a non-transactional message with the outbox's prefix (the driver writes transactional ones)", "prefix", lm.Prefix)
+						continue
+					}
+					msgs, err := decodeLogMessage(lm.Content)
+					if err != nil {
+						return fmt.Errorf("decoding the events of a logical decoding message at %s: %w", lm.LSN, err)
+					}
+					age := max(0, xld.ServerTime.Sub(commitTime))
+					for _, m := range msgs {
+						txn = append(txn, walRow{msg: m, xid: xid, age: age, at: time.Now(), log: true})
+					}
 				case *pglogrepl.CommitMessage:
 					inTxn = false
 					w.mu.Lock()
 					w.delay = max(0, xld.ServerTime.Sub(lm.CommitTime))
 					w.mu.Unlock()
-					w.push(txn, lm.TransactionEndLSN)
+					w.push(txn, lm.TransactionEndLSN, gen)
 					txn = txn[:0]
 				}
 			}
@@ -584,15 +691,18 @@ func (w *walReader) stream(ctx context.Context) error {
 
 // push buffers one committed transaction's rows (a transaction is never
 // split; the buffer may pass Buffer by one transaction).
-func (w *walReader) push(txn []walRow, end pglogrepl.LSN) {
+func (w *walReader) push(txn []walRow, end pglogrepl.LSN, gen int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if gen != w.gen {
+		return // a stream rewound meanwhile: the next one reads this again
+	}
 	if end > w.received {
 		w.received = end
 	}
 	if len(txn) == 0 {
 		if len(w.rows) == 0 {
-			w.confirmed = max64(w.confirmed, end)
+			w.advance(end)
 		}
 		return
 	}
@@ -641,6 +751,12 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 			return err
 		}
 	}
+	if w.logState != nil {
+		if err := w.logState.prepare(ctx, conn); err != nil {
+			return err
+		}
+	}
+	reason := "missing (dropped)"
 	res, err = conn.Exec(ctx, "SELECT COALESCE(wal_status, ''), plugin, database = current_database(), COALESCE(confirmed_flush_lsn, '0/0') FROM pg_replication_slots WHERE slot_name = '"+w.cfg.Slot+"'").ReadAll()
 	if err != nil {
 		return fmt.Errorf("%w: reading slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
@@ -658,8 +774,12 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 				return fmt.Errorf("%w: slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
 			}
 			w.startAt(lsn)
+			if w.logState != nil {
+				return w.logState.slotFound(ctx, conn, w.cfg.Slot, lsn)
+			}
 			return nil
 		}
+		reason = "invalidated (wal_status lost)"
 		w.log.Warn("replication slot invalidated by the server (wal_status lost); recreating it and claiming from the table meanwhile (nothing is lost: the table holds every row)", "slot", w.cfg.Slot)
 		if err := pglogrepl.DropReplicationSlot(ctx, conn, w.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
 			return fmt.Errorf("%w: dropping the invalidated slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
@@ -674,10 +794,15 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		}
 		return fmt.Errorf("%w: creating slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
 	}
-	if lsn, err := pglogrepl.ParseLSN(created.ConsistentPoint); err == nil {
-		w.startAt(lsn)
+	lsn, err := pglogrepl.ParseLSN(created.ConsistentPoint)
+	if err != nil {
+		return fmt.Errorf("%w: slot %s created at %q: %v", ErrWALUnavailable, w.cfg.Slot, created.ConsistentPoint, err)
 	}
+	w.startAt(lsn)
 	w.log.Info("replication slot created", "slot", w.cfg.Slot)
+	if w.logState != nil {
+		return w.logState.slotCreated(ctx, conn, w.cfg.Slot, reason, lsn)
+	}
 	return nil
 }
 
@@ -714,7 +839,7 @@ func sqlLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''")
 func (w *walReader) startAt(lsn pglogrepl.LSN) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.rows = w.rows[:0]
+	w.rows = nil
 	w.confirmed, w.received = lsn, lsn
 }
 

@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/logmsg"
 	"github.com/sqloutbox/outbox/internal/sqlerr"
 )
 
@@ -97,6 +100,12 @@ func (r *Relay) startWAL(ctx context.Context) (<-chan struct{}, func()) {
 		return nil, func() {}
 	}
 	r.wal = newWALReader(r.cfg.WAL, r.table, r.d.QuotedTable(), r.cfg.InstanceID, r.log)
+	if r.rec == nil { // the exactly-once mode names events by outbox id: New refuses it with LogOnly
+		r.wal.logPrefix = logmsg.Prefix(r.table)
+	}
+	if r.ob.Config().LogOnly {
+		r.wal.logState = &walLogState{table: r.d.WALLogTable(), log: r.log}
+	}
 	r.wal.fence = r.fenceSlotReader
 	r.wal.observer, _ = r.cfg.Observer.(SourceObserver)
 	r.wal.standbyWait = r.cfg.LeaseHeartbeat
@@ -105,6 +114,10 @@ func (r *Relay) startWAL(ctx context.Context) (<-chan struct{}, func()) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); r.wal.run(rctx) }()
+	if r.wal.logState != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.runLogState(rctx) }()
+	}
 	if lo, ok := r.cfg.Observer.(WALLagObserver); ok {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.sampleWALLag(rctx, lo) }()
@@ -262,8 +275,9 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 			return nil, nil
 		}
 	}
-	rows, gap, streaming := r.wal.take(r.batch)
+	all, gap, streaming := r.wal.take(r.batch)
 	if gap || !streaming {
+		rows := all
 		// Claim first; the rows taken stay buffered and are checked after
 		// the claim (one decoded from a commit the claim's snapshot does
 		// not show yet would otherwise wait for the next poll, while a
@@ -272,8 +286,26 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 		r.claimTable("stream gap or closed")
 		return nil, nil
 	}
-	if len(rows) == 0 {
+	if len(all) == 0 {
 		return nil, nil
+	}
+	// Events of logical decoding messages (log-only mode) are in no table:
+	// judged apart (walLog), after the rows.
+	rows := make([]walRow, 0, len(all))
+	var logRows []walRow
+	for _, w := range all {
+		if w.log {
+			logRows = append(logRows, w)
+		} else {
+			rows = append(rows, w)
+		}
+	}
+	giveBack := func() {
+		// The rows are left to the table claim; the log events wait in
+		// the buffer for the stream's next turn.
+		if len(logRows) > 0 {
+			r.wal.putBack(logRows)
+		}
 	}
 	marking := map[int64]bool{}
 	if r.marking != nil {
@@ -293,10 +325,10 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 		m.Age = w.age + time.Since(w.at)
 		cand = append(cand, m)
 	}
-	taken := len(rows)
+	taken := len(all)
 	r.batch = nextBatch(r.cfg, r.batch, taken, 0)
 	if len(cand) == 0 {
-		return nil, nil
+		return r.walLog(ctx, set, logRows, nil)
 	}
 	slices.SortFunc(cand, func(a, b Message) int { return cmpInt64(a.ID, b.ID) })
 	xidOf := make(map[int64]uint32, len(rows))
@@ -333,6 +365,7 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 	if epoch != r.walEpoch {
 		// Rows were made pending again below the stream (a dead letter
 		// retried): they go out first, from the table.
+		giveBack()
 		r.claimTable("floor epoch raised")
 		return nil, nil
 	}
@@ -342,26 +375,220 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 			// show committed yet (the committing backend had not left
 			// the process array): judged again in a moment, with the
 			// rows after it.
-			r.wal.putBack(rows)
+			r.wal.putBack(all)
 			r.batch = r.cfg.BatchSize
 			time.AfterFunc(time.Millisecond, r.wal.wake)
 			return nil, nil
 		}
 	}
 	out := cand[:0]
+	var held map[aggregateKey]bool
 	for _, m := range cand {
 		switch verdict[m.ID] {
 		case walAccepted:
 			out = append(out, m)
 		case walHeld:
 			r.claimTable("aggregate held") // the table claim holds or retries its aggregate
+			if held == nil {
+				held = map[aggregateKey]bool{}
+			}
+			held[aggregateKey{m.AggregateType, m.AggregateID}] = true
 		}
 	}
 	r.walPublished.Add(int64(len(out)))
 	if so, ok := r.cfg.Observer.(SourceObserver); ok && len(out) > 0 {
 		so.FromSource(SourceWAL, len(out))
 	}
+	if len(logRows) == 0 {
+		return out, nil
+	}
+	logOut, err := r.walLog(ctx, set, logRows, held)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, logOut...), nil
+}
+
+// walLog judges the events of logical decoding messages taken from the
+// stream (log-only mode), in commit order: it returns those to publish
+// now, after writing to the table (spill) those that must wait: an event
+// of a relay partition this relay does not hold (its owner claims it), of
+// an aggregate whose earlier event failed and was not sent (held_idx: a
+// retry waiting, a dead letter holding it; or refused in this batch,
+// held), and every later event of such an aggregate. One statement asks
+// the database about the batch's aggregates (log_held) and reads the
+// floor epoch; a raised epoch gives the events back to the buffer and
+// sends the loop to the table first. It sets r.logTaken: the cycle's end
+// settles the slot's position once every event returned is published or
+// written to the table, or rewinds the stream.
+func (r *Relay) walLog(ctx context.Context, set leaseSet, rows []walRow, held map[aggregateKey]bool) ([]Message, error) {
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	r.logTaken = true
+	if r.wal.logState == nil && !r.logWarned {
+		r.logWarned = true
+		r.log.Warn("WAL source: the writers use the log-only mode, this relay's Outbox does not: set driver.Config.LogOnly (outbox relay --log-only) on the relays too, so that a lost slot is reported")
+	}
+	msgs := make([]Message, len(rows))
+	var types, ids []string
+	asked := map[aggregateKey]bool{}
+	for i, w := range rows {
+		m := w.msg
+		m.Age = w.age + time.Since(w.at)
+		m.Epoch = set.epochs[m.Partition]
+		msgs[i] = m
+		k := aggregateKey{m.AggregateType, m.AggregateID}
+		if _, ok := set.epochs[m.Partition]; ok && !asked[k] && !held[k] {
+			asked[k] = true
+			types, ids = append(types, k.typ), append(ids, k.id)
+		}
+	}
+	if len(types) > 0 {
+		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		res, err := r.db.QueryContext(qctx, r.d.Query("log_held"), dialect.TextArray(types), dialect.TextArray(ids))
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("checking %d aggregates of events from the WAL against %s: %w", len(types), r.table, err)
+		}
+		var epoch int64
+		for res.Next() {
+			var kind int
+			var k aggregateKey
+			var e int64
+			if err := res.Scan(&kind, &k.typ, &k.id, &e); err != nil {
+				res.Close()
+				cancel()
+				return nil, fmt.Errorf("checking events from the WAL: %w", err)
+			}
+			if kind == 0 {
+				epoch = e
+				continue
+			}
+			if held == nil {
+				held = map[aggregateKey]bool{}
+			}
+			held[k] = true
+		}
+		err = res.Err()
+		res.Close()
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("checking events from the WAL: %w", err)
+		}
+		if epoch != r.walEpoch {
+			r.wal.putBack(rows)
+			r.logTaken = false
+			r.claimTable("floor epoch raised")
+			return nil, nil
+		}
+	}
+	var out []Message
+	var spill []int
+	for i := range msgs {
+		k := aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}
+		if _, ok := set.epochs[msgs[i].Partition]; !ok || held[k] {
+			spill = append(spill, i)
+			continue
+		}
+		out = append(out, msgs[i])
+	}
+	if len(spill) > 0 {
+		if err := r.spill(ctx, set, msgs, spill); err != nil {
+			return nil, err
+		}
+		r.walSpilled.Add(int64(len(spill)))
+	}
+	if len(out) == 0 {
+		r.logDone = true // every event is in the table
+	}
+	r.walPublished.Add(int64(len(out)))
+	if so, ok := r.cfg.Observer.(SourceObserver); ok && len(out) > 0 {
+		so.FromSource(SourceWAL, len(out))
+	}
 	return out, nil
+}
+
+// spill writes msgs[idx] (events of logical decoding messages, in commit
+// order) to the table as pending rows (log_spill) and sets their IDs; an
+// event whose message ID is in the table already (read again after the
+// stream restarted, or an ID reused) keeps ID 0 and is logged. If one of
+// them is in a relay partition another relay holds, that relay is woken
+// (NOTIFY), as a writer's commit would.
+func (r *Relay) spill(ctx context.Context, set leaseSet, msgs []Message, idx []int) error {
+	n := len(idx)
+	mids, types, aids, etypes, topics, ctypes, headers := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	parts := make([]int64, n)
+	payloads := make([]string, n)
+	others := false
+	for j, i := range idx {
+		m := &msgs[i]
+		mids[j], types[j], aids[j], etypes[j], topics[j], ctypes[j] = m.MessageID, m.AggregateType, m.AggregateID, m.EventType, m.Topic, m.ContentType
+		parts[j], payloads[j] = int64(m.Partition), hex.EncodeToString(m.Payload)
+		if len(m.Headers) > 0 {
+			h, err := json.Marshal(m.Headers)
+			if err != nil {
+				return fmt.Errorf("encoding headers of %s: %w", m.MessageID, err)
+			}
+			headers[j] = string(h)
+		}
+		if _, ok := set.epochs[m.Partition]; !ok {
+			others = true
+		}
+	}
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	res, err := r.db.QueryContext(qctx, r.d.Query("log_spill"), dialect.TextArray(mids), dialect.TextArray(types), dialect.TextArray(aids),
+		dialect.TextArray(etypes), dialect.TextArray(topics), dialect.IDArray(parts), dialect.TextArray(ctypes), dialect.TextArray(payloads), dialect.TextArray(headers))
+	if err != nil {
+		return fmt.Errorf("writing %d events from the WAL to %s: %w", n, r.table, err)
+	}
+	got := make(map[string]int64, n)
+	for res.Next() {
+		var id int64
+		var mid string
+		if err := res.Scan(&id, &mid); err != nil {
+			res.Close()
+			return fmt.Errorf("writing events from the WAL to %s: %w", r.table, err)
+		}
+		got[mid] = id
+	}
+	err = res.Err()
+	res.Close()
+	if err != nil {
+		return fmt.Errorf("writing %d events from the WAL to %s: %w", n, r.table, err)
+	}
+	for _, i := range idx {
+		id, ok := got[msgs[i].MessageID]
+		if !ok {
+			r.log.Debug("log-only mode: an event's message ID is in the table already; not written again (an event read again after the stream restarted, or an ID reused: IDs must be unique)",
+				"message_id", msgs[i].MessageID, "aggregate_type", msgs[i].AggregateType, "aggregate_id", msgs[i].AggregateID)
+			continue
+		}
+		msgs[i].ID = id
+	}
+	if others {
+		if _, err := r.db.ExecContext(qctx, "SELECT pg_notify($1, '')", r.d.Channel()); err != nil {
+			r.log.Debug("log-only mode: waking the other relays failed (they find the rows at their next poll)", "error", err)
+		}
+	}
+	return nil
+}
+
+// endLogCycle ends a cycle that took events of logical decoding messages:
+// the slot's position may pass them if each was published or written to
+// the table (r.logDone); otherwise the stream restarts before them.
+func (r *Relay) endLogCycle() {
+	if !r.logTaken {
+		return
+	}
+	if r.logDone {
+		r.wal.settle()
+	} else {
+		r.wal.rewind()
+		r.claimTable("events from the WAL given back")
+	}
+	r.logTaken, r.logDone = false, false
 }
 
 // walAccept runs wal_accept on the loop's claim connection (claimconn.go),
@@ -452,6 +679,9 @@ type WALStatus struct {
 	// UnconfirmedBytes is pg_current_wal_lsn() - confirmed_flush_lsn: WAL
 	// written since the position the reader last confirmed, in bytes.
 	UnconfirmedBytes int64
+	// Loss is the log-only mode's recorded loss window not yet
+	// acknowledged (AckWALLoss), or nil.
+	Loss *WALLoss
 }
 
 // ReadWALStatus reads the state of the WAL source's slot and publication
@@ -476,11 +706,18 @@ func ReadWALStatus(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALCo
 		WHERE s.slot_name = $1`, slot).Scan(&st.Active, &reader, &st.WALStatus, &st.RetainedBytes, &st.UnconfirmedBytes)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return st, nil
 	case err != nil:
 		return st, fmt.Errorf("outbox: reading replication slot %s: %w", slot, err)
+	default:
+		st.SlotExists, st.Reader = true, reader.String
 	}
-	st.SlotExists, st.Reader = true, reader.String
+	d, err := dialectOf(ob)
+	if err != nil {
+		return st, err
+	}
+	if st.Loss, err = readWALLoss(ctx, db, d.WALLogTable(), slot); err != nil {
+		return st, fmt.Errorf("outbox: %w", err)
+	}
 	return st, nil
 }
 
@@ -533,6 +770,21 @@ func DropWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig) 
 	}
 	if _, err := db.ExecContext(ctx, "DROP PUBLICATION IF EXISTS "+pub); err != nil {
 		return fmt.Errorf("outbox: dropping publication %s: %w", pub, err)
+	}
+	d, err := dialectOf(ob)
+	if err != nil {
+		return err
+	}
+	// The log-only mode's record of the slot: a slot retired on purpose
+	// is no loss.
+	var exists bool
+	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", d.WALLogTable()).Scan(&exists); err != nil {
+		return fmt.Errorf("outbox: looking for %s: %w", d.WALLogTable(), err)
+	}
+	if exists {
+		if _, err := db.ExecContext(ctx, "DELETE FROM "+d.WALLogTable()+" WHERE slot_name = $1", slot); err != nil {
+			return fmt.Errorf("outbox: forgetting slot %s in %s: %w", slot, d.WALLogTable(), err)
+		}
 	}
 	return nil
 }
@@ -587,6 +839,14 @@ func CreateWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig
 		return WALStatus{}, fmt.Errorf("outbox: reading slot %s: %w", slot, err)
 	case plugin != "pgoutput" || !here:
 		return WALStatus{}, fmt.Errorf("%w: slot %s exists but is not a pgoutput slot of this database: name another WALConfig.Slot", ErrInvalidConfig, slot)
+	}
+	// The log-only mode's record of the slot (walstate.go), from its
+	// creation on: writers may emit as soon as the slot exists.
+	if _, err := db.ExecContext(ctx, walLogTableDDL(d.WALLogTable())); err != nil {
+		return WALStatus{}, fmt.Errorf("%w: creating %s: %w", ErrWALUnavailable, d.WALLogTable(), err)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO "+d.WALLogTable()+" (slot_name, confirmed_lsn) SELECT slot_name, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn IS NOT NULL ON CONFLICT (slot_name) DO NOTHING", slot); err != nil {
+		return WALStatus{}, fmt.Errorf("outbox: recording slot %s in %s: %w", slot, d.WALLogTable(), err)
 	}
 	return ReadWALStatus(ctx, ob, db, WALConfig{Slot: slot, Publication: pub})
 }

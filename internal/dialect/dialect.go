@@ -888,6 +888,11 @@ func (d *Dialect) PendingTable() string { return templateData{d}.Pending() }
 // MetaTable is the quoted settings table holding the relay partition count.
 func (d *Dialect) MetaTable() string { return templateData{d}.Meta() }
 
+// WALLogTable is the quoted, schema-qualified state table of the relay's
+// WAL source in log-only mode (<table>_wal_log, PostgreSQL; created by the
+// relay, not by Migrate: relay/walstate.go).
+func (d *Dialect) WALLogTable() string { return d.qualify(d.base + "_wal_log") }
+
 // LeaseTable is the quoted partition lease table.
 func (d *Dialect) LeaseTable() string { return templateData{d}.Lease() }
 

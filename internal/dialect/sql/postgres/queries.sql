@@ -450,3 +450,42 @@ SELECT b.id,
        (SELECT m.floor_epoch FROM {{.Meta}} m WHERE m.id = 1)
 FROM (SELECT pg_current_snapshot() AS snap, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax) s,
      unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[]) AS b(id, atype, aid, xid)
+
+-- name: log_held
+-- The WAL source's log-only mode (relay/walclaim.go, walLog): which of the
+-- aggregates ($1 types, $2 ids) have an event that failed and was not sent
+-- (held_idx: a retry waiting, or a dead letter holding the aggregate), as
+-- rows of kind 1; and the table's floor epoch, as the one row of kind 0,
+-- read in the same snapshot. The first test runs once per statement (an
+-- InitPlan): when nothing is held at all, the usual case, no aggregate
+-- pays for its probe of held_idx.
+SELECT 0, '', '', (SELECT m.floor_epoch FROM {{.Meta}} m WHERE m.id = 1)
+UNION ALL
+SELECT 1, a.atype, a.aid, 0
+FROM unnest($1::text[], $2::text[]) AS a(atype, aid)
+WHERE (SELECT EXISTS (SELECT 1 FROM {{.Table}} h WHERE h.status <> 1 AND h.next_retry_at IS NOT NULL))
+  AND EXISTS (SELECT 1 FROM {{.Table}} h
+              WHERE h.aggregate_type = a.atype AND h.aggregate_id = a.aid
+                AND h.status <> 1 AND h.next_retry_at IS NOT NULL)
+
+-- name: log_spill
+-- The WAL source's log-only mode (relay/walclaim.go, spill): writes events
+-- of logical decoding messages that cannot be published at once to the
+-- table as pending rows, in the order given (arrays, one element per
+-- event: $1 message IDs, $2 aggregate types, $3 aggregate ids, $4 event
+-- types, $5 topics ('' for none), $6 relay partitions, $7 content types,
+-- $8 payloads in hex, $9 headers ('' for none)). The transaction's ID is
+-- taken before the first id, as insert_row_first does (the CASE reads it
+-- before nextval), for the claim's floor proof. An event whose message ID
+-- is in the table already (read again after the stream restarted) is
+-- left out. Returns the new rows' ids and message IDs.
+INSERT INTO {{.Table}} (id, message_id, aggregate_type, aggregate_id, event_type, topic, partition_key,
+                        content_type, payload, headers, created_at, updated_at)
+SELECT CASE WHEN t.x IS NOT NULL THEN nextval('{{.Sequence}}') END, u.mid, u.atype, u.aid, u.etype, NULLIF(u.topic, ''), u.part,
+       u.ctype, decode(u.payload, 'hex'), NULLIF(u.headers, ''), clock_timestamp(), clock_timestamp()
+FROM (SELECT txid_current() AS x) t,
+     unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[])
+         WITH ORDINALITY AS u(mid, atype, aid, etype, topic, part, ctype, payload, headers, n)
+ORDER BY u.n
+ON CONFLICT (message_id) DO NOTHING
+RETURNING id, message_id
