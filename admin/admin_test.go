@@ -459,4 +459,18 @@ func TestOverviewShowsTheWALSlot(t *testing.T) {
 			t.Errorf("overview lacks %q:\n%s", want, body)
 		}
 	}
+	if strings.Contains(body, `id="wal-loss"`) {
+		t.Errorf("a loss window shown with none recorded:\n%s", body)
+	}
+	// A loss window of the log-only mode, as a relay records it.
+	if _, err := relay.CreateWAL(s.ctx, s.e.Outbox, s.e.RelayDB, wal); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.e.RelayDB.ExecContext(s.ctx, "UPDATE "+s.e.Table+"_wal_log SET loss_from = '0/10', loss_to = '0/20', loss_at = now(), loss_reason = 'missing (dropped)' WHERE slot_name = $1", slot); err != nil {
+		t.Fatal(err)
+	}
+	body = c.get("/")
+	if !strings.Contains(body, `id="wal-loss"`) || !strings.Contains(body, "between 0/10 and 0/20") || !strings.Contains(body, "outbox wal ack-loss") {
+		t.Errorf("overview does not show the loss window:\n%s", body)
+	}
 }

@@ -89,6 +89,11 @@
 //     confirmed_flush_lsn, pg_current_wal_lsn() minus it and minus
 //     restart_lsn (bytes), and how long after its commit the last outbox
 //     transaction reached the relay (0 once caught up).
+//   - outbox_relay_wal_loss (gauge, relay.WALLossObserver): 1 while a loss
+//     window of the log-only mode (driver.Config.LogOnly: the slot was
+//     dropped or invalidated while it may have held events) is recorded
+//     and not acknowledged (relay.AckWALLoss); the relay is not ready
+//     meanwhile.
 //
 // # Table metrics (NewStatsCollector)
 //

@@ -109,8 +109,8 @@ func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	var obs relay.Observer = m // the point of the type
 
 	// Before anything happens every series exists, errors at 0 per class.
-	if n := testutil.CollectAndCount(m); n != 26 {
-		t.Errorf("CollectAndCount = %d, want 26 (16 single series + 4 error classes + 4 transaction outcomes + 2 sources)", n)
+	if n := testutil.CollectAndCount(m); n != 27 {
+		t.Errorf("CollectAndCount = %d, want 27 (17 single series + 4 error classes + 4 transaction outcomes + 2 sources)", n)
 	}
 	if n := testutil.CollectAndCount(m, metrics.MetricPublishErrors); n != 4 {
 		t.Errorf("error classes exported = %d, want 4", n)
@@ -147,6 +147,7 @@ func TestRelayMetricsRecordsObserverCalls(t *testing.T) {
 	so.WALStreaming(false, errors.New("slot active"))
 	so.WALStreaming(true, nil)
 	obs.(relay.WALLagObserver).WALLag(relay.WALLag{ConfirmedLSN: 0x16B3748, UnconfirmedBytes: 512, RetainedBytes: 8192, DecodeDelay: 1500 * time.Millisecond})
+	obs.(relay.WALLossObserver).WALLoss(&relay.WALLoss{Slot: "s", From: "0/10", To: "0/20"})
 
 	want := `
 # HELP outbox_dead_lettered_total Outbox messages dead-lettered (marked failed).
@@ -202,12 +203,15 @@ outbox_relay_wal_retained_bytes{table="orders_outbox"} 8192
 # HELP outbox_relay_wal_decode_delay_seconds Seconds between the commit of the last outbox transaction the walsender decoded and its arrival at the relay (0 once caught up).
 # TYPE outbox_relay_wal_decode_delay_seconds gauge
 outbox_relay_wal_decode_delay_seconds{table="orders_outbox"} 1.5
+# HELP outbox_relay_wal_loss 1 while a loss window of the log-only mode (a slot dropped or invalidated with events in it) is recorded and not acknowledged (outbox wal ack-loss).
+# TYPE outbox_relay_wal_loss gauge
+outbox_relay_wal_loss{table="orders_outbox"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		metrics.MetricDeadLettered, metrics.MetricPartitionsOwned, metrics.MetricPublishErrors,
 		metrics.MetricPublished, metrics.MetricOrderViolations, metrics.MetricRelayUp, metrics.MetricRetries,
 		metrics.MetricTransactions, metrics.MetricReconciledRows, metrics.MetricSourceMessages, metrics.MetricWALStreaming,
-		metrics.MetricWALConfirmedLSN, metrics.MetricWALUnconfirmedBytes, metrics.MetricWALRetainedBytes, metrics.MetricWALDecodeDelay); err != nil {
+		metrics.MetricWALConfirmedLSN, metrics.MetricWALUnconfirmedBytes, metrics.MetricWALRetainedBytes, metrics.MetricWALDecodeDelay, metrics.MetricWALLoss); err != nil {
 		t.Error(err)
 	}
 
@@ -537,7 +541,7 @@ func TestIntegrationSQLite(t *testing.T) {
 		metrics.MetricPartitionsOwned, metrics.MetricRelayUp, metrics.MetricRelayPartitionMismatch,
 		metrics.MetricOrderViolations, metrics.MetricTransactions, metrics.MetricReconciledRows,
 		metrics.MetricSourceMessages, metrics.MetricWALStreaming, metrics.MetricWALConfirmedLSN, metrics.MetricWALUnconfirmedBytes,
-		metrics.MetricWALRetainedBytes, metrics.MetricWALDecodeDelay, metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
+		metrics.MetricWALRetainedBytes, metrics.MetricWALDecodeDelay, metrics.MetricWALLoss, metrics.MetricPendingEvents, metrics.MetricOldestPendingAge, metrics.MetricSentEvents, metrics.MetricDeadLetters,
 		metrics.MetricPartitionPendingEvents, metrics.MetricPartitionOldestPendingAge, metrics.MetricPartitionOwnerInfo,
 		metrics.MetricStatsScrapeError, metrics.MetricPartitions, metrics.MetricLeasePartitions,
 		metrics.MetricOutOfRangePending, metrics.MetricPartitionMismatch,

@@ -97,6 +97,11 @@ const (
 	// received the last outbox transaction the walsender decoded, in
 	// seconds, 0 once the walsender caught up (relay.WALLag.DecodeDelay).
 	MetricWALDecodeDelay = "outbox_relay_wal_decode_delay_seconds"
+	// MetricWALLoss is a gauge: 1 while a loss window of the WAL source's
+	// log-only mode is recorded and not acknowledged (relay.WALLoss: the
+	// slot was dropped or invalidated while it may have held events; the
+	// relay is not ready meanwhile), else 0. Alert on any 1.
+	MetricWALLoss = "outbox_relay_wal_loss"
 )
 
 // ErrInvalidConfig is returned (wrapped) by NewRelayMetrics for a nil
@@ -154,6 +159,7 @@ type RelayMetrics struct {
 	walUnconfirmed  prometheus.Gauge
 	walRetained     prometheus.Gauge
 	walDelay        prometheus.Gauge
+	walLoss         prometheus.Gauge
 }
 
 var (
@@ -287,6 +293,11 @@ func newRelayMetrics(table string) *RelayMetrics {
 			Help:        "Seconds between the commit of the last outbox transaction the walsender decoded and its arrival at the relay (0 once caught up).",
 			ConstLabels: cl,
 		}),
+		walLoss: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        MetricWALLoss,
+			Help:        "1 while a loss window of the log-only mode (a slot dropped or invalidated with events in it) is recorded and not acknowledged (outbox wal ack-loss).",
+			ConstLabels: cl,
+		}),
 	}
 	m.fromTable = m.sourceMessages.WithLabelValues(relay.SourceTable.String())
 	m.fromWAL = m.sourceMessages.WithLabelValues(relay.SourceWAL.String())
@@ -308,7 +319,7 @@ func (m *RelayMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.published, m.errors, m.retries, m.deadLettered,
 		m.commitToPublish, m.batchSize, m.claimDuration, m.partitionsOwned, m.up, m.mismatch, m.orderViolations,
 		m.transactions, m.reconciledRows, m.sourceMessages, m.walStreaming,
-		m.walConfirmed, m.walUnconfirmed, m.walRetained, m.walDelay}
+		m.walConfirmed, m.walUnconfirmed, m.walRetained, m.walDelay, m.walLoss}
 }
 
 // Describe implements prometheus.Collector: it sends the descriptors of
@@ -443,6 +454,16 @@ func (m *RelayMetrics) WALLag(l relay.WALLag) {
 	m.walUnconfirmed.Set(float64(l.UnconfirmedBytes))
 	m.walRetained.Set(float64(l.RetainedBytes))
 	m.walDelay.Set(l.DecodeDelay.Seconds())
+}
+
+// WALLoss implements relay.WALLossObserver: it sets outbox_relay_wal_loss
+// to 1 while l is a loss window, 0 when nil.
+func (m *RelayMetrics) WALLoss(l *relay.WALLoss) {
+	if l != nil {
+		m.walLoss.Set(1)
+		return
+	}
+	m.walLoss.Set(0)
 }
 
 // FromSource implements relay.SourceObserver: it adds n to

@@ -96,6 +96,10 @@ const (
 	// commit the relay received the last outbox transaction decoded, 0
 	// once caught up (metrics.MetricWALDecodeDelay).
 	MetricWALDecodeDelay = "outbox.relay.wal_decode_delay"
+	// MetricWALLoss is an Int64Gauge: 1 while a loss window of the WAL
+	// source's log-only mode is recorded and not acknowledged, else 0
+	// (relay.WALLossObserver; metrics.MetricWALLoss).
+	MetricWALLoss = "outbox.relay.wal_loss"
 )
 
 // SourceKey is MetricSourceMessages' attribute: table or wal
@@ -179,6 +183,7 @@ type instruments struct {
 	walUnconfirmed  metric.Int64Gauge
 	walRetained     metric.Int64Gauge
 	walDelay        metric.Float64Gauge
+	walLoss         metric.Int64Gauge
 }
 
 var (
@@ -190,6 +195,7 @@ var (
 	_ relay.TransactionObserver = (*Metrics)(nil)
 	_ relay.SourceObserver      = (*Metrics)(nil)
 	_ relay.WALLagObserver      = (*Metrics)(nil)
+	_ relay.WALLossObserver     = (*Metrics)(nil)
 )
 
 // NewMetrics creates the relay instruments of ob's table (its
@@ -293,6 +299,9 @@ func NewMetrics(ob *driver.Outbox, next relay.Observer, opts ...Option) (*Metric
 	in.walDelay, err = meter.Float64Gauge(MetricWALDecodeDelay, metric.WithUnit("s"),
 		metric.WithDescription("Seconds between the commit of the last outbox transaction the walsender decoded and its arrival at the relay (0 once caught up)."))
 	check(MetricWALDecodeDelay, err)
+	in.walLoss, err = meter.Int64Gauge(MetricWALLoss, metric.WithUnit("1"),
+		metric.WithDescription("1 while a loss window of the log-only mode (a slot dropped or invalidated with events in it) is recorded and not acknowledged."))
+	check(MetricWALLoss, err)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -512,6 +521,18 @@ func (m *Metrics) WALLag(l relay.WALLag) {
 	}
 	if lo, ok := m.observer().(relay.WALLagObserver); ok {
 		lo.WALLag(l)
+	}
+}
+
+// WALLoss implements relay.WALLossObserver: it records 1 in
+// outbox.relay.wal_loss while l is a loss window (0 for nil), then
+// forwards to the wrapped Observer if it implements relay.WALLossObserver.
+func (m *Metrics) WALLoss(l *relay.WALLoss) {
+	if in := m.instruments(); in != nil {
+		in.walLoss.Record(bg, boolInt(l != nil), in.table)
+	}
+	if lo, ok := m.observer().(relay.WALLossObserver); ok {
+		lo.WALLoss(l)
 	}
 }
 

@@ -144,3 +144,11 @@ func (w *OrderWatch) WALLag(l relay.WALLag) {
 		lo.WALLag(l)
 	}
 }
+
+// WALLoss implements relay.WALLossObserver: it forwards to the wrapped
+// Observer if it implements relay.WALLossObserver.
+func (w *OrderWatch) WALLoss(l *relay.WALLoss) {
+	if lo, ok := w.Observer.(relay.WALLossObserver); ok {
+		lo.WALLoss(l)
+	}
+}

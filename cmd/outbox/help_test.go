@@ -35,6 +35,7 @@ func TestHelpGolden(t *testing.T) {
 		{"wal", "status"},
 		{"wal", "drop"},
 		{"wal", "create"},
+		{"wal", "ack-loss"},
 	} {
 		name := strings.Join(args, "_")
 		t.Run(name, func(t *testing.T) {

@@ -58,6 +58,7 @@ type relayFlags struct {
 	source         string
 	walSlot        string
 	walPublication string
+	logOnly        bool
 
 	broker brokerFlags
 	tls    tlsFlags
@@ -118,7 +119,10 @@ stand by and claim their partitions from the table, and take the slot
 over when its reader stops (or terminate a reader whose relay's
 membership expired). 'outbox wal status' shows the slot and the WAL it
 keeps; 'outbox wal drop' removes it when the relay is retired
-(docs/wal.md).
+(docs/wal.md). With writers in the log-only mode (driver.Config.LogOnly:
+events written to the WAL only), add --log-only: the relay then records
+the slot's position and reports a slot dropped or invalidated while it
+held events ('outbox wal ack-loss').
 
 The relay partition count is read from the table (stored by 'migrate apply';
 only relay.Repartition changes it). --partitions, if given, asserts it: the
@@ -252,6 +256,8 @@ password redacted).`,
 	envFlag(fs, "wal-slot", "OUTBOX_WAL_SLOT")
 	fs.StringVar(&f.walPublication, "wal-publication", "", "with --source wal: the publication the slot reads (default <table>_outbox_pub)")
 	envFlag(fs, "wal-publication", "OUTBOX_WAL_PUBLICATION")
+	fs.BoolVar(&f.logOnly, "log-only", false, "with --source wal: the writers use the log-only mode (driver.Config.LogOnly): keep the slot's position in <table>_wal_log and report a slot lost with events in it (not ready until 'outbox wal ack-loss')")
+	envFlag(fs, "log-only", "OUTBOX_LOG_ONLY")
 	f.tls.register(fs)
 	f.kafka.register(fs)
 	return cmd
@@ -310,7 +316,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 		return usageErrorf("--source must be table or wal, got %q", f.source)
 	}
 	if source != relay.SourceWAL {
-		for _, name := range []string{"wal-slot", "wal-publication"} {
+		for _, name := range []string{"wal-slot", "wal-publication", "log-only"} {
 			if changed(name) {
 				return usageErrorf("--%s configures --source wal", name)
 			}
@@ -335,7 +341,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, changed func(string) 
 	baseLog, log := a.logs(t)
 	// The table, described without touching the database: relay,
 	// retention, metrics and NOTIFY listener are all built from it.
-	ob, err := a.outbox(t, f.partitions)
+	ob, err := driver.New(driver.Config{Dialect: t.dialect, Table: a.table, Partitions: f.partitions, LogOnly: f.logOnly})
 	if err != nil {
 		return err
 	}

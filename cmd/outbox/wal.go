@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -59,6 +60,7 @@ its restart position) and has not confirmed (unconfirmed_bytes). With
 					"slot": st.Slot, "publication": st.Publication, "slot_exists": st.SlotExists,
 					"publication_exists": st.PublicationExists, "active": st.Active, "reader": st.Reader,
 					"wal_status": st.WALStatus, "retained_bytes": st.RetainedBytes, "unconfirmed_bytes": st.UnconfirmedBytes,
+					"loss": lossJSON(st.Loss),
 				})
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -76,6 +78,10 @@ its restart position) and has not confirmed (unconfirmed_bytes). With
 				fmt.Fprintf(w, "wal_status\t%s\n", st.WALStatus)
 				fmt.Fprintf(w, "retained\t%d bytes\n", st.RetainedBytes)
 				fmt.Fprintf(w, "unconfirmed\t%d bytes\n", st.UnconfirmedBytes)
+			}
+			if st.Loss != nil {
+				fmt.Fprintf(w, "LOSS\tevents committed between %s and %s may be lost (slot %s, %s); acknowledge with 'outbox wal ack-loss'\n",
+					st.Loss.From, st.Loss.To, st.Loss.Reason, st.Loss.At.UTC().Format(time.RFC3339))
 			}
 			return w.Flush()
 		}),
@@ -138,7 +144,35 @@ does not publish the table's inserts.`,
 		}),
 	}
 	flags(create.Flags())
-	cmd.AddCommand(status, drop, create)
+	ack := &cobra.Command{
+		Use:   "ack-loss",
+		Short: "Acknowledge a loss window of the log-only mode, so that relays are ready again",
+		Long: `In the log-only mode (driver.Config.LogOnly, relay --log-only) an event is
+only in the WAL until the relay publishes it, so a slot dropped or
+invalidated (max_slot_wal_keep_size) while it held events loses them. The
+relay then records the window (from the last position it confirmed to the
+new slot's start), logs it at ERROR, and every relay of the table reports
+itself not ready until an operator, having accounted for the events
+committed in that window, acknowledges it here. 'outbox wal status' shows
+the window. Prints the window acknowledged, or that there was none.`,
+		Example: `  outbox wal ack-loss --dsn postgres://relay@db/app`,
+		Args:    cobra.NoArgs,
+		RunE: a.walRun(&slot, &pub, func(ctx context.Context, cmd *cobra.Command, ob *driver.Outbox, db *sql.DB, cfg relay.WALConfig) error {
+			loss, err := relay.AckWALLoss(ctx, ob, db, cfg)
+			if err != nil {
+				return err
+			}
+			if loss == nil {
+				fmt.Fprintln(cmd.OutOrStdout(), "no loss window recorded")
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "acknowledged: slot %s, events committed between %s and %s (%s, %s)\n",
+				loss.Slot, loss.From, loss.To, loss.Reason, loss.At.UTC().Format(time.RFC3339))
+			return nil
+		}),
+	}
+	flags(ack.Flags())
+	cmd.AddCommand(status, drop, create, ack)
 	return cmd
 }
 
@@ -173,4 +207,12 @@ func (a *app) walOutbox() (*driver.Outbox, error) {
 		return nil, usageErrorf("the WAL source needs PostgreSQL; %s relays claim from the table", t.dialect)
 	}
 	return driver.New(driver.Config{Dialect: t.dialect, Table: a.table})
+}
+
+// lossJSON is a loss window for --json (null for none).
+func lossJSON(l *relay.WALLoss) any {
+	if l == nil {
+		return nil
+	}
+	return map[string]any{"slot": l.Slot, "from_lsn": l.From, "to_lsn": l.To, "at": l.At.UTC().Format(time.RFC3339), "reason": l.Reason}
 }

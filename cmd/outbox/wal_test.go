@@ -106,7 +106,7 @@ func TestRelayCommandWALSource(t *testing.T) {
 func TestWALCommandsRefuseOtherDatabases(t *testing.T) {
 	t.Parallel()
 	tg := sqliteTarget(t)
-	for _, args := range [][]string{{"wal", "status"}, {"wal", "drop"}, {"wal", "create"}} {
+	for _, args := range [][]string{{"wal", "status"}, {"wal", "drop"}, {"wal", "create"}, {"wal", "ack-loss"}} {
 		r := expect(t, cli(t, append([]string{"--dsn", tg.dsn}, args...)...), 2)
 		if !strings.Contains(r.stderr, "needs PostgreSQL") {
 			t.Errorf("%v: %s", args, r)
@@ -136,8 +136,34 @@ func TestWALCreateCommand(t *testing.T) {
 		t.Errorf("second create: %q", r.stdout)
 	}
 	st := expect(t, cli(t, append(append([]string{}, global...), "wal", "status", "--wal-slot", slot)...), 0)
-	if !strings.Contains(st.stdout, "none (no relay reads it: it keeps WAL)") {
+	if !strings.Contains(st.stdout, "none (no relay reads it: it keeps WAL)") || strings.Contains(st.stdout, "LOSS") {
 		t.Errorf("status after create:\n%s", st.stdout)
+	}
+	// The log-only mode's loss window: none yet; one recorded (as a
+	// log-only relay records it when it finds its slot gone) is shown,
+	// then acknowledged once.
+	r = expect(t, cli(t, append(append([]string{}, global...), "wal", "ack-loss", "--wal-slot", slot)...), 0)
+	if !strings.Contains(r.stdout, "no loss window recorded") {
+		t.Errorf("ack-loss with none: %q", r.stdout)
+	}
+	if _, err := tg.plainDB(t).Exec("UPDATE "+table+"_wal_log SET loss_from = '0/10', loss_to = '0/20', loss_at = now(), loss_reason = 'missing (dropped)' WHERE slot_name = $1", slot); err != nil {
+		t.Fatal(err)
+	}
+	st = expect(t, cli(t, append(append([]string{}, global...), "wal", "status", "--wal-slot", slot)...), 0)
+	if !strings.Contains(st.stdout, "LOSS") || !strings.Contains(st.stdout, "between 0/10 and 0/20") {
+		t.Errorf("status with a loss window:\n%s", st.stdout)
+	}
+	js := expect(t, cli(t, append(append([]string{}, global...), "wal", "status", "--json", "--wal-slot", slot)...), 0)
+	if !strings.Contains(js.stdout, `"from_lsn": "0/10"`) {
+		t.Errorf("status --json with a loss window:\n%s", js.stdout)
+	}
+	r = expect(t, cli(t, append(append([]string{}, global...), "wal", "ack-loss", "--wal-slot", slot)...), 0)
+	if !strings.Contains(r.stdout, "acknowledged: slot "+slot+", events committed between 0/10 and 0/20") {
+		t.Errorf("ack-loss: %q", r.stdout)
+	}
+	r = expect(t, cli(t, append(append([]string{}, global...), "wal", "ack-loss", "--wal-slot", slot)...), 0)
+	if !strings.Contains(r.stdout, "no loss window recorded") {
+		t.Errorf("second ack-loss: %q", r.stdout)
 	}
 
 	other := randomTable()
