@@ -75,7 +75,7 @@ func BenchmarkCommit(b *testing.B) {
 				variants = append(variants, "emit1_nocache", "emit10_nocache")
 			}
 			if tg.Dialect == driver.Postgres {
-				variants = append(variants, "emit1_nonotify")
+				variants = append(variants, "emit1_nonotify", "emit1_logonly", "emit10_logonly")
 			}
 			for _, v := range variants {
 				b.Run(v, func(b *testing.B) { benchCommit(b, tg, v) })
@@ -118,6 +118,24 @@ func benchCommit(b *testing.B, tg testdb.Target, variant string) {
 		events = 1
 	case "emit10":
 		events = 10
+	case "emit1_logonly", "emit10_logonly":
+		// driver.Config.LogOnly: one logical decoding message per
+		// transaction. Its writers need a pgoutput slot of the database;
+		// one nobody reads is made for the benchmark (dropped after it).
+		events = 1
+		if variant == "emit10_logonly" {
+			events = 10
+		}
+		var walLevel string
+		if err := plain.QueryRowContext(ctx, "SHOW wal_level").Scan(&walLevel); err != nil || walLevel != "logical" {
+			b.Skipf("wal_level is %q, not logical (.ci/run sets it)", walLevel)
+		}
+		slot := strings.ToLower(testdb.RandomName("outbox_bench_"))
+		if _, err := plain.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
+			b.Fatalf("creating slot %s: %v", slot, err)
+		}
+		b.Cleanup(func() { _, _ = plain.ExecContext(context.Background(), "SELECT pg_drop_replication_slot($1)", slot) })
+		db = benchWrappedDB(b, e, driver.Config{Dialect: tg.Dialect, Table: e.Table, LogOnly: true})
 	case "emit1_nonotify", "emit1_nocache", "emit10_nocache":
 		events = 1
 		if variant == "emit10_nocache" {
@@ -180,13 +198,15 @@ func benchCommit(b *testing.B, tg testdb.Target, variant string) {
 	}
 	b.StopTimer()
 	// Every variant wrote the outbox rows it should have: i*events
-	// (handwritten: i).
+	// (handwritten: i; log-only: none).
 	want := i * events
 	switch variant {
 	case "handwritten":
 		want = i
 	case "handwritten10_prepared":
 		want = i * 10
+	case "emit1_logonly", "emit10_logonly":
+		want = 0 // the events are in the WAL (the slot), not in the table
 	}
 	var n int
 	if err := plain.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+e.Table).Scan(&n); err != nil {
