@@ -275,14 +275,6 @@ func (w *walReader) settle() {
 	}
 }
 
-// unhold ends a hold whose rows went back to the buffer (putBack): they
-// are taken, and confirmed, again.
-func (w *walReader) unhold() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.hold, w.later = false, 0
-}
-
 // rewind gives up the log events taken and not settled (a failed cycle,
 // a spill that did not commit): the buffer is emptied and the stream
 // restarts at the slot's confirmed position, which is before them, so
