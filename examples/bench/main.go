@@ -136,6 +136,10 @@ type Result struct {
 	// Handover is part "handover": latency while a second relay joins,
 	// against one relay alone.
 	Handover *HandoverResult `json:"handover,omitempty"`
+	// WALDrain is part "waldrain" (PostgreSQL): a backlog in the WAL
+	// drained by the polling relay, the WAL source in table mode and in
+	// log-only mode.
+	WALDrain *WALDrainResult `json:"wal_drain,omitempty"`
 	// Soak is the -soak mode's result (then the only part).
 	Soak      *SoakResult `json:"soak,omitempty"`
 	Targets   []Target    `json:"targets"`
@@ -161,7 +165,7 @@ var allParts = []string{"commit", "latency", "standalone", "drain", "history", "
 
 // extraParts are parts -only accepts that do not run by default: brokers
 // needs NATS, RabbitMQ and Redis servers besides the database.
-var extraParts = []string{"brokers", "exactlyonce", "handover"}
+var extraParts = []string{"brokers", "exactlyonce", "handover", "waldrain"}
 
 func main() {
 	maybeRunChild()
@@ -448,6 +452,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 	}
+	if want["waldrain"] {
+		if res.WALDrain, err = runWALDrain(ctx, db, kafkaEP, o.rows, o.drainAggs, o.batch, o.runs, logf); err != nil {
+			return err
+		}
+	}
 	for i := range res.LatencyRuns {
 		seedRatios(res.LatencyRuns[i], res.LatencySeedRuns[i])
 	}
@@ -526,6 +535,15 @@ func targets(r *Result) []Target {
 		if l0, l1 := b.Brokers[0].Latency, b.Brokers[1].Latency; l0 != nil && l1 != nil && len(l0.Points) > 0 && len(l1.Points) > 0 && l0.Points[0].RecvP50Ms > 0 {
 			lr := l1.Points[0].RecvP50Ms / l0.Points[0].RecvP50Ms
 			ts = append(ts, target("exactly-once commit->received p50 / default's (Kafka)", "<= 1.5", lr, lr <= 1.5))
+		}
+	}
+	if d := r.WALDrain; d != nil {
+		// Issue 35: a drain of a backlog in the WAL.
+		if m := d.Medians["log"]; m != nil {
+			ts = append(ts, target(fmt.Sprintf("drain of %d events, WAL source, log-only mode (events/s)", d.Events), ">= 200000", m.EventsPerSec, m.EventsPerSec >= 200_000))
+		}
+		if m := d.Medians["wal"]; m != nil {
+			ts = append(ts, target(fmt.Sprintf("drain of %d events, WAL source, table mode (events/s)", d.Events), ">= 120000", m.EventsPerSec, m.EventsPerSec >= 120_000))
 		}
 	}
 	if h := r.Handover; h != nil && h.Steady != nil && h.Join != nil && len(h.Steady.Points) > 0 && len(h.Join.Points) > 0 {
@@ -698,6 +716,18 @@ func printTables(out io.Writer, r *Result) {
 	}
 	if b := r.ExactlyOnce; b != nil {
 		printBrokers(w, out, b)
+	}
+	if d := r.WALDrain; d != nil {
+		fmt.Fprintf(w, "waldrain of %d events\trun\tevents/s\ts\tfrom WAL\tfrom table\trows left\t\n", d.Events)
+		for _, x := range d.Runs {
+			fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%d\t%d\t%d\t\n", x.Mode, x.Run, x.EventsPerSec, x.Seconds, x.FromWAL, x.FromTable, x.TableRows)
+		}
+		for _, mode := range walDrainModes {
+			if x := d.Medians[mode]; x != nil {
+				fmt.Fprintf(w, "%s\tmedian\t%.0f\t%.2f\t%d\t%d\t%d\t\n", mode, x.EventsPerSec, x.Seconds, x.FromWAL, x.FromTable, x.TableRows)
+			}
+		}
+		fmt.Fprintln(w)
 	}
 	if h := r.Handover; h != nil {
 		fmt.Fprintf(w, "handover at %d/s\trun\trecv p50 ms\tp99 ms\tp99.9 ms\tmax ms\t\n", handoverRate)

@@ -72,7 +72,8 @@ func relayChild() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	ob, err := driver.New(driver.Config{Dialect: driver.Dialect(os.Getenv("OUTBOX_CHILD_DIALECT")), Table: os.Getenv("OUTBOX_CHILD_TABLE")})
+	ob, err := driver.New(driver.Config{Dialect: driver.Dialect(os.Getenv("OUTBOX_CHILD_DIALECT")), Table: os.Getenv("OUTBOX_CHILD_TABLE"),
+		LogOnly: os.Getenv("OUTBOX_CHILD_LOG_ONLY") != ""})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

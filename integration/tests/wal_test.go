@@ -105,6 +105,65 @@ func TestWALSourceRelayKilledAtRandomMoments(t *testing.T) {
 	})
 }
 
+// TestWALLogOnlyRelayKilledAtRandomMoments is the test above in the
+// log-only mode (driver.Config.LogOnly): the events are only in the WAL
+// until a relay publishes them, so a kill between a publish and the slot's
+// confirmation re-reads them (duplicates), and nothing else may be lost
+// or reordered. The slot is created before the writers start (a log-only
+// commit needs it); the events are listed from the writers' aggregate
+// table (ledger.ReadSeq).
+func TestWALLogOnlyRelayKilledAtRandomMoments(t *testing.T) {
+	t.Parallel()
+	serverTarget(t, "pq", func(t *testing.T, tg testdb.Target) {
+		const total, batch = 3000, 100
+		kb := startKafka(t, 8, orderTopic)
+		e := testdb.New(t, tg, driver.Config{LogOnly: true})
+		ctx := testCtx(t, 3*time.Minute)
+		slot, env := walChild(t, e)
+		env = append(env, "OUTBOX_CHILD_LOG_ONLY=1")
+		if _, err := relay.CreateWAL(ctx, e.Outbox, e.RelayDB, relay.WALConfig{Slot: slot}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := (ledger.Writers{Writers: 8, Aggregates: 50, Total: total, SeqIDs: true}).Write(ctx, e); err != nil {
+				t.Error(err)
+			}
+		}()
+		for _, at := range []int{200, 900, 1700} {
+			c := startChildAs(t, e, kb.broker.Addrs(), batch, "", "", env...)
+			if _, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= at }); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			c.wait(t, ctx)
+		}
+		last := startChildAs(t, e, kb.broker.Addrs(), batch, "", "", env...)
+		wg.Wait()
+		rows := ledger.ReadSeq(t, e)
+		if len(rows) != total {
+			t.Fatalf("%d events committed, want %d", len(rows), total)
+		}
+		ledger.WaitFor(t, ctx, e, kb.cons, rows)
+		last.terminate(t, ctx)
+		recs := kb.cons.Records()
+		rep := ledger.Check(rows, recs)
+		if !rep.OK() || rep.Duplicates > 3*2*relay.DefaultMaxBatchFactor*batch {
+			ledger.Explain(t, e, rep, recs)
+			t.Fatalf("ledger %+v", rep)
+		}
+		var inTable int
+		if err := e.RelayDB.QueryRow("SELECT count(*) FROM " + e.Table).Scan(&inTable); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("3 kills; ledger %+v; %d events written to the table by the relays", rep, inTable)
+	})
+}
+
 // TestExactlyOnceWALSourceFrozenReader: two exactly-once relay processes
 // with the WAL source share a table while writers commit. The one reading
 // the slot is SIGSTOPped: its leases expire, the other takes its

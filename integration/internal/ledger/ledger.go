@@ -199,6 +199,47 @@ func explainAggregate(t testing.TB, e *testdb.Env, agg string, recs []kafkatest.
 	t.Log(b.String())
 }
 
+// ReadSeq returns the events Writers with SeqIDs committed in e, from
+// its aggregate_seq table (aggregate agg at seq n committed the events
+// "agg-1" ... "agg-n"), in aggregate and seq order, with ID 0: for the
+// log-only mode, whose events are in no table. Check then orders each
+// aggregate's first deliveries by seq alone.
+func ReadSeq(t testing.TB, e *testdb.Env) []Row {
+	t.Helper()
+	rows, err := e.RelayDB.Query("SELECT id, seq FROM " + e.Q("aggregate_seq") + " ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		var agg string
+		var n int
+		if err := rows.Scan(&agg, &n); err != nil {
+			t.Fatal(err)
+		}
+		for s := 1; s <= n; s++ {
+			out = append(out, Row{MessageID: fmt.Sprintf("%s-%d", agg, s), AggregateID: agg, Seq: s})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// WaitFor waits until cons has delivered every one of rows (or fails t
+// when ctx ends, with the report so far).
+func WaitFor(t testing.TB, ctx context.Context, e *testdb.Env, cons *kafkatest.Consumer, rows []Row) {
+	t.Helper()
+	recs, err := cons.Wait(ctx, func(r []kafkatest.Record) bool { return Check(rows, r).Lost == 0 })
+	if err != nil {
+		rep := Check(rows, recs)
+		Explain(t, e, rep, recs)
+		t.Fatalf("%v; ledger %+v", err, rep)
+	}
+}
+
 // Wait reads the committed rows of e and waits until cons has delivered
 // every one of them (or fails t when ctx ends, with the report so far);
 // it returns the rows.
@@ -232,6 +273,10 @@ type Writers struct {
 	Gate *Gate
 	// Committed, if non-nil, is incremented after each commit.
 	Committed *atomic.Int64
+	// SeqIDs gives each event the message ID "<aggregate>-<seq>" instead
+	// of a generated one, so that the events can be listed without the
+	// table (ReadSeq: the log-only mode writes no rows).
+	SeqIDs bool
 }
 
 // Gate holds Writers back (see Writers.Gate). Make it with NewGate; it is
@@ -352,8 +397,12 @@ func (w Writers) Write(ctx context.Context, e *testdb.Env) error {
 						if _, err := tx.ExecContext(ctx, upd, seq, agg); err != nil {
 							return err
 						}
-						return outbox.Emit(ctx, outbox.Event{AggregateType: "order", AggregateID: agg, Type: "order.step",
-							Payload: []byte(fmt.Sprintf(`{"seq":%d}`, seq))})
+						ev := outbox.Event{AggregateType: "order", AggregateID: agg, Type: "order.step",
+							Payload: []byte(fmt.Sprintf(`{"seq":%d}`, seq))}
+						if w.SeqIDs {
+							ev.ID = fmt.Sprintf("%s-%d", agg, seq)
+						}
+						return outbox.Emit(ctx, ev)
 					})
 					if err == nil || !Retryable(err) {
 						break
