@@ -284,6 +284,7 @@ func (w *walReader) rewind() {
 	defer w.mu.Unlock()
 	w.hold, w.later = false, 0
 	w.rows = nil
+	w.received = w.confirmed // what was received past it is read again
 	w.gap = true
 	w.gen++
 	if w.cancelStream != nil {
@@ -555,14 +556,21 @@ func (w *walReader) stream(ctx context.Context) error {
 	var commitTime time.Time
 	var xid uint32
 	nextStatus := time.Now()
+	var sent pglogrepl.LSN
 	for {
-		if now := time.Now(); !now.Before(nextStatus) {
-			w.mu.Lock()
-			pos := w.confirmed
-			w.mu.Unlock()
+		now := time.Now()
+		w.mu.Lock()
+		pos := w.confirmed
+		w.mu.Unlock()
+		// In log-only mode a position not yet reported is events a
+		// restarted relay publishes again: report it within
+		// logStatusInterval, not StatusInterval.
+		early := w.logPrefix != "" && pos > sent && now.Add(w.statusInt-logStatusInterval).After(nextStatus)
+		if !now.Before(nextStatus) || early {
 			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos}); err != nil {
 				return fmt.Errorf("sending the slot position: %w", err)
 			}
+			sent = pos
 			nextStatus = now.Add(w.statusInt)
 		}
 		if w.full() {
@@ -578,7 +586,11 @@ func (w *walReader) stream(ctx context.Context) error {
 			}
 			continue
 		}
-		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		deadline := nextStatus
+		if w.logPrefix != "" {
+			deadline = minTime(deadline, time.Now().Add(logStatusInterval))
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
 		raw, err := conn.ReceiveMessage(rctx)
 		cancel()
 		if err != nil {
@@ -679,6 +691,18 @@ func (w *walReader) stream(ctx context.Context) error {
 			return fmt.Errorf("unexpected replication message %T", raw)
 		}
 	}
+}
+
+// logStatusInterval is how soon, at most, a relay reading logical
+// decoding messages (log-only mode) reports a position that moved: what
+// it has not reported is published again after a crash.
+const logStatusInterval = 100 * time.Millisecond
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // push buffers one committed transaction's rows (a transaction is never
