@@ -104,6 +104,17 @@ func (h *health) record(s *streak, err error) bool {
 	return s.record(time.Now(), err)
 }
 
+// failingFor returns how long s has been failing without a success (0
+// while healthy).
+func (h *health) failingFor(s *streak, now time.Time) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s.since.IsZero() {
+		return 0
+	}
+	return now.Sub(s.since)
+}
+
 // verdict returns an error wrapping ErrUnhealthy, and the last error of
 // the source failing longest, if a source has been failing for longer
 // than grace, or at all with an error wrapping ErrUnavailable (a missing

@@ -297,6 +297,9 @@ func (c Config) withDefaults() Config {
 		if c.WAL.StatusInterval == 0 {
 			c.WAL.StatusInterval = time.Second
 		}
+		if c.WAL.SpillAfter == 0 {
+			c.WAL.SpillAfter = DefaultWALSpillAfter
+		}
 	}
 	return c
 }

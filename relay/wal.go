@@ -107,7 +107,19 @@ type WALConfig struct {
 	// server (standby status update). Default 1 s; it must be below the
 	// server's wal_sender_timeout (default 60 s).
 	StatusInterval time.Duration
+	// SpillAfter (log-only mode, driver.Config.LogOnly) is how long the
+	// relay's cycles must have been failing (a broker outage) before it
+	// moves the events of logical decoding messages from the stream to
+	// the table while it backs off, so that the slot's position keeps
+	// moving and the server's WAL does not pile up for the outage's
+	// length (max_slot_wal_keep_size would invalidate the slot, and the
+	// events with it). Default DefaultWALSpillAfter; negative: never
+	// (the events wait in the WAL).
+	SpillAfter time.Duration
 }
+
+// DefaultWALSpillAfter is WALConfig.SpillAfter's default.
+const DefaultWALSpillAfter = 5 * time.Second
 
 var slotChars = regexp.MustCompile(`[^a-z0-9_]+`)
 

@@ -383,3 +383,64 @@ type reconcilingNop struct{ relayNop }
 func (reconcilingNop) Reconcile(context.Context, int, int64) ([]int64, error) { return nil, nil }
 func (reconcilingNop) Reconciles() bool                                       { return true }
 func (reconcilingNop) Scope() string                                          { return "test" }
+
+// downPublisher fails every batch as a whole while down is set.
+type downPublisher struct {
+	relay.Publisher
+	down atomic.Bool
+}
+
+func (p *downPublisher) Publish(ctx context.Context, msgs []relay.Message) error {
+	if p.down.Load() {
+		return errors.New("broker unreachable")
+	}
+	return p.Publisher.Publish(ctx, msgs)
+}
+
+// TestWALLogOnlyOutageMovesEventsToTheTable: while the broker is down the
+// relay's cycles fail; past WALConfig.SpillAfter the events committed
+// meanwhile are moved from the stream to the table, so the slot's
+// position moves on (the server's WAL does not pile up for the outage).
+// Once the broker is back every event goes out, in order per aggregate.
+func TestWALLogOnlyOutageMovesEventsToTheTable(t *testing.T) {
+	t.Parallel()
+	e, wal := logEnv(t)
+	wal.SpillAfter = 50 * time.Millisecond
+	var pub *downPublisher
+	b := walSetup(t, e, wal, func(c *relay.Config) {
+		pub = &downPublisher{Publisher: c.Publisher}
+		c.Publisher = pub
+	})
+	waitStreaming(t, b, wal.Slot)
+	pub.down.Store(true)
+	const n = 30
+	for i := 1; i <= n; i++ {
+		b.emit(t, event("A", i), event("B", i))
+	}
+	var after string
+	if err := e.RelayDB.QueryRow("SELECT pg_current_wal_lsn()::text").Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, b.ctx, "the events moved to the table and the slot confirmed past them while the broker is down", func() bool {
+		var past bool
+		err := e.RelayDB.QueryRow("SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, after).Scan(&past)
+		return err == nil && past && rows(t, e) == 2*n
+	})
+	if got := len(b.pub.Messages()); got != 0 {
+		t.Fatalf("%d messages published while the broker was down", got)
+	}
+	pub.down.Store(false)
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= n && len(order(m, "B")) >= n })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, agg := range []string{"A", "B"} {
+		var want []string
+		for i := 1; i <= n; i++ {
+			want = append(want, fmt.Sprintf("%s-%d", agg, i))
+		}
+		if got := dedupe(order(msgs, agg)); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s delivered as %v", agg, got)
+		}
+	}
+}

@@ -236,6 +236,11 @@ func (r *Relay) next(ctx context.Context, set leaseSet) ([]Message, error) {
 			return msgs, err
 		}
 	}
+	if r.wal.logPrefix != "" && r.cfg.WAL.SpillAfter > 0 && r.health.failingFor(&r.health.cycles, time.Now()) >= r.cfg.WAL.SpillAfter {
+		if err := r.spillStream(ctx, set); err != nil {
+			return nil, err
+		}
+	}
 	// The claim covers a gap in the stream that came before it: what was
 	// committed before the claim's snapshot is claimed, the rest is in
 	// the stream after the gap. (A gap is a restart of the stream, which
@@ -571,6 +576,42 @@ func (r *Relay) spill(ctx context.Context, set leaseSet, msgs []Message, idx []i
 		if _, err := r.db.ExecContext(qctx, "SELECT pg_notify($1, '')", r.d.Channel()); err != nil {
 			r.log.Debug("log-only mode: waking the other relays failed (they find the rows at their next poll)", "error", err)
 		}
+	}
+	return nil
+}
+
+// spillStream moves what the stream has buffered to the table while the
+// relay's cycles keep failing (WALConfig.SpillAfter): the events of
+// logical decoding messages are written as pending rows (every relay
+// partition: their owners claim them), in commit order; the rows of the
+// table itself are dropped from the buffer (the claim that follows covers
+// them). The slot's position then moves past them, and the reader reads
+// on (up to 16 buffers a cycle). A write that fails rewinds the stream.
+func (r *Relay) spillStream(ctx context.Context, set leaseSet) error {
+	for range 16 {
+		rows, _, _ := r.wal.take(r.cfg.WAL.Buffer)
+		if len(rows) == 0 {
+			return nil
+		}
+		var msgs []Message
+		for _, w := range rows {
+			if w.log {
+				msgs = append(msgs, w.msg)
+			}
+		}
+		if len(msgs) > 0 {
+			idx := make([]int, len(msgs))
+			for i := range idx {
+				idx[i] = i
+			}
+			if err := r.spill(ctx, set, msgs, idx); err != nil {
+				r.wal.rewind()
+				return err
+			}
+			r.walSpilled.Add(int64(len(msgs)))
+			r.log.Debug("WAL source: the relay keeps failing; events moved from the stream to the table", "events", len(msgs))
+		}
+		r.wal.settle()
 	}
 	return nil
 }
