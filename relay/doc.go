@@ -421,6 +421,20 @@
 // application serialises an aggregate's transactions. docs/wal.md has
 // the setup, the figures, the monitoring and the limits.
 //
+// In the log-only mode (driver.Config.LogOnly) the writers emit one
+// transactional logical decoding message per transaction instead of rows,
+// and the relay reading the slot publishes those events (ID 0) straight
+// from the stream (walstate.go, walclaim.go's walLog). An event it cannot
+// publish at once (a failure, an aggregate held by a failed or dead
+// event, a partition another relay holds, a broker outage longer than
+// WALConfig.SpillAfter) is written to the table and from there handled as
+// a row, behind its aggregate's earlier rows. The slot's position moves
+// only past events published or written; a cycle that fails before that
+// restarts the stream at the slot's position. A slot dropped or
+// invalidated while it may have held events is a loss nothing can undo:
+// the relay records the window in <table>_wal_log, and every relay is not
+// ready (ErrWALLoss) until an operator calls AckWALLoss.
+//
 // # Tracing
 //
 // An Observer that also implements PublishObserver wraps each Publish
