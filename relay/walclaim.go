@@ -411,7 +411,19 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(out, logOut...), nil
+	if len(out) == 0 || len(logOut) == 0 {
+		return append(out, logOut...), nil
+	}
+	// Rows and events of messages in one batch (writers switching modes,
+	// or rows the relay wrote): in the stream's order, which is commit
+	// order, so that an aggregate written both ways keeps its order.
+	pos := make(map[string]int, len(all))
+	for i, w := range all {
+		pos[w.msg.MessageID] = i
+	}
+	merged := append(out, logOut...)
+	slices.SortStableFunc(merged, func(a, b Message) int { return pos[a.MessageID] - pos[b.MessageID] })
+	return merged, nil
 }
 
 // walLog judges the events of logical decoding messages taken from the
