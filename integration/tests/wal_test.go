@@ -228,3 +228,83 @@ func TestExactlyOnceWALSourceFrozenReader(t *testing.T) {
 		t.Logf("read_committed exact; read_uncommitted so far %+v", raw)
 	})
 }
+
+// TestWALLogOnlyFrozenReader: two relay processes in the log-only mode
+// share a table while writers commit (the one reading the slot writes the
+// other's partitions' events to the table, which the other claims). The
+// reader is SIGSTOPped: its leases expire, the other takes its partitions,
+// terminates its replication connection and reads the slot from the
+// position the frozen one confirmed; the frozen one is continued. Nothing
+// is lost, each aggregate's first deliveries are in order, and no first
+// delivery came from an older lease epoch after a newer one.
+func TestWALLogOnlyFrozenReader(t *testing.T) {
+	t.Parallel()
+	serverTarget(t, "pq", func(t *testing.T, tg testdb.Target) {
+		const total, aggregates, batch = 4000, 100, 100
+		kb := startKafka(t, 8, orderTopic)
+		e := testdb.New(t, tg, driver.Config{LogOnly: true})
+		ctx := testCtx(t, 4*time.Minute)
+		slot, env := walChild(t, e)
+		env = append(env, "OUTBOX_CHILD_LOG_ONLY=1")
+		if _, err := relay.CreateWAL(ctx, e.Outbox, e.RelayDB, relay.WALConfig{Slot: slot}); err != nil {
+			t.Fatal(err)
+		}
+		relays := map[string]*child{}
+		for _, id := range []string{"log-1", "log-2"} {
+			relays[id] = startChildAs(t, e, kb.broker.Addrs(), batch, "", id, env...)
+		}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := (ledger.Writers{Writers: 8, Aggregates: aggregates, Total: total, SeqIDs: true}).Write(ctx, e); err != nil {
+				t.Error(err)
+			}
+		}()
+		testdb.Eventually(t, ctx, "a relay reads the slot", func() bool { return slotReaderOf(t, e, slot) != "" })
+		testdb.Eventually(t, ctx, "two instances sharing the partitions", func() bool { return len(ownersOf(t, e)) == 2 })
+		if _, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= total/5 }); err != nil {
+			t.Fatal(err)
+		}
+		holder, other := "log-1", "log-2"
+		if slotReaderOf(t, e, slot) == "outbox-relay log-2" {
+			holder, other = other, holder
+		}
+		frozen := relays[holder]
+		if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		testdb.Eventually(t, ctx, holder+"'s leases taken over and its slot read by "+other, func() bool {
+			return ownersOf(t, e)[holder] == 0 && slotReaderOf(t, e, slot) == "outbox-relay "+other
+		})
+		if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		rows := ledger.ReadSeq(t, e)
+		if len(rows) != total {
+			t.Fatalf("%d events committed, want %d", len(rows), total)
+		}
+		ledger.WaitFor(t, ctx, e, kb.cons, rows)
+		for _, c := range relays {
+			c.terminate(t, ctx)
+		}
+		recs := kb.cons.Records()
+		rep := ledger.Check(rows, recs)
+		if !rep.OK() {
+			ledger.Explain(t, e, rep, recs)
+			t.Fatalf("ledger %+v", rep)
+		}
+		if regressions, _ := epochAudit(rows, recs); regressions != 0 {
+			t.Errorf("%d first deliveries came from an older lease epoch after a newer one: the frozen relay published after the new holder", regressions)
+		}
+		var inTable int
+		if err := e.RelayDB.QueryRow("SELECT count(*) FROM " + e.Table).Scan(&inTable); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("ledger %+v; %d events written to the table (the other relay's partitions, and around the takeover)", rep, inTable)
+	})
+}
