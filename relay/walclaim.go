@@ -249,6 +249,7 @@ func (r *Relay) next(ctx context.Context, set leaseSet) ([]Message, error) {
 	// claim.) The rows buffered stay, and are checked like any other.
 	streaming := r.wal.coverGap()
 	limit := r.batch
+	epochBefore := r.floor.epoch
 	msgs, err := r.claim(ctx, set)
 	if err != nil {
 		return nil, err
@@ -258,7 +259,12 @@ func (r *Relay) next(ctx context.Context, set leaseSet) ([]Message, error) {
 	if so, ok := r.cfg.Observer.(SourceObserver); ok && len(msgs) > 0 {
 		so.FromSource(SourceTable, len(msgs))
 	}
-	if len(msgs) < limit && streaming {
+	// Back to the stream only after a short claim under an unchanged
+	// floor epoch: the claim function reads the epoch in another
+	// statement than the rows, so a claim that reports a new epoch may
+	// not have seen the rows made pending with it (a dead letter
+	// retried); the next claim walks from the start under the new one.
+	if len(msgs) < limit && streaming && r.floor.epoch == epochBefore {
 		r.tableDue = false
 		r.onStream.Store(true)
 		r.walEpoch = r.floor.epoch
