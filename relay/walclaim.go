@@ -269,6 +269,12 @@ func (r *Relay) next(ctx context.Context, set leaseSet) ([]Message, error) {
 		r.onStream.Store(true)
 		r.walEpoch = r.floor.epoch
 		r.walLeases = maps.Clone(set.epochs)
+		// Rows may wait in the buffer since before this claim, and a full
+		// buffer signals nothing more (its reader waits for room): the
+		// loop takes them at once instead of waiting for the next poll,
+		// which would send it back to the table (log-only mode: a relay
+		// that found a backlog never returned to the stream).
+		r.wal.wake()
 	}
 	return msgs, nil
 }
