@@ -308,13 +308,25 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 	}
 	// Events of logical decoding messages (log-only mode) are in no table:
 	// judged apart (walLog), after the rows.
-	rows := make([]walRow, 0, len(all))
-	var logRows []walRow
-	for _, w := range all {
-		if w.log {
-			logRows = append(logRows, w)
-		} else {
-			rows = append(rows, w)
+	nlog := 0
+	for i := range all {
+		if all[i].log {
+			nlog++
+		}
+	}
+	rows, logRows := all, []walRow(nil)
+	switch nlog {
+	case 0:
+	case len(all):
+		rows, logRows = nil, all
+	default:
+		rows, logRows = make([]walRow, 0, len(all)-nlog), make([]walRow, 0, nlog)
+		for i := range all {
+			if all[i].log {
+				logRows = append(logRows, all[i])
+			} else {
+				rows = append(rows, all[i])
+			}
 		}
 	}
 	giveBack := func() {
@@ -462,11 +474,13 @@ func (r *Relay) walLog(ctx context.Context, set leaseSet, rows []walRow, held ma
 	msgs := make([]Message, len(rows))
 	var types, ids []string
 	asked := map[aggregateKey]bool{}
-	for i, w := range rows {
-		m := w.msg
-		m.Age = w.age + time.Since(w.at)
+	now := time.Now()
+	for i := range rows {
+		w := &rows[i]
+		m := &msgs[i]
+		*m = w.msg
+		m.Age = w.age + now.Sub(w.at)
 		m.Epoch = set.epochs[m.Partition]
-		msgs[i] = m
 		k := aggregateKey{m.AggregateType, m.AggregateID}
 		if _, ok := set.epochs[m.Partition]; ok && !asked[k] && !held[k] {
 			asked[k] = true
@@ -512,15 +526,23 @@ func (r *Relay) walLog(ctx context.Context, set leaseSet, rows []walRow, held ma
 			return nil, nil
 		}
 	}
-	var out []Message
 	var spill []int
 	for i := range msgs {
 		k := aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}
 		if _, ok := set.epochs[msgs[i].Partition]; !ok || held[k] {
 			spill = append(spill, i)
-			continue
 		}
-		out = append(out, msgs[i])
+	}
+	out := msgs
+	if len(spill) > 0 {
+		out = make([]Message, 0, len(msgs)-len(spill))
+		for i, k := 0, 0; i < len(msgs); i++ {
+			if k < len(spill) && spill[k] == i {
+				k++
+				continue
+			}
+			out = append(out, msgs[i])
+		}
 	}
 	if len(spill) > 0 {
 		if err := r.spill(ctx, set, msgs, spill); err != nil {

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -259,9 +260,10 @@ func AckWALLoss(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfi
 }
 
 // decodeLogMessage returns the events of one logical decoding message of
-// the driver's log-only mode, as Messages with ID 0.
+// the driver's log-only mode, as Messages with ID 0. content may be
+// reused by the caller: the payloads alias one copy of it.
 func decodeLogMessage(content []byte) ([]Message, error) {
-	evs, err := logmsg.Decode(content)
+	evs, err := logmsg.Decode(bytes.Clone(content))
 	if err != nil {
 		return nil, err
 	}
@@ -272,7 +274,7 @@ func decodeLogMessage(content []byte) ([]Message, error) {
 			return nil, fmt.Errorf("event %s: %w", e.MessageID, err)
 		}
 		out[i] = Message{MessageID: e.MessageID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, EventType: e.EventType,
-			Topic: e.Topic, ContentType: e.ContentType, Partition: e.Partition, Payload: append([]byte(nil), e.Payload...), Headers: h, log: true}
+			Topic: e.Topic, ContentType: e.ContentType, Partition: e.Partition, Payload: e.Payload, Headers: h, log: true}
 	}
 	return out, nil
 }

@@ -153,10 +153,19 @@ type DrainResult struct {
 	// before the drain: the relay, its pools and the publisher. The
 	// broker runs in a child process unless -brokers is given; on SQLite
 	// the database engine is in-process and counted too.
-	PeakRSSMB      float64 `json:"peak_rss_mb"`
-	RSSReset       bool    `json:"rss_reset"`
-	BatchSize      int     `json:"batch_size"`
-	PreloadSeconds float64 `json:"preload_seconds"`
+	PeakRSSMB float64 `json:"peak_rss_mb"`
+	// CPURelayMicros and CPUPostgresMicros are CPU time per event over
+	// the drain, in µs, from /proc's clock ticks (cpuPerEvent): the bench
+	// process (the relay and its publisher), and every PostgreSQL
+	// process; CPUBrokerMicros the bench's child processes' (the Kafka
+	// broker it started; 0 with -brokers). 0 where /proc is unreadable
+	// and, for PostgreSQL, on another dialect or machine.
+	CPURelayMicros    float64 `json:"cpu_relay_us_per_event"`
+	CPUBrokerMicros   float64 `json:"cpu_broker_us_per_event"`
+	CPUPostgresMicros float64 `json:"cpu_postgres_us_per_event"`
+	RSSReset          bool    `json:"rss_reset"`
+	BatchSize         int     `json:"batch_size"`
+	PreloadSeconds    float64 `json:"preload_seconds"`
 	// Batches is the number of non-empty claims; ClaimMedianMicros their
 	// median duration; CycleMillis the mean wall time per batch.
 	Batches           int     `json:"batches"`
@@ -241,39 +250,12 @@ func runDrain(ctx context.Context, db *database, ep endpoint, rows, aggs, batch 
 		}
 		defer stop()
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	runErr := make(chan error, 1)
-	start := time.Now()
-	go func() { runErr <- r.Run(rctx) }()
-	defer func() { cancel(); <-runErr }()
-	select {
-	case <-done:
-	case err := <-runErr:
-		runErr <- err
-		return nil, fmt.Errorf("relay stopped: %v", err)
-	case <-time.After(time.Duration(rows/500+60) * time.Second):
-		return nil, fmt.Errorf("drain timed out after %d of %d events", published.Load(), rows)
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	t, err := timeDrain(ctx, r, done, published.Load, rows, env.relay, env.table)
+	if err != nil {
+		return nil, err
 	}
-	// Published counts acknowledgements; the table is empty once the
-	// background mark-sent of the last batch committed. No signal reports
-	// that, so the table is polled, up to a deadline.
-	marked := time.Now().Add(60 * time.Second)
-	for {
-		n, err := pending(ctx, env.relay, env.table)
-		if err != nil {
-			return nil, err
-		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(marked) {
-			return nil, fmt.Errorf("%d rows still pending 60 s after the last acknowledgement", n)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	el := time.Since(start)
+	el := t.Elapsed
+	res.CPURelayMicros, res.CPUBrokerMicros, res.CPUPostgresMicros = cpuPerEvent(t.From, t.To, rows)
 	res.Seconds = round2(el.Seconds())
 	res.EventsPerSec = round2(float64(rows) / el.Seconds())
 	res.PeakRSSMB = peakRSSMB()
@@ -286,9 +268,6 @@ func runDrain(ctx context.Context, db *database, ep endpoint, rows, aggs, batch 
 	if res.Batches > 0 {
 		res.CycleMillis = round2(el.Seconds() * 1000 / float64(res.Batches))
 	}
-	cancel()
-	<-runErr
-	runErr <- nil // for the deferred stop
 	if res.TableStateAfter, err = db.tableState(ctx, env.table, ""); err != nil {
 		return nil, err
 	}

@@ -68,6 +68,7 @@ type options struct {
 	smoke        bool
 	only         string
 	cpuprofile   string
+	walModes     string
 	iters        int
 	batch        int
 	loadSecs     float64
@@ -197,7 +198,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.natsURL, "nats", defaultNATS, "part brokers: NATS server with JetStream")
 	fs.StringVar(&o.amqpURL, "amqp", defaultAMQP, "part brokers: RabbitMQ AMQP URL")
 	fs.StringVar(&o.redisAddr, "redis", defaultRedis, "part brokers: Redis address (host:port)")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) to this file: of part 1's rounds with -only commit, else of the drain (part 3)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) to this file: of part 1's rounds with -only commit, with -only waldrain of each mode's last drain into FILE.MODE, else of the drain (part 3)")
+	fs.StringVar(&o.walModes, "waldrain-modes", strings.Join(walDrainModes, ","), "part waldrain: the modes to run, a comma list of "+strings.Join(walDrainModes, ","))
 	fs.IntVar(&o.iters, "iters", 2000, "transactions per variant for part 1")
 	fs.IntVar(&o.batch, "batch", 0, "relay BatchSize for the drain (0 = relay default)")
 	fs.Float64Var(&o.loadSecs, "load-seconds", 5, "seconds per offered load in part 2 (in-process, standalone and seed relay)")
@@ -324,9 +326,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return nil
 	}
 	// -cpuprofile profiles part 1 when it runs alone, else the drain.
-	commitProfile, drainProfile := "", o.cpuprofile
-	if strings.TrimSpace(o.only) == "commit" {
+	commitProfile, drainProfile, walProfile := "", o.cpuprofile, ""
+	switch strings.TrimSpace(o.only) {
+	case "commit":
 		commitProfile, drainProfile = o.cpuprofile, ""
+	case "waldrain":
+		walProfile, drainProfile = o.cpuprofile, ""
 	}
 	if want["commit"] {
 		logf("part 1: commit overhead, %d transactions per variant", o.iters)
@@ -453,7 +458,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	if want["waldrain"] {
-		if res.WALDrain, err = runWALDrain(ctx, db, kafkaEP, o.rows, o.drainAggs, o.batch, o.runs, logf); err != nil {
+		if res.WALDrain, err = runWALDrain(ctx, db, kafkaEP, strings.Split(o.walModes, ","), o.rows, o.drainAggs, o.batch, o.runs, walProfile, logf); err != nil {
 			return err
 		}
 	}
@@ -677,7 +682,7 @@ func printTables(out io.Writer, r *Result) {
 		fmt.Fprintf(out, "  burst: %s\n\n", r.Burst.Relay)
 	}
 	if len(r.DrainRuns) > 0 {
-		fmt.Fprintf(w, "3. drain\trows\taggregates\tseconds\tevents/s\tpeak RSS MiB\tvs seed\tbatches\tclaim p50 µs\tp99\tmax\tms/batch\t\n")
+		fmt.Fprintf(w, "3. drain\trows\taggregates\tseconds\tevents/s\tpeak RSS MiB\tvs seed\tbatches\tclaim p50 µs\tp99\tmax\tms/batch\tCPU µs/ev relay\tbroker\tpostgres\t\n")
 		rows := r.DrainRuns
 		if r.Runs > 1 {
 			rows = append(append([]*DrainResult{}, r.DrainRuns...), r.Drain, r.DrainAnalyzed)
@@ -690,8 +695,8 @@ func printTables(out io.Writer, r *Result) {
 			if d.Run > 0 {
 				label = fmt.Sprintf("%s run %d", d.Variant, d.Run)
 			}
-			fmt.Fprintf(w, "%s\t%d\t%d\t%.2f\t%.0f\t%.1f\t%.1fx\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t\n", label, d.Rows, d.Aggregates, d.Seconds, d.EventsPerSec, d.PeakRSSMB, d.SpeedupBaseline,
-				d.Batches, d.ClaimMedianMicros, d.ClaimP99Micros, d.ClaimMaxMicros, d.CycleMillis)
+			fmt.Fprintf(w, "%s\t%d\t%d\t%.2f\t%.0f\t%.1f\t%.1fx\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.1f\t%.1f\t%.1f\t\n", label, d.Rows, d.Aggregates, d.Seconds, d.EventsPerSec, d.PeakRSSMB, d.SpeedupBaseline,
+				d.Batches, d.ClaimMedianMicros, d.ClaimP99Micros, d.ClaimMaxMicros, d.CycleMillis, d.CPURelayMicros, d.CPUBrokerMicros, d.CPUPostgresMicros)
 		}
 		w.Flush()
 		for _, d := range r.DrainRuns {
@@ -718,13 +723,13 @@ func printTables(out io.Writer, r *Result) {
 		printBrokers(w, out, b)
 	}
 	if d := r.WALDrain; d != nil {
-		fmt.Fprintf(w, "waldrain of %d events\trun\tevents/s\ts\tfrom WAL\tfrom table\trows left\t\n", d.Events)
+		fmt.Fprintf(w, "waldrain of %d events\trun\tevents/s\ts\tfrom WAL\tfrom table\trows left\tCPU µs/ev relay\tbroker\tpostgres\t\n", d.Events)
 		for _, x := range d.Runs {
-			fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%d\t%d\t%d\t\n", x.Mode, x.Run, x.EventsPerSec, x.Seconds, x.FromWAL, x.FromTable, x.TableRows)
+			fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t\n", x.Mode, x.Run, x.EventsPerSec, x.Seconds, x.FromWAL, x.FromTable, x.TableRows, x.CPURelayMicros, x.CPUBrokerMicros, x.CPUPostgresMicros)
 		}
 		for _, mode := range walDrainModes {
 			if x := d.Medians[mode]; x != nil {
-				fmt.Fprintf(w, "%s\tmedian\t%.0f\t%.2f\t%d\t%d\t%d\t\n", mode, x.EventsPerSec, x.Seconds, x.FromWAL, x.FromTable, x.TableRows)
+				fmt.Fprintf(w, "%s\tmedian\t%.0f\t%.2f\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t\n", mode, x.EventsPerSec, x.Seconds, x.FromWAL, x.FromTable, x.TableRows, x.CPURelayMicros, x.CPUBrokerMicros, x.CPUPostgresMicros)
 			}
 		}
 		fmt.Fprintln(w)

@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +40,11 @@ type WALDrainRun struct {
 	FromWAL   int `json:"from_wal"`
 	FromTable int `json:"from_table"`
 	TableRows int `json:"table_rows"`
+	// CPURelayMicros, CPUBrokerMicros and CPUPostgresMicros are CPU time
+	// per event over the drain, in µs (as in DrainResult).
+	CPURelayMicros    float64 `json:"cpu_relay_us_per_event"`
+	CPUBrokerMicros   float64 `json:"cpu_broker_us_per_event"`
+	CPUPostgresMicros float64 `json:"cpu_postgres_us_per_event"`
 }
 
 // WALDrainResult is part "waldrain" (issue 35's drain: log-only >= 200k
@@ -54,16 +61,21 @@ type WALDrainResult struct {
 // the slot (wal, log) made first so that it keeps them, then starts one
 // relay and times it until every event is acknowledged (and, with rows,
 // marked sent).
-func runWALDrain(ctx context.Context, db *database, ep endpoint, events, aggs, batch, runs int, logf func(string, ...any)) (*WALDrainResult, error) {
+func runWALDrain(ctx context.Context, db *database, ep endpoint, modes []string, events, aggs, batch, runs int, cpuprofile string, logf func(string, ...any)) (*WALDrainResult, error) {
 	if db.dialect != driver.Postgres {
 		return nil, errors.New("part waldrain needs PostgreSQL")
+	}
+	for _, m := range modes {
+		if !slices.Contains(walDrainModes, m) {
+			return nil, fmt.Errorf("part waldrain: unknown mode %q (want %s)", m, strings.Join(walDrainModes, ","))
+		}
 	}
 	res := &WALDrainResult{Events: events, Medians: map[string]*WALDrainRun{}}
 	by := map[string][]*WALDrainRun{}
 	for run := 1; run <= runs; run++ {
-		for _, mode := range walDrainModes {
+		for _, mode := range modes {
 			logf("part waldrain: %d events, %s, run %d of %d", events, mode, run, runs)
-			d, err := runWALDrainOnce(ctx, db, ep, mode, events, aggs, batch, run)
+			d, err := runWALDrainOnce(ctx, db, ep, mode, events, aggs, batch, run, cpuprofile)
 			if err != nil {
 				return nil, fmt.Errorf("waldrain (%s, run %d): %w", mode, run, err)
 			}
@@ -98,7 +110,7 @@ func (o *sourceCounter) FromSource(s relay.Source, n int) {
 	o.table.Add(int64(n))
 }
 
-func runWALDrainOnce(ctx context.Context, db *database, ep endpoint, mode string, events, aggs, batch, run int) (*WALDrainRun, error) {
+func runWALDrainOnce(ctx context.Context, db *database, ep endpoint, mode string, events, aggs, batch, run int, cpuprofile string) (*WALDrainRun, error) {
 	env, err := db.newOutbox(ctx, fmt.Sprintf("ob_waldrain_%s_%d", mode, run), 1)
 	if err != nil {
 		return nil, err
@@ -157,40 +169,21 @@ func runWALDrainOnce(ctx context.Context, db *database, ep endpoint, mode string
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	runErr := make(chan error, 1)
-	start := time.Now()
-	go func() { runErr <- r.Run(rctx) }()
-	defer func() { cancel(); <-runErr }()
-	select {
-	case <-done:
-	case err := <-runErr:
-		runErr <- err
-		return nil, fmt.Errorf("relay stopped: %v", err)
-	case <-time.After(time.Duration(events/500+60) * time.Second):
-		return nil, fmt.Errorf("drain timed out after %d of %d events", published.Load(), events)
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	// With rows, the drain ends once the last batch's mark-sent committed
-	// (as in part 3); the table is polled for it.
-	marked := time.Now().Add(60 * time.Second)
-	for {
-		n, err := pending(ctx, env.relay, env.table)
+	if cpuprofile != "" {
+		stop, err := startCPUProfile(cpuprofile + "." + mode)
 		if err != nil {
 			return nil, err
 		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(marked) {
-			return nil, fmt.Errorf("%d rows still pending 60 s after the last acknowledgement", n)
-		}
-		time.Sleep(2 * time.Millisecond)
+		defer stop()
 	}
-	el := time.Since(start)
+	t, err := timeDrain(ctx, r, done, published.Load, events, env.relay, env.table)
+	if err != nil {
+		return nil, err
+	}
+	el := t.Elapsed
+	relayCPU, brokerCPU, pgCPU := cpuPerEvent(t.From, t.To, events)
 	d := &WALDrainRun{Mode: mode, Run: run, Events: events, Seconds: round2(el.Seconds()), EventsPerSec: round2(float64(events) / el.Seconds()),
-		FromWAL: int(obs.wal.Load()), FromTable: int(obs.table.Load())}
+		FromWAL: int(obs.wal.Load()), FromTable: int(obs.table.Load()), CPURelayMicros: relayCPU, CPUBrokerMicros: brokerCPU, CPUPostgresMicros: pgCPU}
 	if err := env.relay.QueryRowContext(ctx, "SELECT count(*) FROM "+env.table).Scan(&d.TableRows); err != nil {
 		return nil, err
 	}

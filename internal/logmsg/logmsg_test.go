@@ -66,3 +66,29 @@ func TestDecodeRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeCopiesStrings: the strings outlive src (the replication
+// connection reuses its buffer), and a payload appended to does not
+// overwrite the bytes after it.
+func TestDecodeCopiesStrings(t *testing.T) {
+	t.Parallel()
+	events := []Event{
+		{MessageID: "m1", AggregateType: "order", AggregateID: "42", EventType: "created", Payload: []byte("ab"), Partition: 3},
+		{MessageID: "m2", AggregateType: "order", AggregateID: "43", EventType: "paid", Payload: []byte("cd"), Partition: 4},
+	}
+	src := Encode(nil, events)
+	got, err := Decode(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = append(got[0].Payload, "XXXXXXXX"...)
+	if string(got[1].Payload) != "cd" || got[1].MessageID != "m2" {
+		t.Fatalf("an append to payload 1 overwrote event 2: %+v", got[1])
+	}
+	for i := range src {
+		src[i] = 'Z'
+	}
+	if got[0].MessageID != "m1" || got[1].AggregateID != "43" || got[1].EventType != "paid" {
+		t.Fatalf("strings changed with src: %+v", got)
+	}
+}
