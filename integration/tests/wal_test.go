@@ -191,25 +191,11 @@ func TestExactlyOnceWALSourceFrozenReader(t *testing.T) {
 			defer wg.Done()
 			ledger.WriteSerialized(t, ctx, e, 8, aggregates, total)
 		}()
-		testdb.Eventually(t, ctx, "a relay reads the slot", func() bool { return slotReaderOf(t, e, slot) != "" })
-		testdb.Eventually(t, ctx, "two instances sharing the partitions", func() bool { return len(ownersOf(t, e)) == 2 })
-		if _, err := eb.committed.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= total/5 }); err != nil {
-			t.Fatal(err)
-		}
-		holder, other := "wal-1", "wal-2"
-		if slotReaderOf(t, e, slot) == "outbox-relay wal-2" {
-			holder, other = other, holder
-		}
-		frozen := relays[holder]
-		if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-		testdb.Eventually(t, ctx, holder+"'s leases taken over and its slot read by "+other, func() bool {
-			return ownersOf(t, e)[holder] == 0 && slotReaderOf(t, e, slot) == "outbox-relay "+other
+		holder, other := freezeTheSlotReader(t, ctx, e, relays, slot, func() {
+			if _, err := eb.committed.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= total/5 }); err != nil {
+				t.Fatal(err)
+			}
 		})
-		if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-			t.Fatal(err)
-		}
 		if !strings.Contains(relays[other].out.String(), "terminated the slot's reader") {
 			t.Errorf("%s took the slot over without terminating the frozen reader (the server let it go: wal_sender_timeout?)", other)
 		}
@@ -227,6 +213,38 @@ func TestExactlyOnceWALSourceFrozenReader(t *testing.T) {
 		raw := ledger.Check(rows, eb.uncommitted.Records())
 		t.Logf("read_committed exact; read_uncommitted so far %+v", raw)
 	})
+}
+
+// freezeTheSlotReader waits until one of the two relays reads the slot
+// and both hold partitions, then for progressed (a share of the events
+// delivered), then SIGSTOPs the slot's reader until the other holds every
+// partition and reads the slot, and continues it. It returns the frozen
+// relay's id and the other's.
+func freezeTheSlotReader(t *testing.T, ctx context.Context, e *testdb.Env, relays map[string]*child, slot string, progressed func()) (frozen, other string) {
+	t.Helper()
+	testdb.Eventually(t, ctx, "a relay reads the slot", func() bool { return slotReaderOf(t, e, slot) != "" })
+	testdb.Eventually(t, ctx, "two instances sharing the partitions", func() bool { return len(ownersOf(t, e)) == 2 })
+	progressed()
+	reader := strings.TrimPrefix(slotReaderOf(t, e, slot), "outbox-relay ")
+	for id := range relays {
+		if id != reader {
+			other = id
+		}
+	}
+	c, ok := relays[reader]
+	if !ok || other == "" {
+		t.Fatalf("the slot's reader %q is not one of the two relays", reader)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	testdb.Eventually(t, ctx, reader+"'s leases taken over and its slot read by "+other, func() bool {
+		return ownersOf(t, e)[reader] == 0 && slotReaderOf(t, e, slot) == "outbox-relay "+other
+	})
+	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	return reader, other
 }
 
 // TestWALLogOnlyFrozenReader: two relay processes in the log-only mode
@@ -261,25 +279,11 @@ func TestWALLogOnlyFrozenReader(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		testdb.Eventually(t, ctx, "a relay reads the slot", func() bool { return slotReaderOf(t, e, slot) != "" })
-		testdb.Eventually(t, ctx, "two instances sharing the partitions", func() bool { return len(ownersOf(t, e)) == 2 })
-		if _, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= total/5 }); err != nil {
-			t.Fatal(err)
-		}
-		holder, other := "log-1", "log-2"
-		if slotReaderOf(t, e, slot) == "outbox-relay log-2" {
-			holder, other = other, holder
-		}
-		frozen := relays[holder]
-		if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-		testdb.Eventually(t, ctx, holder+"'s leases taken over and its slot read by "+other, func() bool {
-			return ownersOf(t, e)[holder] == 0 && slotReaderOf(t, e, slot) == "outbox-relay "+other
+		freezeTheSlotReader(t, ctx, e, relays, slot, func() {
+			if _, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= total/5 }); err != nil {
+				t.Fatal(err)
+			}
 		})
-		if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-			t.Fatal(err)
-		}
 		wg.Wait()
 		if t.Failed() {
 			return
