@@ -428,7 +428,11 @@
 // publish at once (a failure, an aggregate held by a failed or dead
 // event, a partition another relay holds, a broker outage longer than
 // WALConfig.SpillAfter) is written to the table and from there handled as
-// a row, behind its aggregate's earlier rows. The slot's position moves
+// a row, behind its aggregate's earlier rows. An event refused on its
+// route (ErrUnavailable) waits there too, retried at each fallback poll,
+// and the relay holds its aggregate's later stream events behind it in
+// memory (the refusal sets no retry time for the database to show) while
+// the other aggregates keep flowing from the stream. The slot's position moves
 // only past events published or written; a cycle that fails before that
 // restarts the stream at the slot's position. A slot dropped or
 // invalidated while it may have held events is a loss nothing can undo:

@@ -353,6 +353,19 @@ type Relay struct {
 	// the slot's position, or rewinds the stream if they were not.
 	logTaken, logDone bool
 	logWarned         bool // the WARN about writers in log-only mode and a relay not
+	// tableHeld lists the aggregates (of log-only events) whose event was
+	// refused on its route (ErrUnavailable: no attempt, so no retry time
+	// that log_held would see) and waits in the table: the stream's later
+	// events of them go to the table behind it, while the other
+	// aggregates keep flowing from the stream. The fallback poll retries
+	// it. Cleared by a table claim that came back short and was published
+	// without error (everything claimable was sent or now has a retry
+	// time). keepStream is set by a cycle whose only failures are such
+	// refusals: the loop stays on the stream instead of claiming the
+	// table at once. Both are owned by the Run goroutine.
+	tableHeld  map[aggregateKey]bool
+	keepStream bool
+	claimedAll bool // this cycle's table claim came back short (next)
 	// unroutable carries Config.DeadLetterUnroutableAfter (unroutable.go).
 	unroutable *unroutable
 	// pipe is rec if it is a Pipeliner: then the exactly-once mode marks
@@ -593,7 +606,9 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		switch {
 		case err != nil:
 			r.batch = r.cfg.BatchSize
-			r.claimTable("cycle failed") // what failed is pending in the table (no-op without the WAL source)
+			if !r.keepStream {
+				r.claimTable("cycle failed") // what failed is pending in the table (no-op without the WAL source)
+			}
 			wait = bo.NextBackOff()
 			if !errors.Is(err, ErrUnavailable) { // logged at ERROR by unavailable
 				r.cycleLog.failed(err, "retry_in", wait.String())
@@ -614,6 +629,9 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		if err == nil {
 			r.cycleLog.ok()
 			r.unavailLog.ok()
+			if r.claimedAll && len(r.tableHeld) > 0 {
+				clear(r.tableHeld)
+			}
 		}
 		if !poll.Stop() {
 			select {
@@ -742,6 +760,7 @@ func (r *Relay) beginStop() { r.stopOnce.Do(func() { close(r.stopping) }) }
 // returns the number of rows claimed.
 func (r *Relay) cycle(ctx context.Context) (int, error) {
 	defer r.endLogCycle()
+	r.keepStream, r.claimedAll = false, false
 	set, release := r.leases.snapshot()
 	if len(release) > 0 {
 		// Give up excess partitions only once this instance's work on
@@ -874,6 +893,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	r.unroutable.acked(acked) // before the failures: an acknowledgement in this batch counts for them
 	var failed []int
 	var unavailable, batchErr error
+	var refused []aggregateKey // aggregates whose first failure here is ErrUnavailable
 	held := map[aggregateKey]bool{}
 	for i := range msgs {
 		k := aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}
@@ -912,6 +932,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 					continue
 				}
 				unavailable = pe[i] // not the message's fault: no attempt
+				refused = append(refused, k)
 				r.cfg.Observer.Failed(msgs[i], ClassUnavailable, pe[i])
 				continue
 			}
@@ -933,6 +954,18 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	}
 	if unavailable != nil {
 		r.unavailable(unavailable)
+		if batchErr == nil && r.wal != nil && r.wal.logPrefix != "" {
+			// Log-only mode: what was refused is in the table now
+			// (spillFailed); its aggregates wait there, the others go on
+			// from the stream (see tableHeld).
+			if r.tableHeld == nil {
+				r.tableHeld = map[aggregateKey]bool{}
+			}
+			for _, k := range refused {
+				r.tableHeld[k] = true
+			}
+			r.keepStream = true
+		}
 		return len(msgs), fmt.Errorf("publishing: %w", unavailable)
 	}
 	if batchErr != nil {

@@ -254,6 +254,7 @@ func (r *Relay) next(ctx context.Context, set leaseSet) ([]Message, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.claimedAll = len(msgs) < limit
 	r.lastTableClaim = time.Now()
 	r.walClaimed.Add(int64(len(msgs)))
 	if so, ok := r.cfg.Observer.(SourceObserver); ok && len(msgs) > 0 {
@@ -413,7 +414,11 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 	out := cand[:0]
 	var held map[aggregateKey]bool
 	for _, m := range cand {
-		switch verdict[m.ID] {
+		v := verdict[m.ID]
+		if v == walAccepted && r.tableHeld[aggregateKey{m.AggregateType, m.AggregateID}] {
+			v = walHeld // an earlier event of it was refused on its route and waits in the table
+		}
+		switch v {
 		case walAccepted:
 			out = append(out, m)
 		case walHeld:
@@ -482,6 +487,12 @@ func (r *Relay) walLog(ctx context.Context, set leaseSet, rows []walRow, held ma
 		m.Age = w.age + now.Sub(w.at)
 		m.Epoch = set.epochs[m.Partition]
 		k := aggregateKey{m.AggregateType, m.AggregateID}
+		if r.tableHeld[k] {
+			if held == nil {
+				held = map[aggregateKey]bool{}
+			}
+			held[k] = true // an earlier event of it was refused on its route and waits in the table
+		}
 		if _, ok := set.epochs[m.Partition]; ok && !asked[k] && !held[k] {
 			asked[k] = true
 			types, ids = append(types, k.typ), append(ids, k.id)
