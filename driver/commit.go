@@ -3,9 +3,11 @@ package driver
 import (
 	"context"
 	sqldriver "database/sql/driver"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/sqloutbox/outbox/emit"
@@ -34,7 +36,13 @@ func (o *Outbox) commit(t *tx) error {
 	err := o.checkServer(ctx, t.c)
 	if err == nil {
 		if o.cfg.LogOnly {
-			err = o.writeLog(ctx, t.c, events)
+			var content []byte
+			if content, err = o.logContent(ctx, t.c, events); err == nil {
+				if t.c.execer != nil && !strings.ContainsRune(o.cfg.Table, '\\') {
+					return o.commitLog(ctx, t, content, len(events))
+				}
+				err = o.writeLog(ctx, t.c, content, len(events))
+			}
 		} else {
 			err = o.write(ctx, t.c, events)
 		}
@@ -60,27 +68,25 @@ func (o *Outbox) commit(t *tx) error {
 	return nil
 }
 
-// writeLog writes events as one transactional logical decoding message
-// (Config.LogOnly): one statement, one WAL record, decoded by the relay's
-// WAL source at COMMIT and dropped by PostgreSQL's decoder if the
-// transaction (or the subtransaction that emitted it, for a savepoint
-// rolled back) aborts. Emit buffers events in the transaction, so a
-// savepoint rolled back has already dropped its events here.
-func (o *Outbox) writeLog(ctx context.Context, c *conn, events []emit.Event) error {
+// logContent returns events encoded as one logical decoding message of
+// the log-only mode (Config.LogOnly; internal/logmsg's format), after
+// checking once per Outbox that the database has a pgoutput slot
+// (ErrNoSlot): without one nothing would decode the message.
+func (o *Outbox) logContent(ctx context.Context, c *conn, events []emit.Event) ([]byte, error) {
 	if !o.slotChecked.Load() {
 		ok, err := queryOne(ctx, c, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots
 			WHERE database = current_database() AND plugin = 'pgoutput' AND wal_status IS DISTINCT FROM 'lost')::text`, nil)
 		if err != nil {
-			return fmt.Errorf("outbox: looking for a replication slot (LogOnly): %w", err)
+			return nil, fmt.Errorf("outbox: looking for a replication slot (LogOnly): %w", err)
 		}
 		if ok != "true" {
-			return ErrNoSlot
+			return nil, ErrNoSlot
 		}
 		o.slotChecked.Store(true)
 	}
 	parts, err := o.commitPartitions(ctx, c)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	evs := make([]logmsg.Event, len(events))
 	for k := range events {
@@ -89,7 +95,7 @@ func (o *Outbox) writeLog(ctx context.Context, c *conn, events []emit.Event) err
 		if len(ev.Headers) > 0 {
 			h, err := json.Marshal(ev.Headers)
 			if err != nil {
-				return fmt.Errorf("encoding headers of %s: %w", ev.ID, err)
+				return nil, fmt.Errorf("encoding headers of %s: %w", ev.ID, err)
 			}
 			headers = string(h)
 		}
@@ -97,16 +103,89 @@ func (o *Outbox) writeLog(ctx context.Context, c *conn, events []emit.Event) err
 			Topic: ev.Topic, ContentType: ev.ContentType, Headers: headers, Payload: ev.Payload,
 			Partition: partition.Of(ev.AggregateType, ev.AggregateID, parts)}
 	}
-	content := logmsg.Encode(make([]byte, 0, logmsg.Size(evs)), evs)
+	return logmsg.Encode(make([]byte, 0, logmsg.Size(evs)), evs), nil
+}
+
+// commitLog writes content (logContent) as one transactional logical
+// decoding message and COMMITs in one round trip: both statements in one
+// simple-protocol query, the content inline as hex (the wrapped driver's
+// ExecerContext with no arguments: lib/pq and pgx send that as one Query
+// message, and PostgreSQL runs it as one string, skipping what follows a
+// failed statement). A COMMIT after the message would be a second round
+// trip of its own (BenchmarkCommit, BENCHMARKS.md). The message decoded
+// by the relay's WAL source at COMMIT is dropped by PostgreSQL's decoder
+// if the transaction (or the subtransaction that emitted it, for a
+// savepoint rolled back) aborts; Emit buffers events in the transaction,
+// so a savepoint rolled back has already dropped its events here.
+//
+// On an error it finds out which statement failed with one more query:
+// in a transaction left aborted (SQLSTATE 25P02) the message failed and
+// COMMIT never ran, so it rolls back and returns ErrWriteEvents, as the
+// two-statement path does; outside a transaction COMMIT ran and failed
+// (a deferred constraint, a serialization failure), returned as it is;
+// a connection lost leaves the outcome unknown, returned as it is (the
+// relay publishes the events exactly if the transaction committed).
+func (o *Outbox) commitLog(ctx context.Context, t *tx, content []byte, n int) error {
+	c := t.c
+	q := make([]byte, 0, 2*len(content)+128)
+	q = append(q, "SELECT pg_logical_emit_message(true, "...)
+	q = appendLiteral(q, logmsg.Prefix(o.cfg.Table))
+	q = append(q, ", decode('"...)
+	q = hex.AppendEncode(q, content)
+	q = append(q, "', 'hex')); COMMIT"...)
+	err := recovered(func() error { _, err := c.execer.ExecContext(ctx, string(q), nil); return err })
+	if err == nil {
+		o.notify()
+		c.wake.signal()
+		return nil
+	}
+	var probe error
+	if perr := recovered(func() error { _, err := c.execer.ExecContext(ctx, "SELECT 1", nil); return err }); perr != nil {
+		probe = perr
+	}
+	switch {
+	case probe != nil && sqlerr.PostgresCode(probe) == "25P02": // in_failed_sql_transaction
+		werr := fmt.Errorf("writing %d events as a logical decoding message: %w", n, err)
+		if rbErr := t.parent.Rollback(); rbErr != nil {
+			werr = errors.Join(werr, fmt.Errorf("rollback: %w", rbErr))
+		}
+		return fmt.Errorf("%w: %w", ErrWriteEvents, werr)
+	case probe == nil:
+		return err // COMMIT ran and failed: nothing committed
+	default:
+		c.wake.signal() // the outcome is unknown (see commit)
+		return err
+	}
+}
+
+// appendLiteral appends s as a PostgreSQL string literal: quotes doubled.
+// A backslash would mean different things as standard_conforming_strings
+// is on or off: commit sends a name with one through writeLog instead.
+func appendLiteral(b []byte, s string) []byte {
+	b = append(b, '\'')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\'' {
+			b = append(b, '\'')
+		}
+		b = append(b, s[i])
+	}
+	return append(b, '\'')
+}
+
+// writeLog writes content (logContent) as one transactional logical
+// decoding message through a prepared statement, for wrapped drivers
+// without ExecerContext (commit then COMMITs in a second round trip).
+func (o *Outbox) writeLog(ctx context.Context, c *conn, content []byte, n int) error {
 	args := []sqldriver.NamedValue{{Ordinal: 1, Value: logmsg.Prefix(o.cfg.Table)}, {Ordinal: 2, Value: content}}
 	const q = "SELECT pg_logical_emit_message(true, $1, $2::bytea)"
+	var err error
 	if c.cache != nil {
 		err = c.cache.exec(ctx, c, logMessageKey, q, args)
 	} else {
 		err = recovered(func() error { _, err := c.execParentOrPrepare(ctx, q, args); return err })
 	}
 	if err != nil {
-		return fmt.Errorf("writing %d events as a logical decoding message: %w", len(events), err)
+		return fmt.Errorf("writing %d events as a logical decoding message: %w", n, err)
 	}
 	return nil
 }

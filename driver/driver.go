@@ -114,7 +114,10 @@ type Config struct {
 	// (pg_logical_emit_message(true, "outbox:<Table>", ...), format in
 	// internal/logmsg) instead of rows: the commit hook writes one WAL
 	// record and no table, index or pending-set row, and no id is drawn.
-	// Only a relay with Source SourceWAL reading a slot of this database
+	// The message and COMMIT go in one query, so in one round trip (the
+	// wrapped driver's ExecerContext without arguments: lib/pq, pgx; a
+	// driver without it, or a table name with a backslash, gets the
+	// message and COMMIT as two statements). Only a relay with Source SourceWAL reading a slot of this database
 	// sees the events (the table holds only what the relay could not
 	// publish at once: a retry, a dead letter, an event of a partition
 	// another relay holds). A message is kept by the server only for the
