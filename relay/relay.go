@@ -361,11 +361,15 @@ type Relay struct {
 	// it. Cleared by a table claim that came back short and was published
 	// without error (everything claimable was sent or now has a retry
 	// time). keepStream is set by a cycle whose only failures are such
-	// refusals: the loop stays on the stream instead of claiming the
-	// table at once. Both are owned by the Run goroutine.
+	// refusals (per message, or a table claim refused as a whole while the
+	// broker acknowledged other events within two PollIntervals): the
+	// loop stays on the stream instead of claiming the table at once.
+	// All are owned by the Run goroutine.
 	tableHeld  map[aggregateKey]bool
 	keepStream bool
-	claimedAll bool // this cycle's table claim came back short (next)
+	claimedAll bool      // this cycle's table claim came back short (next)
+	fromTable  bool      // this cycle's batch was claimed from the table (next)
+	lastAcked  time.Time // the last cycle the broker acknowledged a message in
 	// unroutable carries Config.DeadLetterUnroutableAfter (unroutable.go).
 	unroutable *unroutable
 	// pipe is rec if it is a Pipeliner: then the exactly-once mode marks
@@ -760,7 +764,7 @@ func (r *Relay) beginStop() { r.stopOnce.Do(func() { close(r.stopping) }) }
 // returns the number of rows claimed.
 func (r *Relay) cycle(ctx context.Context) (int, error) {
 	defer r.endLogCycle()
-	r.keepStream, r.claimedAll = false, false
+	r.keepStream, r.claimedAll, r.fromTable = false, false, false
 	set, release := r.leases.snapshot()
 	if len(release) > 0 {
 		// Give up excess partitions only once this instance's work on
@@ -823,6 +827,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	took := time.Since(claimStart)
 	if perr == nil {
 		r.logDone = true // every event of a logical decoding message is published
+		r.lastAcked = time.Now()
 		for i := range msgs {
 			r.cfg.Observer.Published(msgs[i], took)
 		}
@@ -873,6 +878,16 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 				r.cfg.Observer.Failed(msgs[i], class, perr)
 			}
 		}
+		if class == ClassUnavailable && !errors.Is(perr, ErrOutcomeUnknown) && r.fromTable && r.wal != nil && r.wal.logPrefix != "" &&
+			time.Since(r.lastAcked) < 2*r.cfg.PollInterval {
+			// Log-only mode: a table claim refused as a whole while the
+			// broker acknowledged other events lately (from the stream) is
+			// a refused route, not an outage (a publisher that sends each
+			// message alone fails a batch as a whole when every route in
+			// it is refused: relay.PublishInOrder): hold its aggregates
+			// and stay on the stream, as for per-message refusals below.
+			r.holdRefused(msgs)
+		}
 		return len(msgs), fmt.Errorf("publishing %d messages: %w", len(msgs), perr)
 	}
 	// Per-message outcomes. The first failure of an aggregate counts an
@@ -891,9 +906,12 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		}
 	}
 	r.unroutable.acked(acked) // before the failures: an acknowledgement in this batch counts for them
+	if len(acked) > 0 {
+		r.lastAcked = time.Now()
+	}
 	var failed []int
 	var unavailable, batchErr error
-	var refused []aggregateKey // aggregates whose first failure here is ErrUnavailable
+	var refusedMsgs []Message // each aggregate's first message failed with ErrUnavailable
 	held := map[aggregateKey]bool{}
 	for i := range msgs {
 		k := aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}
@@ -932,7 +950,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 					continue
 				}
 				unavailable = pe[i] // not the message's fault: no attempt
-				refused = append(refused, k)
+				refusedMsgs = append(refusedMsgs, msgs[i])
 				r.cfg.Observer.Failed(msgs[i], ClassUnavailable, pe[i])
 				continue
 			}
@@ -958,13 +976,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 			// Log-only mode: what was refused is in the table now
 			// (spillFailed); its aggregates wait there, the others go on
 			// from the stream (see tableHeld).
-			if r.tableHeld == nil {
-				r.tableHeld = map[aggregateKey]bool{}
-			}
-			for _, k := range refused {
-				r.tableHeld[k] = true
-			}
-			r.keepStream = true
+			r.holdRefused(refusedMsgs)
 		}
 		return len(msgs), fmt.Errorf("publishing: %w", unavailable)
 	}
@@ -972,6 +984,19 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		return len(msgs), fmt.Errorf("publishing: %d of %d messages acknowledged, the rest not sent or unresolved: %w", len(sent), len(msgs), batchErr)
 	}
 	return len(msgs), nil
+}
+
+// holdRefused puts the aggregates of msgs, refused on their routes and
+// waiting in the table, in r.tableHeld, and keeps the loop on the stream
+// (r.keepStream) after the failed cycle.
+func (r *Relay) holdRefused(msgs []Message) {
+	if r.tableHeld == nil {
+		r.tableHeld = map[aggregateKey]bool{}
+	}
+	for i := range msgs {
+		r.tableHeld[aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}] = true
+	}
+	r.keepStream = true
 }
 
 // spillFailed writes to the table the events of logical decoding messages

@@ -16,6 +16,7 @@ import (
 	"github.com/sqloutbox/outbox/internal/logmsg"
 	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
 
@@ -580,17 +581,38 @@ func TestWALLogOnlyUnroutableDeadLetters(t *testing.T) {
 // through the table). Once the route is fixed, X goes out in order.
 func TestWALLogOnlyRefusedRouteKeepsTheStream(t *testing.T) {
 	t.Parallel()
+	for _, inOrder := range []bool{false, true} {
+		name := "PublishErrors"
+		if inOrder {
+			name = "PublishInOrder" // a table claim of X alone fails as a whole
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			refusedRouteKeepsTheStream(t, inOrder)
+		})
+	}
+}
+
+func refusedRouteKeepsTheStream(t *testing.T, inOrder bool) {
 	e, wal := logEnv(t)
 	var fixed atomic.Bool
 	var refusedX atomic.Int64
-	b := walSetup(t, e, wal, func(c *relay.Config) { c.PollInterval = 300 * time.Millisecond })
-	b.pub.FailWith(func(m relay.Message) error {
+	fail := func(m relay.Message) error {
 		if m.Topic == "fu.nowhere" && !fixed.Load() {
 			refusedX.Add(1)
 			return fmt.Errorf("%w: no stream binds subject fu.nowhere", relay.ErrUnavailable)
 		}
 		return nil
+	}
+	b := walSetup(t, e, wal, func(c *relay.Config) {
+		c.PollInterval = 300 * time.Millisecond
+		if inOrder {
+			c.Publisher = &inOrderPublisher{inner: c.Publisher.(*outboxtest.Publisher), fail: fail}
+		}
 	})
+	if !inOrder {
+		b.pub.FailWith(fail)
+	}
 	waitStreaming(t, b, wal.Slot)
 	x1 := event("X", 1)
 	x1.Topic = "fu.nowhere"

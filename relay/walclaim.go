@@ -254,7 +254,7 @@ func (r *Relay) next(ctx context.Context, set leaseSet) ([]Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.claimedAll = len(msgs) < limit
+	r.claimedAll, r.fromTable = len(msgs) < limit, true
 	r.lastTableClaim = time.Now()
 	r.walClaimed.Add(int64(len(msgs)))
 	if so, ok := r.cfg.Observer.(SourceObserver); ok && len(msgs) > 0 {
