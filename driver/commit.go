@@ -39,7 +39,9 @@ func (o *Outbox) commit(t *tx) error {
 			var content []byte
 			if content, err = o.logContent(ctx, t.c, events); err == nil {
 				if t.c.execer != nil && !strings.ContainsRune(o.cfg.Table, '\\') {
-					return o.commitLog(ctx, t, content, len(events))
+					if done, err := o.commitLog(ctx, t, content, len(events)); done {
+						return err
+					}
 				}
 				err = o.writeLog(ctx, t.c, content, len(events))
 			}
@@ -124,8 +126,10 @@ func (o *Outbox) logContent(ctx context.Context, c *conn, events []emit.Event) (
 // two-statement path does; outside a transaction COMMIT ran and failed
 // (a deferred constraint, a serialization failure), returned as it is;
 // a connection lost leaves the outcome unknown, returned as it is (the
-// relay publishes the events exactly if the transaction committed).
-func (o *Outbox) commitLog(ctx context.Context, t *tx, content []byte, n int) error {
+// relay publishes the events exactly if the transaction committed). done
+// is false, and nothing was sent, if the driver declines the query
+// (driver.ErrSkip): commit then takes the two-statement path.
+func (o *Outbox) commitLog(ctx context.Context, t *tx, content []byte, n int) (done bool, _ error) {
 	c := t.c
 	q := make([]byte, 0, 2*len(content)+128)
 	q = append(q, "SELECT pg_logical_emit_message(true, "...)
@@ -134,10 +138,13 @@ func (o *Outbox) commitLog(ctx context.Context, t *tx, content []byte, n int) er
 	q = hex.AppendEncode(q, content)
 	q = append(q, "', 'hex')); COMMIT"...)
 	err := recovered(func() error { _, err := c.execer.ExecContext(ctx, string(q), nil); return err })
+	if errors.Is(err, sqldriver.ErrSkip) {
+		return false, nil
+	}
 	if err == nil {
 		o.notify()
 		c.wake.signal()
-		return nil
+		return true, nil
 	}
 	var probe error
 	if perr := recovered(func() error { _, err := c.execer.ExecContext(ctx, "SELECT 1", nil); return err }); perr != nil {
@@ -149,12 +156,12 @@ func (o *Outbox) commitLog(ctx context.Context, t *tx, content []byte, n int) er
 		if rbErr := t.parent.Rollback(); rbErr != nil {
 			werr = errors.Join(werr, fmt.Errorf("rollback: %w", rbErr))
 		}
-		return fmt.Errorf("%w: %w", ErrWriteEvents, werr)
+		return true, fmt.Errorf("%w: %w", ErrWriteEvents, werr)
 	case probe == nil:
-		return err // COMMIT ran and failed: nothing committed
+		return true, err // COMMIT ran and failed: nothing committed
 	default:
 		c.wake.signal() // the outcome is unknown (see commit)
-		return err
+		return true, err
 	}
 }
 

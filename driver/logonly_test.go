@@ -2,10 +2,15 @@ package driver_test
 
 import (
 	"context"
+	"database/sql"
+	sqldriver "database/sql/driver"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
@@ -32,17 +37,7 @@ func TestLogOnlyCommit(t *testing.T) {
 			testdb.RequireLogicalWAL(t, e.RelayDB)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			slot := strings.ToLower(testdb.RandomName("outbox_logcommit_"))
-			for _, s := range [][2]string{{slot, "test_decoding"}, {slot + "_p", "pgoutput"}} {
-				if _, err := e.RelayDB.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, $2)", s[0], s[1]); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() {
-					if _, err := e.RelayDB.Exec("SELECT pg_drop_replication_slot($1)", s[0]); err != nil {
-						t.Errorf("dropping slot %s: %v", s[0], err)
-					}
-				})
-			}
+			slot := logSlots(t, ctx, e)
 			biz := e.Schema + ".biz"
 			if _, err := e.RelayDB.ExecContext(ctx, "CREATE TABLE "+biz+" (id int PRIMARY KEY, v int UNIQUE DEFERRABLE INITIALLY DEFERRED)"); err != nil {
 				t.Fatal(err)
@@ -86,12 +81,7 @@ func TestLogOnlyCommit(t *testing.T) {
 			if ids != "1,4" {
 				t.Errorf("business rows %s, want 1,4", ids)
 			}
-			var messages int
-			prefix := "prefix: " + logmsg.Prefix(e.Table) + ","
-			if err := e.RelayDB.QueryRowContext(ctx, "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL) WHERE position(convert_to($2, 'UTF8') IN data) > 0", slot, prefix).Scan(&messages); err != nil {
-				t.Fatal(err)
-			}
-			if messages != 2 {
+			if messages := logMessages(t, ctx, e, slot); messages != 2 {
 				t.Errorf("%d messages decoded, want 2 (the two commits)", messages)
 			}
 			var n int
@@ -99,5 +89,91 @@ func TestLogOnlyCommit(t *testing.T) {
 				t.Errorf("%d rows in the outbox table (%v), want none", n, err)
 			}
 		})
+	}
+}
+
+// logSlots creates a test_decoding slot (returned: its changes show the
+// messages) and a pgoutput one (so that a log-only commit finds a slot),
+// dropped at cleanup.
+func logSlots(t *testing.T, ctx context.Context, e *testdb.Env) string {
+	t.Helper()
+	slot := strings.ToLower(testdb.RandomName("outbox_logcommit_"))
+	for _, s := range [][2]string{{slot, "test_decoding"}, {slot + "_p", "pgoutput"}} {
+		if _, err := e.RelayDB.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, $2)", s[0], s[1]); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if _, err := e.RelayDB.Exec("SELECT pg_drop_replication_slot($1)", s[0]); err != nil {
+				t.Errorf("dropping slot %s: %v", s[0], err)
+			}
+		})
+	}
+	return slot
+}
+
+// logMessages counts the log-only messages of e's table in slot's
+// changes so far.
+func logMessages(t *testing.T, ctx context.Context, e *testdb.Env, slot string) int {
+	t.Helper()
+	var n int
+	prefix := "prefix: " + logmsg.Prefix(e.Table) + ","
+	if err := e.RelayDB.QueryRowContext(ctx, "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL) WHERE position(convert_to($2, 'UTF8') IN data) > 0", slot, prefix).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// skipNoArgs is pgx's connection declining every statement without
+// arguments from ExecContext (driver.ErrSkip), as a driver may.
+type skipNoArgs struct{ *stdlib.Conn }
+
+func (c skipNoArgs) ExecContext(ctx context.Context, q string, args []sqldriver.NamedValue) (sqldriver.Result, error) {
+	if len(args) == 0 {
+		return nil, sqldriver.ErrSkip
+	}
+	return c.Conn.ExecContext(ctx, q, args)
+}
+
+type skipNoArgsDriver struct{}
+
+func (skipNoArgsDriver) Open(dsn string) (sqldriver.Conn, error) {
+	c, err := stdlib.GetDefaultDriver().Open(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return skipNoArgs{c.(*stdlib.Conn)}, nil
+}
+
+// TestLogOnlyCommitDriverDeclines: a driver whose ExecerContext declines
+// the one-query commit (driver.ErrSkip: nothing sent) gets the message
+// and COMMIT as two statements; the commit succeeds with one message.
+func TestLogOnlyCommitDriverDeclines(t *testing.T) {
+	t.Parallel()
+	e := testdb.New(t, testdb.All[1], driver.Config{LogOnly: true})
+	testdb.RequireLogicalWAL(t, e.RelayDB)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	slot := logSlots(t, ctx, e)
+	ob, err := driver.New(driver.Config{Dialect: driver.Postgres, Table: e.Table, LogOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(dsnConnector{ob.Wrap(skipNoArgsDriver{}), e.DSN})
+	defer db.Close()
+	for i := range 2 {
+		tctx := outbox.NewContext(ctx)
+		tx, err := db.BeginTx(tctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := outbox.Emit(tctx, outbox.Event{ID: fmt.Sprint("S-", i), AggregateType: "order", AggregateID: "o", Type: "t", Payload: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatalf("commit %d: %v", i, err)
+		}
+	}
+	if n := logMessages(t, ctx, e, slot); n != 2 {
+		t.Errorf("%d messages decoded, want 2", n)
 	}
 }
