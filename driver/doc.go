@@ -47,6 +47,14 @@
 //     for relay.ListenPostgres from a connection of its own, coalescing
 //     commits that return while one is in flight (see below).
 //
+// In the log-only mode (Config.LogOnly) steps 3 to 5 are one query: the
+// events are one logical decoding message, sent with COMMIT in one
+// simple-protocol string (SELECT pg_logical_emit_message(...); COMMIT),
+// so one round trip; after an error one more query tells a failed
+// message (rolled back, ErrWriteEvents) from a failed COMMIT. A driver
+// that declines a statement without arguments (driver.ErrSkip) gets the
+// message and COMMIT as two statements.
+//
 // Rollback, explicit or by database/sql when the BeginTx context ends,
 // discards the buffer. Read-only transactions are not bound. At the first
 // commit that writes events, the hook checks the server version once per
