@@ -23,6 +23,7 @@ import (
 	sqldriver "database/sql/driver"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -204,7 +205,8 @@ func ConfiguredDSN(d driver.Dialect) string {
 }
 
 // Ping connects to d's server at dsn (pgx for PostgreSQL, go-sql-driver for
-// MySQL) and reports whether it answered within 3 s.
+// MySQL) and reports whether it answered: within 3 s per attempt, attempts
+// that time out repeated for up to 30 s (pingWithin).
 func Ping(d driver.Dialect, dsn string) error {
 	switch d {
 	case driver.Postgres:
@@ -288,13 +290,39 @@ func envOr(k, def string) string {
 	return def
 }
 
-func ping(drv, dsn string) error {
+// ping is pingWithin with 3 s per attempt and 30 s in all.
+func ping(drv, dsn string) error { return pingWithin(drv, dsn, 3*time.Second, 30*time.Second) }
+
+// pingWithin connects to dsn and pings, each attempt bounded by attempt;
+// an attempt that timed out (a server that accepts connections but is
+// slow to answer: a loaded machine) is repeated until patience has
+// passed. Any other error (connection refused: no server) is returned at
+// once. The failure is cached for the whole test binary (server), so one
+// slow answer must not count as no server: a CI run under load once
+// failed every test of two packages that way.
+func pingWithin(drv, dsn string, attempt, patience time.Duration) error {
+	deadline := time.Now().Add(patience)
+	for {
+		err := pingOnce(drv, dsn, attempt)
+		if err == nil || !timedOut(err) || time.Now().After(deadline) {
+			return err
+		}
+	}
+}
+
+// timedOut reports whether err is a timeout (pgx wraps its own "timeout:
+// context deadline exceeded"; go-sql-driver/mysql returns the context's).
+func timedOut(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "timeout")
+}
+
+func pingOnce(drv, dsn string, attempt time.Duration) error {
 	db, err := sql.Open(drv, dsn)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), attempt)
 	defer cancel()
 	return db.PingContext(ctx)
 }
