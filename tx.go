@@ -7,6 +7,22 @@ import (
 	"fmt"
 )
 
+// Errors wrapped by InTx's error, besides the driver's own (match both with
+// errors.Is/As). The message keeps the driver's error after the prefix:
+// "outbox: begin: dial tcp ...: connection refused".
+var (
+	// ErrBegin: BeginTx failed (no connection, a cancelled context, the
+	// server refused). The transaction never began and fn did not run, so
+	// nothing was written: retrying InTx is always safe.
+	ErrBegin = errors.New("outbox: begin")
+	// ErrCommit: Commit failed. The transaction may or may not have
+	// committed (a connection lost during COMMIT leaves the outcome
+	// unknown; driver.ErrWriteEvents means it rolled back): its events are
+	// published if and only if it committed, as with tx.Commit. Retry only
+	// work that is idempotent or checked first.
+	ErrCommit = errors.New("outbox: commit")
+)
+
 // TxBeginner begins a transaction: *sql.DB and *sql.Conn implement it.
 type TxBeginner interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
@@ -24,15 +40,15 @@ type TxBeginner interface {
 // events are discarded, never published) and fn's error is returned as
 // is, joined with the rollback's error if that failed other than with
 // sql.ErrTxDone; a panic is re-raised after the rollback. An error from
-// BeginTx or Commit is returned wrapped with "outbox: begin" or "outbox:
-// commit" (match the driver's errors with errors.Is/As); after a failed
-// Commit the transaction's outcome decides whether its events are
+// BeginTx is returned wrapping ErrBegin and the driver's error (safe to
+// retry), one from Commit wrapping ErrCommit and the driver's error; after
+// a failed Commit the transaction's outcome decides whether its events are
 // published, as with tx.Commit.
 func InTx(ctx context.Context, db TxBeginner, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
 	ctx = NewContext(ctx)
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("outbox: begin: %w", err)
+		return fmt.Errorf("%w: %w", ErrBegin, err)
 	}
 	committed := false
 	defer func() {
@@ -49,7 +65,7 @@ func InTx(ctx context.Context, db TxBeginner, fn func(ctx context.Context, tx *s
 	}
 	committed = true
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("outbox: commit: %w", err)
+		return fmt.Errorf("%w: %w", ErrCommit, err)
 	}
 	return nil
 }

@@ -117,8 +117,15 @@ func TestInTx(t *testing.T) {
 		cancel()
 		called := false
 		err := outbox.InTx(ctx, db, func(context.Context, *sql.Tx) error { called = true; return nil })
-		if !errors.Is(err, context.Canceled) || called {
-			t.Errorf("InTx on a cancelled context: %v (fn called: %v), want context.Canceled and fn not called", err, called)
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, outbox.ErrBegin) || errors.Is(err, outbox.ErrCommit) || called {
+			t.Errorf("InTx on a cancelled context: %v (fn called: %v), want context.Canceled and ErrBegin, fn not called", err, called)
+		}
+	})
+	t.Run("CommitFails", func(t *testing.T) {
+		// fn ends the transaction itself: InTx's Commit then fails.
+		err := outbox.InTx(t.Context(), db, func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() })
+		if !errors.Is(err, sql.ErrTxDone) || !errors.Is(err, outbox.ErrCommit) || errors.Is(err, outbox.ErrBegin) {
+			t.Errorf("InTx after fn rolled back: %v, want sql.ErrTxDone and ErrCommit", err)
 		}
 	})
 }

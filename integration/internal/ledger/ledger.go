@@ -12,12 +12,14 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/emit"
@@ -407,6 +409,13 @@ func (w Writers) Write(ctx context.Context, e *testdb.Env) error {
 					if err == nil || !Retryable(err) {
 						break
 					}
+					if errors.Is(err, outbox.ErrBegin) {
+						// No connection now: give the server a moment.
+						select {
+						case <-ctx.Done():
+						case <-time.After(time.Duration(try+1) * 50 * time.Millisecond):
+						}
+					}
 				}
 				if err != nil {
 					errs <- err
@@ -433,8 +442,13 @@ func WriteSerialized(t testing.TB, ctx context.Context, e *testdb.Env, writers, 
 	}
 }
 
-// Retryable reports deadlocks and lock timeouts, which a writer retries.
+// Retryable reports deadlocks and lock timeouts, and transactions that
+// never began (outbox.ErrBegin: a new connection refused or reset by a
+// loaded server; nothing was written), which a writer retries.
 func Retryable(err error) bool {
+	if errors.Is(err, outbox.ErrBegin) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
 	s := err.Error()
 	return strings.Contains(s, "Deadlock") || strings.Contains(s, "deadlock") || strings.Contains(s, "SQLITE_BUSY") ||
 		strings.Contains(s, "database is locked") || strings.Contains(s, "Lock wait timeout")
