@@ -21,7 +21,12 @@
 // to the Publisher as one batch, record the outcomes, repeat. Under a
 // backlog the batch grows: a full claim doubles the next one, up to
 // MaxBatchSize and MaxBatchBytes, and a short one returns to BatchSize.
-// It waits
+// Two statements overlap the publish: the mark-sent of the batch before,
+// and, after a full claim, the claim of the next batch ("reading ahead",
+// lookahead.go), which leaves out the rows being published and is used
+// only if the whole batch published meanwhile was acknowledged, under the
+// same leases; after any failure it is dropped and the next claim sees the
+// holds and retry times the outcomes wrote. It waits
 // between cycles until whichever comes first: the post-commit wake-up
 // (driver.Outbox.Wakeup, or Notify), or the fallback poll (PollInterval,
 // default 1 s), which also finds rows written by other processes and
@@ -230,8 +235,9 @@
 // a crash could leave behind. A relay killed between the broker's
 // acknowledgement and mark-sent re-sends what it had not marked: at most
 // two batches, because marking one batch sent overlaps publishing the
-// next, so at most 2 x MaxBatchSize messages. Duplicates carry the same
-// message ID.
+// next, so at most 2 x MaxBatchSize messages (a batch claimed ahead is not
+// published before the batch before it is acknowledged and its mark
+// started, so it adds none). Duplicates carry the same message ID.
 //
 // # Exactly once: publishers that reconcile
 //

@@ -37,3 +37,11 @@ func (r *Relay) WALCounts() (fromStream, fromTable int64) {
 // OnStream reports whether the WAL source vouches for its stream: the
 // stream is open and the last claim from the table came back short.
 func (r *Relay) OnStream() bool { return r.onStream.Load() }
+
+// OnClaimedAhead makes each claim made while a batch is published call fn
+// with its row count, on its own goroutine. Call it before Run.
+func (r *Relay) OnClaimedAhead(fn func(n int)) { r.aheadHook = fn }
+
+// NoLookahead makes the relay claim only after each publish. Call it
+// before Run.
+func (r *Relay) NoLookahead() { r.noLookahead = true }

@@ -330,6 +330,11 @@ type Relay struct {
 	hard context.CancelFunc // cancels in-flight work on a hard stop
 
 	marking *markJob // owned by the Run goroutine
+	// ahead is the batch claimed while the previous one was published
+	// (lookahead.go), or nil; owned by the Run goroutine.
+	ahead       *aheadBatch
+	noLookahead bool      // tests: claim only after the publish (lookahead.go)
+	aheadHook   func(int) // tests: called with the rows of each claim ahead, on its goroutine
 	// wal is the WAL source's reader (Config.Source SourceWAL), set by
 	// Run; tableDue and walEpoch are owned by the Run goroutine
 	// (walclaim.go).
@@ -599,6 +604,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	for {
 		select {
 		case <-r.stopping:
+			r.ahead = nil // claimed, not published: its rows stay pending
 			r.finishMark()
 			r.log.Info("relay stopped")
 			return nil
@@ -609,6 +615,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		var wait time.Duration
 		switch {
 		case err != nil:
+			r.ahead = nil // claimed before the failure was recorded
 			r.batch = r.cfg.BatchSize
 			if !r.keepStream {
 				r.claimTable("cycle failed") // what failed is pending in the table (no-op without the WAL source)
@@ -617,7 +624,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 			if !errors.Is(err, ErrUnavailable) { // logged at ERROR by unavailable
 				r.cycleLog.failed(err, "retry_in", wait.String())
 			}
-		case n == limit:
+		case n == limit || r.ahead != nil:
 			bo.Reset()
 			idle = r.cfg.MinPollInterval
 			continue // more may be waiting
@@ -767,6 +774,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	r.keepStream, r.claimedAll, r.fromTable = false, false, false
 	set, release := r.leases.snapshot()
 	if len(release) > 0 {
+		r.ahead = nil // it may hold rows of the partitions given up
 		// Give up excess partitions only once this instance's work on
 		// them is recorded, so the next owner starts where it stopped.
 		r.finishMark()
@@ -785,11 +793,19 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		}
 	}
 	claimStart := time.Now()
-	msgs, err := r.next(ctx, set)
-	if err != nil || len(msgs) == 0 {
-		return 0, err
+	limit := r.batch
+	msgs, claimTook := r.adoptAhead(set)
+	if msgs == nil {
+		var err error
+		msgs, err = r.next(ctx, set)
+		if err != nil || len(msgs) == 0 {
+			return 0, err
+		}
+		claimTook = time.Since(claimStart)
+	} else {
+		limit = len(msgs)
 	}
-	r.cfg.Observer.Claimed(len(msgs), time.Since(claimStart))
+	r.cfg.Observer.Claimed(len(msgs), claimTook)
 	failpoint.Inject(failpoint.AfterClaim)
 	// Publish only within the trust window: a paused or partitioned
 	// instance must not publish for partitions it may have lost.
@@ -803,6 +819,10 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		// this publish's manifests too, until their mark is confirmed.
 		r.pipe.Carry(r.marking.byPartition())
 	}
+	// A full batch: more is likely pending. Claim the next batch while
+	// this one is published (lookahead.go); it is used only if this one
+	// is acknowledged as a whole.
+	ahead := r.readAhead(ctx, set, msgs, limit)
 	var perr error
 	if po, ok := r.cfg.Observer.(PublishObserver); ok {
 		sctx, end := po.StartPublish(pctx, msgs)
@@ -817,6 +837,7 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		perr = r.cfg.Publisher.Publish(pctx, msgs)
 	}
 	cancel()
+	r.ahead = ahead.wait(perr == nil)
 	if r.rec != nil {
 		r.observeTransactions(msgs, perr)
 	}
@@ -1149,11 +1170,20 @@ func (r *Relay) waitMark() error {
 // by id (it used to ask for that many more rows and drop them here, which
 // read and transferred every such row twice).
 func (r *Relay) claim(ctx context.Context, set leaseSet) ([]Message, error) {
+	return r.claimSkipping(ctx, set, nil)
+}
+
+// claimSkipping is claim that also leaves out the ids in publishing (the
+// batch being published while this claim reads ahead: lookahead.go).
+func (r *Relay) claimSkipping(ctx context.Context, set leaseSet, publishing []int64) ([]Message, error) {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	var skip []int64
 	if r.marking != nil {
 		skip = r.marking.ids
+	}
+	if len(publishing) > 0 {
+		skip = append(slices.Clip(skip), publishing...)
 	}
 	parts := make([]int, 0, len(set.epochs))
 	for p := range set.epochs {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 )
 
@@ -16,6 +18,9 @@ import (
 // only the in-process Kafka-protocol broker: the bench re-executes itself
 // with it so that the broker's memory and CPU are not the relay's.
 const brokerEnv = "OUTBOX_BENCH_BROKER"
+
+// brokerDelayEnv carries -broker-latency to the broker child.
+const brokerDelayEnv = "OUTBOX_BENCH_BROKER_LATENCY"
 
 // maybeRunBroker runs the broker and exits if this process was started as
 // the bench's broker child. It prints the address on stdout and runs until
@@ -28,6 +33,17 @@ func maybeRunBroker() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench broker:", err)
 		os.Exit(1)
+	}
+	if d, _ := time.ParseDuration(os.Getenv(brokerDelayEnv)); d > 0 {
+		// Every produce request is answered d later; the broker serves
+		// other requests meanwhile (SleepControl), as a remote broker
+		// would (kfake's control functions).
+		c := b.Cluster()
+		c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+			c.KeepControl()
+			c.SleepControl(func() { time.Sleep(d) })
+			return nil, nil, false
+		})
 	}
 	fmt.Println(strings.Join(b.Addrs(), ","))
 	_, _ = io.Copy(io.Discard, os.Stdin)
@@ -42,9 +58,11 @@ type childBroker struct {
 	addrs []string
 }
 
-func startChildBroker() (*childBroker, error) {
+// startChildBroker starts the broker child; it answers produce requests
+// delay late (0: at once).
+func startChildBroker(delay time.Duration) (*childBroker, error) {
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), brokerEnv+"=1")
+	cmd.Env = append(os.Environ(), brokerEnv+"=1", brokerDelayEnv+"="+delay.String())
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -87,6 +87,7 @@ type options struct {
 	natsURL      string
 	amqpURL      string
 	redisAddr    string
+	brokerDelay  time.Duration
 }
 
 // Result is the -json output: one object.
@@ -207,6 +208,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.burstEvents, "burst-events", 3000, "events per closed loop in part burst (as many as examples/quickstart's 1,000 orders)")
 	fs.StringVar(&o.burstList, "burst-writers", "", "comma list of the closed loops' writer counts in part burst (default 16,64; 4,8 with -smoke)")
 	fs.DurationVar(&o.baseCap, "baseline-cap", 10*time.Second, "how long the seed's relay drains in part 5")
+	fs.DurationVar(&o.brokerDelay, "broker-latency", 0, "the child kfake broker answers each produce request this much later (a remote broker's round trip and acks=all replication); 0 = at once")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -292,13 +294,16 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		brokers = strings.Split(o.brokers, ",")
 		res.Broker = "external " + o.brokers
 	} else {
-		b, err := startChildBroker()
+		b, err := startChildBroker(o.brokerDelay)
 		if err != nil {
 			return err
 		}
 		defer b.Close()
 		brokers = b.addrs
 		res.Broker = "kfake (child process)"
+		if o.brokerDelay > 0 {
+			res.Broker += ", produce answered after " + o.brokerDelay.String()
+		}
 	}
 	kafkaEP := kafkaEndpoint{brokers: brokers, label: "Kafka: " + res.Broker}
 	logf := func(format string, a ...any) {
