@@ -46,6 +46,7 @@ import (
 // aheadBatch is a batch claimed while the batch before it was published.
 type aheadBatch struct {
 	msgs   []Message
+	limit  int           // the claim's size: len(msgs) == limit means more may wait
 	epochs map[int]int64 // the lease epochs it was claimed under
 	took   time.Duration // the claim's duration (Observer.Claimed)
 }
@@ -75,7 +76,7 @@ func (r *Relay) readAhead(ctx context.Context, set leaseSet, msgs []Message, lim
 	la := &lookahead{done: make(chan struct{})}
 	go func() {
 		defer close(la.done)
-		start := time.Now()
+		start, limit := time.Now(), r.batch // the claim's size (claimSkipping then sets the next)
 		got, err := r.claimSkipping(ctx, set, ids)
 		if err != nil {
 			// The next cycle claims again and reports what still fails.
@@ -86,7 +87,7 @@ func (r *Relay) readAhead(ctx context.Context, set leaseSet, msgs []Message, lim
 			r.aheadHook(len(got))
 		}
 		if len(got) > 0 {
-			la.ab = &aheadBatch{msgs: got, epochs: set.epochs, took: time.Since(start)}
+			la.ab = &aheadBatch{msgs: got, limit: limit, epochs: set.epochs, took: time.Since(start)}
 		}
 	}()
 	return la
@@ -106,14 +107,14 @@ func (la *lookahead) wait(use bool) *aheadBatch {
 	return la.ab
 }
 
-// adoptAhead returns the batch read ahead, if any, and its claim's
-// duration, provided set holds the same partitions under the same lease
-// epochs as when it was claimed; it is consumed either way.
-func (r *Relay) adoptAhead(set leaseSet) ([]Message, time.Duration) {
+// adoptAhead returns the batch read ahead, if any, its claim's size and
+// its claim's duration, provided set holds the same partitions under the
+// same lease epochs as when it was claimed; it is consumed either way.
+func (r *Relay) adoptAhead(set leaseSet) ([]Message, int, time.Duration) {
 	ab := r.ahead
 	r.ahead = nil
 	if ab == nil || !maps.Equal(ab.epochs, set.epochs) {
-		return nil, 0
+		return nil, 0, 0
 	}
-	return ab.msgs, ab.took
+	return ab.msgs, ab.limit, ab.took
 }

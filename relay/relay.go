@@ -793,17 +793,15 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 		}
 	}
 	claimStart := time.Now()
-	limit := r.batch
-	msgs, claimTook := r.adoptAhead(set)
+	msgs, limit, claimTook := r.adoptAhead(set)
 	if msgs == nil {
+		limit = r.batch
 		var err error
 		msgs, err = r.next(ctx, set)
 		if err != nil || len(msgs) == 0 {
 			return 0, err
 		}
 		claimTook = time.Since(claimStart)
-	} else {
-		limit = len(msgs)
 	}
 	r.cfg.Observer.Claimed(len(msgs), claimTook)
 	failpoint.Inject(failpoint.AfterClaim)
