@@ -30,6 +30,11 @@ type Kafka struct {
 
 	// Tripped counts the requests that reset their connection.
 	Tripped atomic.Int64
+
+	// Tests only: afterChunk runs after each chunk of a response was
+	// forwarded or dropped, beforeCut between forwarding a CutAfter
+	// request and the reset.
+	afterChunk, beforeCut func()
 }
 
 // StartKafka listens on 127.0.0.1 (a free port) and forwards to target.
@@ -131,10 +136,29 @@ func (k *Kafka) serve(client net.Conn) {
 	}
 	defer k.forget(server)
 	done := make(chan struct{})
+	// cut is set before a CutAfter request is forwarded: from then on no
+	// byte from the server reaches the client, however fast the server
+	// answers (a copy racing the reset let the response through under
+	// load: TestKafkaResetOn/CutAfter).
+	var cut atomic.Bool
 	go func() { // responses, unchanged, until either side closes
 		defer close(done)
-		_, _ = io.Copy(client, server)
-		reset(client)
+		defer reset(client)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := server.Read(buf)
+			if n > 0 && !cut.Load() {
+				if _, werr := client.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if n > 0 && k.afterChunk != nil {
+				k.afterChunk()
+			}
+			if err != nil {
+				return
+			}
+		}
 	}()
 	defer func() { <-done }()
 	defer server.Close() // before waiting for the copy above
@@ -147,8 +171,12 @@ func (k *Kafka) serve(client net.Conn) {
 		case CutBefore:
 			return // reset(client) and server.Close above
 		case CutAfter:
+			cut.Store(true)
 			if _, err := server.Write(req); err != nil {
 				return
+			}
+			if k.beforeCut != nil {
+				k.beforeCut()
 			}
 			reset(client)
 			<-done // the response is dropped; then the server side closes

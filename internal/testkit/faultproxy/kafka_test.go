@@ -85,6 +85,23 @@ func TestKafkaResetOn(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { k.Close() })
+			// CutAfter: hold the reset until the server's answer to the
+			// armed request has been handled by the response copy, the
+			// order a loaded machine produced (CI failed with "the armed
+			// produce request was answered"): it must be dropped.
+			chunks := make(chan struct{}, 16)
+			k.afterChunk = func() { chunks <- struct{}{} }
+			k.beforeCut = func() {
+				select {
+				case <-chunks: // the metadata answer
+				case <-time.After(10 * time.Second):
+				}
+				select {
+				case <-chunks: // the produce answer
+				case <-time.After(10 * time.Second):
+					t.Error("the server's answer to the armed request never came back to the proxy")
+				}
+			}
 			k.ResetOn(0, 1, tc.action)
 			c, err := net.Dial("tcp", k.Addr())
 			if err != nil {
