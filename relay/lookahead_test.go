@@ -124,16 +124,7 @@ func TestLookaheadDroppedAfterAFailure(t *testing.T) {
 			if err := ahead.wait(ctx); err != nil {
 				return err
 			}
-			errs := make(relay.PublishErrors, len(msgs))
-			for i, m := range msgs {
-				switch m.MessageID {
-				case "A-1":
-					errs[i] = errors.New("produce failed")
-				case "A-2":
-					errs[i] = relay.ErrHeldBack
-				}
-			}
-			return errs
+			return failing(msgs, map[string]error{"A-1": errors.New("produce failed"), "A-2": relay.ErrHeldBack})
 		}}
 		b := setup(t, tg, func(c *relay.Config) {
 			c.Publisher = pub

@@ -43,6 +43,16 @@ func (p *scriptedPublisher) Publish(ctx context.Context, msgs []relay.Message) e
 	return err
 }
 
+// failing returns PublishErrors for msgs that fail each message whose ID
+// is in errs with its error, and acknowledge the others.
+func failing(msgs []relay.Message, errs map[string]error) relay.PublishErrors {
+	pe := make(relay.PublishErrors, len(msgs))
+	for i, m := range msgs {
+		pe[i] = errs[m.MessageID]
+	}
+	return pe
+}
+
 func (p *scriptedPublisher) ackedIDs() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -104,16 +114,7 @@ func TestOrderViolationIsReported(t *testing.T) {
 				if call > 1 {
 					return nil
 				}
-				errs := make(relay.PublishErrors, len(msgs))
-				for i, m := range msgs {
-					switch m.MessageID {
-					case "A-1":
-						errs[i] = errors.New("produce failed")
-					case "A-2":
-						errs[i] = tc.second
-					}
-				}
-				return errs
+				return failing(msgs, map[string]error{"A-1": errors.New("produce failed"), "A-2": tc.second})
 			}}
 			b := setup(t, testdb.All[3], func(c *relay.Config) {
 				c.Publisher = pub
