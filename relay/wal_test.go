@@ -425,8 +425,12 @@ func TestWALSourceStandbyTakesOver(t *testing.T) {
 		c.LeaseHeartbeat = relay.MinLeaseTTL / 4
 	}
 	var relays []*bundle
+	owned := map[*bundle]*leaseCount{}
 	for _, id := range []string{"one", "two"} {
-		relays = append(relays, walSetup(t, e, wal, func(c *relay.Config) { mod(c); c.InstanceID = "wal-" + id }))
+		lc := &leaseCount{}
+		b := walSetup(t, e, wal, func(c *relay.Config) { mod(c); c.InstanceID = "wal-" + id; c.Observer = lc })
+		relays = append(relays, b)
+		owned[b] = lc
 	}
 	eventually(t, relays[0].ctx, "a relay reads the slot", func() bool { return slotReader(t, e.RelayDB, wal.Slot) != "" })
 	holder, other := relays[0], relays[1]
@@ -453,6 +457,13 @@ func TestWALSourceStandbyTakesOver(t *testing.T) {
 	eventually(t, other.ctx, "the standby reads the slot", func() bool {
 		return slotReader(t, e.RelayDB, wal.Slot) == "outbox-relay "+other.r.InstanceID()
 	})
+	// Every partition taken over before the events: each acquisition
+	// sends the relay back to the table (rows of a partition it did not
+	// own when it caught up are not vouched for), and under CI's load the
+	// last acquisitions came while the 50 events were committed, so all
+	// of them were claimed ("the new reader published nothing from the
+	// stream").
+	eventually(t, other.ctx, "the standby owning every partition", func() bool { return owned[other].owned.Load() == 32 })
 	waitStreaming(t, other, wal.Slot)
 	before, _ := other.r.WALCounts()
 	emit(50)
