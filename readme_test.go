@@ -96,7 +96,15 @@ func TestREADMESnippetsCompile(t *testing.T) {
 	if err := os.WriteFile(ovFile, ov, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(t.Context(), goBin, append([]string{"build", "-overlay=" + ovFile}, pkgs...)...)
+	args := []string{"build", "-overlay=" + ovFile}
+	if raceBuild {
+		// The enclosing `go test -race` compiled every dependency with
+		// -race: building the snippets the same way reuses those packages
+		// from the build cache. Without it, a cold cache compiled them all
+		// a second time (133 s of the suite's 2 cores).
+		args = append(args, "-race")
+	}
+	cmd := exec.CommandContext(t.Context(), goBin, append(args, pkgs...)...)
 	cmd.Dir = root
 	// In the repository's workspace whatever the caller's GOWORK says: a
 	// block may import any of its modules (the test kit's, for one).
