@@ -45,3 +45,11 @@ func (r *Relay) OnClaimedAhead(fn func(n int)) { r.aheadHook = fn }
 // NoLookahead makes the relay claim only after each publish. Call it
 // before Run.
 func (r *Relay) NoLookahead() { r.noLookahead = true }
+
+// OnClaimed makes each MySQL/MariaDB claim that returned rows call fn
+// before its late-rows statement (claimLate). Not safe beside Run.
+func (r *Relay) OnClaimed(fn func()) { r.claimedHook = fn }
+
+// LateRows is how many rows the MySQL/MariaDB claims' late-rows
+// statements added.
+func (r *Relay) LateRows() int64 { return r.lateRows.Load() }

@@ -333,8 +333,10 @@ type Relay struct {
 	// ahead is the batch claimed while the previous one was published
 	// (lookahead.go), or nil; owned by the Run goroutine.
 	ahead       *aheadBatch
-	noLookahead bool      // tests: claim only after the publish (lookahead.go)
-	aheadHook   func(int) // tests: called with the rows of each claim ahead, on its goroutine
+	noLookahead bool         // tests: claim only after the publish (lookahead.go)
+	aheadHook   func(int)    // tests: called with the rows of each claim ahead, on its goroutine
+	claimedHook func()       // tests: called between the MySQL claim and its late-rows statement
+	lateRows    atomic.Int64 // rows the MySQL claims' late-rows statements added (claimLate)
 	// wal is the WAL source's reader (Config.Source SourceWAL), set by
 	// Run; tableDue and walEpoch are owned by the Run goroutine
 	// (walclaim.go).
@@ -1221,11 +1223,83 @@ func (r *Relay) claimSkipping(ctx context.Context, set leaseSet, publishing []in
 	if err != nil {
 		return nil, fmt.Errorf("claiming from %s: %w", r.table, err)
 	}
+	msgs, bytes, rep, reported, err := r.readClaimed(rows, floored, set)
+	if err != nil {
+		if floored {
+			r.dropClaimSession()
+		}
+		return nil, err
+	}
+	if floored {
+		if !reported {
+			return nil, fmt.Errorf("claiming from %s: the claim function returned no floor report", r.table)
+		}
+		r.floor.update(rep, time.Now())
+	} else if len(msgs) > 0 {
+		if msgs, err = r.claimLate(qctx, set, parts, skip, msgs); err != nil {
+			return nil, err
+		}
+	}
+	r.batch = nextBatch(r.cfg, r.batch, len(msgs), bytes)
+	return msgs, nil
+}
+
+// claimLate runs the MySQL/MariaDB claim's second statement
+// (Dialect.ClaimLate; relay/doc.go, "Late rows") after a claim of up to
+// r.batch rows that returned msgs (in id order), and returns msgs with
+// the pending rows below their highest id that the claim did not see
+// merged in, in id order, at most r.batch of them. If that statement
+// returned as many rows as it may (r.batch), rows of msgs above its last
+// one are left for the next claim: an earlier row of their aggregate may
+// be among the rows it could not return. Cutting the merged batch short
+// is safe for the same reason: every pending row below the cut is in it.
+func (r *Relay) claimLate(ctx context.Context, set leaseSet, parts []int, skip []int64, msgs []Message) ([]Message, error) {
+	if r.claimedHook != nil {
+		r.claimedHook()
+	}
+	top := msgs[len(msgs)-1].ID
+	leave := make([]int64, 0, len(skip)+len(msgs))
+	leave = append(leave, skip...)
+	for _, m := range msgs {
+		leave = append(leave, m.ID)
+	}
+	q := r.d.ClaimLate(r.batch, parts, leave, r.sent.ranges(), top)
+	if q == "" {
+		return msgs, nil
+	}
+	rows, err := r.db.QueryContext(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("claiming from %s (late rows): %w", r.table, err)
+	}
+	late, _, _, _, err := r.readClaimed(rows, false, set)
+	if err != nil || len(late) == 0 {
+		return msgs, err
+	}
+	r.lateRows.Add(int64(len(late)))
+	if len(late) >= r.batch {
+		cut := late[len(late)-1].ID
+		msgs = msgs[:sort.Search(len(msgs), func(i int) bool { return msgs[i].ID > cut })]
+	}
+	merged := make([]Message, 0, len(msgs)+len(late))
+	i, j := 0, 0
+	for i < len(msgs) || j < len(late) {
+		if j == len(late) || (i < len(msgs) && msgs[i].ID < late[j].ID) {
+			merged = append(merged, msgs[i])
+			i++
+		} else {
+			merged = append(merged, late[j])
+			j++
+		}
+	}
+	return merged[:min(len(merged), max(r.batch, 1))], nil
+}
+
+// readClaimed reads and closes the rows of a claim (floored: the
+// PostgreSQL claim function's, with its floor report) and returns the
+// messages, their payload and header bytes, and the floor report.
+func (r *Relay) readClaimed(rows *sql.Rows, floored bool, set leaseSet) (msgs []Message, bytes int, rep floorReport, reported bool, _ error) {
 	defer rows.Close()
-	var msgs []Message // not preallocated to r.batch: a quiet claim returns one or two rows
-	bytes := 0
-	var rep floorReport
-	reported := false
+	// msgs is not preallocated to r.batch: a quiet claim returns one or two rows.
 	for rows.Next() {
 		var m Message
 		var headers string
@@ -1245,7 +1319,7 @@ func (r *Relay) claimSkipping(ctx context.Context, set leaseSet, publishing []in
 				&m.Topic, &m.Partition, &m.ContentType, &m.Payload, &headers, &m.Attempts, &ageMicros)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("reading claimed row: %w", err)
+			return nil, 0, rep, false, fmt.Errorf("reading claimed row: %w", err)
 		}
 		if m.Payload == nil {
 			m.Payload = []byte{} // some drivers read an empty BLOB as nil
@@ -1254,26 +1328,16 @@ func (r *Relay) claimSkipping(ctx context.Context, set leaseSet, publishing []in
 		m.Age = time.Duration(ageMicros) * time.Microsecond
 		if headers != "" {
 			if err := json.Unmarshal([]byte(headers), &m.Headers); err != nil {
-				return nil, fmt.Errorf("decoding headers of row %d: %w", m.ID, err)
+				return nil, 0, rep, false, fmt.Errorf("decoding headers of row %d: %w", m.ID, err)
 			}
 		}
 		bytes += len(m.Payload) + len(headers)
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {
-		if floored {
-			r.dropClaimSession()
-		}
-		return nil, fmt.Errorf("claiming from %s: %w", r.table, err)
+		return nil, 0, rep, false, fmt.Errorf("claiming from %s: %w", r.table, err)
 	}
-	if floored {
-		if !reported {
-			return nil, fmt.Errorf("claiming from %s: the claim function returned no floor report", r.table)
-		}
-		r.floor.update(rep, time.Now())
-	}
-	r.batch = nextBatch(r.cfg, r.batch, len(msgs), bytes)
-	return msgs, nil
+	return msgs, bytes, rep, reported, nil
 }
 
 // nextBatch is the claim size after a claim of limit rows returned n rows

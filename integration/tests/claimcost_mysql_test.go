@@ -140,6 +140,25 @@ func (c claimCost) String() string {
 		c.rows, c.pages, c.oldRows, c.readNext, c.readKey, c.access, c.inner, c.serverMillis)
 }
 
+// checkLate measures the late-rows statement (Dialect.ClaimLate) the
+// relay runs after each claim, after a claim of the first 2,000 pending
+// rows with nothing committed since: it must return nothing and visit
+// next to nothing (the claimed ids are cut out of its range, and it stops
+// below the highest of them), by the pending set's primary key, whatever
+// the statistics say.
+func checkLate(t *testing.T, ctx context.Context, e *testdb.Env, d *dialect.Dialect, what string) {
+	t.Helper()
+	ids := runClaimQuery(t, ctx, e, d.Claim(allPartitions()), 2000)
+	if len(ids) != 2000 {
+		t.Fatalf("%s: claim returned %d rows, want 2000", what, len(ids))
+	}
+	c := measureClaim(t, ctx, e.RelayDB, d.ClaimLate(2000, allPartitions(), ids, nil, ids[len(ids)-1]), 2000)
+	t.Logf("%s, late-rows statement after a claim of 2,000: %s", what, c)
+	if c.rows != 0 || c.access != "range" || c.pages > 50 || c.readNext > 10 || strings.Contains(c.planText, "filesort") || c.derivedFromIN {
+		t.Fatalf("%s: the late-rows statement %s; want no rows, a range on the pending set's primary key, at most 50 pages and 10 Handler_read_next, no sort:\n%s", what, c, c.planText)
+	}
+}
+
 // allPartitions is every relay partition of the default count.
 func allPartitions() []int {
 	p := make([]int, 32)
@@ -298,6 +317,9 @@ func TestMySQLClaimCostFlat(t *testing.T) {
 		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+", "+testdb.PendingTable(e.Table)+" PERSISTENT FOR ALL")
 		mysqlPreload(t, ctx, e, pending)
 		check(t, "stats of the empty table", measureClaim(t, ctx, e.RelayDB, d.Claim(allPartitions()), batch))
+		checkLate(t, ctx, e, d, "stats of the empty table")
+		exec(t, ctx, e, "ANALYZE TABLE "+e.Table+", "+testdb.PendingTable(e.Table)+" PERSISTENT FOR ALL")
+		checkLate(t, ctx, e, d, "stats during the backlog")
 	})
 
 	t.Run("backlog_statistics_purge_held", func(t *testing.T) {

@@ -92,3 +92,30 @@ func TestClaimBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimLate: the MySQL/MariaDB claim's second statement leaves out
+// the ids given and every id from the bound up (ranges above the bound are
+// not written), takes its batch in the text, and exists on MySQL only.
+func TestClaimLate(t *testing.T) {
+	my, err := New(MySQL, "outbox_message")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := my.ClaimLate(2, []int{3}, []int64{10, 11, 12, 20, 40}, [][2]int64{{1, 5}, {50, 60}}, 30)
+	want := "AND p.partition_key IN (3) AND p.id < 30 AND p.id NOT BETWEEN 1 AND 5 AND p.id NOT BETWEEN 10 AND 12 AND p.id <> 20\n"
+	if !strings.Contains(q, want) || !strings.Contains(q, "LIMIT 2") || strings.Contains(q, "?") {
+		t.Fatalf("MySQL late-rows claim does not read %q with LIMIT 2 and no placeholder:\n%s", want, q)
+	}
+	if q := my.ClaimLate(0, []int{0}, nil, nil, 0); !strings.Contains(q, "p.id < 1") || !strings.Contains(q, "LIMIT 1") {
+		t.Fatalf("bound and batch below 1 must be taken as 1:\n%s", q)
+	}
+	for _, n := range []Name{Postgres, SQLite} {
+		d, err := New(n, "outbox_message")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q := d.ClaimLate(2, []int{0}, nil, nil, 30); q != "" {
+			t.Errorf("%s has no late-rows claim, got:\n%s", n, q)
+		}
+	}
+}

@@ -676,6 +676,12 @@ func (d *Dialect) ClaimSkipping(partitions []int, skip []int64) (string, []any) 
 // 1,000 conditions exceeds its expression depth limit). Not on
 // PostgreSQL (see HasClaimFloor).
 func (d *Dialect) ClaimExcluding(partitions []int, skip []int64, sent [][2]int64) (string, []any) {
+	return d.claimText(partitions, skip, sent, 0)
+}
+
+// claimText is ClaimExcluding that, on MySQL/MariaDB with below > 0, also
+// leaves out every id from below up (ClaimLate).
+func (d *Dialect) claimText(partitions []int, skip []int64, sent [][2]int64, below int64) (string, []any) {
 	q := d.Query("claim")
 	var b strings.Builder
 	if partitions != nil {
@@ -706,7 +712,13 @@ func (d *Dialect) ClaimExcluding(partitions []int, skip []int64, sent [][2]int64
 		}
 		return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1), nil
 	}
+	if below > 0 {
+		fmt.Fprintf(&b, " AND p.id < %d", below)
+	}
 	for _, r := range IDRanges(skip, sent) {
+		if below > 0 && r[0] >= below {
+			break // above the bound already
+		}
 		if r[0] == r[1] {
 			fmt.Fprintf(&b, " AND p.id <> %d", r[0])
 		} else {
@@ -714,6 +726,26 @@ func (d *Dialect) ClaimExcluding(partitions []int, skip []int64, sent [][2]int64
 		}
 	}
 	return strings.Replace(q, "{{PARTITIONS}}", b.String(), 1), nil
+}
+
+// ClaimLate returns the MySQL/MariaDB claim's second statement (the relay
+// runs it after every claim that returned rows; relay/doc.go, "Late
+// rows"): the claim of up to batch rows (at least 1) over partitions that
+// also leaves out the ids in skip (the claim's own leave-outs and the rows
+// it returned) and every id from below up (below: the highest id it
+// returned). Its rows are pending rows below that id which the claim's
+// read view did not show: rows whose transaction committed after the
+// claim's snapshot, or, on MariaDB, before it but listed in it as still
+// active (its read views are not atomic snapshots). The statement has no
+// arguments. An empty string on PostgreSQL and SQLite, whose claims need
+// no second look (PostgreSQL proves its scan floor; SQLite has one writer
+// at a time).
+func (d *Dialect) ClaimLate(batch int, partitions []int, skip []int64, sent [][2]int64, below int64) string {
+	if d.name != MySQL {
+		return ""
+	}
+	q, _ := d.claimText(partitions, skip, sent, max(below, 1))
+	return strings.Replace(q, "LIMIT ?", "LIMIT "+strconv.Itoa(max(batch, 1)), 1)
 }
 
 // ClaimBatch is ClaimExcluding with the batch size bound: it returns the

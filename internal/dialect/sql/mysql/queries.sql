@@ -26,6 +26,10 @@ SELECT VERSION()
 -- conditions on the pending set's primary key, so the range optimizer
 -- cuts them out of the scanned range (type=range) and their records,
 -- delete-marked or still pending, are never visited. ? = batch size.
+-- The relay runs this text twice per claim that returns rows: the second
+-- time (Dialect.ClaimLate) with those rows left out and "p.id < " their
+-- highest id, for rows its first read view did not show (relay/doc.go,
+-- "Late rows").
 SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type,
        COALESCE(o.topic, ''), o.partition_key, o.content_type, o.payload,
        COALESCE(o.headers, ''), o.attempts,
