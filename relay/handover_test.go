@@ -1,12 +1,15 @@
 package relay_test
 
 import (
+	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
+	"github.com/sqloutbox/outbox/outboxtest"
 	"github.com/sqloutbox/outbox/relay"
 )
 
@@ -54,6 +57,87 @@ func TestJoiningRelayTakesItsShareBeforeItsNextHeartbeat(t *testing.T) {
 			}
 			if n := first.owned.Load(); n != 16 {
 				t.Errorf("the first relay owns %d partitions, want 16", n)
+			}
+		})
+	}
+}
+
+// TestReleasedPartitionsWakeTheJoiningRelay: a relay that gives
+// partitions up wakes the relay taking them over at once, so the events of
+// those partitions do not wait for the joining relay's next catch-up beat
+// (issue 36, item 8: the join's p99.9 was 25-40 ms against 5-12 for a
+// relay alone). The joining relay here beats every 200 s, so its catch-up
+// beat is 10 s: without the wake-up it takes its share 10 s after it
+// started at the earliest. In-process the releasing relay wakes the other
+// relays of its *driver.Outbox directly; across processes (a joining
+// relay with an Outbox of its own, as another process has) the release's
+// NOTIFY reaches it through ListenPostgres (PostgreSQL only).
+func TestReleasedPartitionsWakeTheJoiningRelay(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		tg     testdb.Target
+		listen bool // the joining relay has an Outbox of its own and listens
+	}{
+		{testdb.All[0], false},
+		{testdb.All[0], true},
+		{testdb.All[1], true},
+		{testdb.All[2], false},
+	}
+	for _, c := range cases {
+		name := c.tg.Name
+		if c.listen {
+			name += "/other_process"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := testdb.New(t, c.tg, driver.Config{})
+			e.RelayDB.SetMaxOpenConns(8)
+			first := &leaseCount{}
+			a := setupOn(t, e, func(c *relay.Config) {
+				c.Observer = first
+				c.LeaseTTL, c.LeaseHeartbeat = 2*time.Second, 100*time.Millisecond
+			})
+			eventually(t, a.ctx, "the first relay owning every partition", func() bool { return first.owned.Load() == 32 })
+			second := &leaseCount{}
+			cfg := relay.Config{Publisher: outboxtest.NewPublisher(), Logger: quiet(), Observer: second,
+				PollInterval: 20 * time.Millisecond, LeaseTTL: 400 * time.Second, LeaseHeartbeat: 200 * time.Second}
+			ob := e.Outbox
+			if c.listen {
+				ob, _ = e.OpenWriter(t, driver.Config{})
+			}
+			r, err := relay.New(ob, e.RelayDB, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 2)
+			if c.listen {
+				listening := make(chan struct{})
+				go func() {
+					done <- relay.ListenPostgres(ctx, ob, e.DSN, func() {
+						select {
+						case <-listening:
+						default:
+							close(listening)
+						}
+						r.Notify()
+					}, quiet())
+				}()
+				<-listening // its first wake-up comes once it LISTENs
+			}
+			start := time.Now()
+			go func() { done <- r.Run(ctx) }()
+			t.Cleanup(func() {
+				cancel()
+				for range map[bool]int{false: 1, true: 2}[c.listen] {
+					if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+						t.Errorf("joining relay or listener: %v", err)
+					}
+				}
+			})
+			eventually(t, a.ctx, "the second relay owning its share", func() bool { return second.owned.Load() == 16 })
+			if took := time.Since(start); took >= 5*time.Second {
+				t.Errorf("the joining relay took its share %v after it started, want at once after the release (its catch-up beat is 10 s)", took.Round(time.Millisecond))
 			}
 		})
 	}

@@ -59,6 +59,7 @@ type leases struct {
 	trusted   time.Time
 	toRelease map[int]bool
 	changed   chan struct{} // signalled when partitions were acquired or trusted again after a lapse
+	kick      chan struct{} // a heartbeat now, please: another relay released partitions (peers.go)
 
 	// Catching up (run, heartbeat): while this instance owns fewer
 	// partitions than its share and another one is expected to release
@@ -167,7 +168,9 @@ func (l *leases) snapshot() (leaseSet, []int) {
 	return set, rel
 }
 
-// released records that the loop gave partitions up.
+// released records that the loop gave partitions up, and reports the
+// partitions still owned (Observer.Leases) at once: the relays taking them
+// over may have them before this one's next heartbeat.
 func (l *leases) released(ps []int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -175,13 +178,18 @@ func (l *leases) released(ps []int) {
 		delete(l.owned, p)
 		delete(l.toRelease, p)
 	}
+	l.r.cfg.Observer.Leases(len(l.owned))
 }
 
 // release gives partitions up in the database; the ones it could not
 // release (they expire by themselves) are logged in one line.
 func (l *leases) release(ctx context.Context, ps []int) {
-	if failed, err := l.releaseEach(ctx, ps); err != nil {
+	failed, err := l.releaseEach(ctx, ps)
+	if err != nil {
 		l.r.log.Warn("releasing partition leases failed; they expire by themselves", "partitions", failed, "error", err)
+	}
+	if len(failed) < len(ps) {
+		l.announceRelease(ctx)
 	}
 }
 
@@ -489,7 +497,8 @@ func (l *leases) free(ctx context.Context) ([]int, error) {
 }
 
 // run heartbeats every l.beat until ctx ends (every catchUpBeat while
-// catching up: see leases.catchingUp).
+// catching up: see leases.catchingUp), and at once when kicked (another
+// relay released partitions: peers.go).
 func (l *leases) run(ctx context.Context) {
 	t := time.NewTimer(l.next())
 	defer t.Stop()
@@ -498,6 +507,13 @@ func (l *leases) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-l.kick:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
 		}
 		t.Reset(l.beat) // from the start of this round, as a ticker would
 		var fast bool
@@ -554,6 +570,9 @@ func (l *leases) leave(ctx context.Context) {
 	defer cancel()
 	if _, lerr := l.r.db.ExecContext(qctx, l.r.d.Lease("member_leave"), l.id); lerr != nil && err == nil {
 		err = lerr
+	}
+	if len(failed) < len(ps) {
+		l.announceRelease(ctx)
 	}
 	if err == nil {
 		return

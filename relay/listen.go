@@ -18,7 +18,11 @@ import (
 // notification the writers' outbox driver sends (driver.Config's
 // DisableNotify: on by default for Postgres, sent after COMMIT returned,
 // one for all the commits that returned while the previous one was in
-// flight). wake should coalesce (Relay.Notify does).
+// flight). wake should coalesce (Relay.Notify does). A notification
+// with the payload "lease", which a relay sends when it gives partitions
+// up (rebalancing, or stopping), also makes the running relays of ob in
+// this process take their share at once, instead of at their next
+// heartbeat (relay/peers.go).
 //
 //	go relay.ListenPostgres(ctx, ob, dsn, r.Notify, logger)
 //
@@ -46,8 +50,9 @@ func ListenPostgres(ctx context.Context, ob *driver.Outbox, dsn string, wake fun
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 100*time.Millisecond, 30*time.Second, 0
 	bo.Reset()
+	kick := func() { wakePeers(ob, nil) }
 	for {
-		err := listenOnce(ctx, dsn, d.Channel(), wake, bo.Reset)
+		err := listenOnce(ctx, dsn, d.Channel(), wake, kick, bo.Reset)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -61,8 +66,20 @@ func ListenPostgres(ctx context.Context, ob *driver.Outbox, dsn string, wake fun
 	}
 }
 
-func listenOnce(ctx context.Context, dsn, channel string, wake func(), connected func()) error {
-	conn, err := pgconn.Connect(ctx, dsn)
+// listenOnce listens on channel over one connection until it fails or
+// ctx ends: wake for every notification, and kick too for a relay's
+// release of partitions (payload leasePayload: peers.go).
+func listenOnce(ctx context.Context, dsn, channel string, wake, kick func(), connected func()) error {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+		if n.Payload == leasePayload {
+			kick()
+		}
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}

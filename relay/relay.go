@@ -549,7 +549,8 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	}
 	r.openPool(hardCtx)
 	r.leases = &leases{r: r, id: r.cfg.InstanceID, partitions: parts, ttl: r.cfg.LeaseTTL, beat: r.cfg.LeaseHeartbeat, mode: modeOf(r.rec),
-		owned: map[int]int64{}, toRelease: map[int]bool{}, changed: make(chan struct{}, 1)}
+		owned: map[int]int64{}, toRelease: map[int]bool{}, changed: make(chan struct{}, 1), kick: make(chan struct{}, 1)}
+	defer r.leases.register(r.ob)()
 	if err := r.startLeases(hardCtx); err != nil {
 		return err
 	}
