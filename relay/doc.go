@@ -163,7 +163,10 @@
 // shows every transaction that committed before that one's rows, and it
 // returns the pending rows below that id that the first did not show.
 // They are merged in by id (at most BatchSize in all; when the second
-// statement is full, the batch stops at its last row). A row whose
+// statement is full, the batch stops at its last row), and the relay
+// looks again until a look finds nothing, since a look's own read view can
+// miss a row the same way (the looks end: only rows inserted before the
+// batch's highest id qualify). A row whose
 // transaction simply committed after the claim's view, with a lower id,
 // joins the batch the same way. With the claimed ids cut out of its index
 // range, the statement visits next to nothing when nothing committed late

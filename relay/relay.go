@@ -1245,54 +1245,61 @@ func (r *Relay) claimSkipping(ctx context.Context, set leaseSet, publishing []in
 	return msgs, nil
 }
 
-// claimLate runs the MySQL/MariaDB claim's second statement
-// (Dialect.ClaimLate; relay/doc.go, "Late rows") after a claim of up to
-// r.batch rows that returned msgs (in id order), and returns msgs with
-// the pending rows below their highest id that the claim did not see
-// merged in, in id order, at most r.batch of them. If that statement
-// returned as many rows as it may (r.batch), rows of msgs above its last
+// claimLate runs the MySQL/MariaDB claim's second look (Dialect.ClaimLate;
+// relay/doc.go, "Late rows") after a claim of up to r.batch rows that
+// returned msgs (in id order), and returns msgs with the pending rows
+// below their highest id that the claim did not see merged in, in id
+// order, at most r.batch of them. It looks again until a look finds
+// nothing: a look's own read view can miss an earlier row of an aggregate
+// whose later row it shows, exactly as the claim's could, and the next
+// look, made after it, shows that row. The looks end: only rows below the
+// batch's highest id count, and ids are handed out in insert order, so
+// each look can only find rows that were inserted before that row was.
+// If a look returned as many rows as it may (r.batch), rows above its last
 // one are left for the next claim: an earlier row of their aggregate may
 // be among the rows it could not return. Cutting the merged batch short
 // is safe for the same reason: every pending row below the cut is in it.
 func (r *Relay) claimLate(ctx context.Context, set leaseSet, parts []int, skip []int64, msgs []Message) ([]Message, error) {
-	if r.claimedHook != nil {
-		r.claimedHook()
-	}
-	top := msgs[len(msgs)-1].ID
-	leave := make([]int64, 0, len(skip)+len(msgs))
-	leave = append(leave, skip...)
-	for _, m := range msgs {
-		leave = append(leave, m.ID)
-	}
-	q := r.d.ClaimLate(r.batch, parts, leave, r.sent.ranges(), top)
-	if q == "" {
-		return msgs, nil
-	}
-	rows, err := r.db.QueryContext(ctx, q)
-	if err != nil {
-		return nil, fmt.Errorf("claiming from %s (late rows): %w", r.table, err)
-	}
-	late, _, _, _, err := r.readClaimed(rows, false, set)
-	if err != nil || len(late) == 0 {
-		return msgs, err
-	}
-	r.lateRows.Add(int64(len(late)))
-	if len(late) >= r.batch {
-		cut := late[len(late)-1].ID
-		msgs = msgs[:sort.Search(len(msgs), func(i int) bool { return msgs[i].ID > cut })]
-	}
-	merged := make([]Message, 0, len(msgs)+len(late))
-	i, j := 0, 0
-	for i < len(msgs) || j < len(late) {
-		if j == len(late) || (i < len(msgs) && msgs[i].ID < late[j].ID) {
-			merged = append(merged, msgs[i])
-			i++
-		} else {
-			merged = append(merged, late[j])
-			j++
+	for {
+		if r.claimedHook != nil {
+			r.claimedHook()
 		}
+		top := msgs[len(msgs)-1].ID
+		leave := make([]int64, 0, len(skip)+len(msgs))
+		leave = append(leave, skip...)
+		for _, m := range msgs {
+			leave = append(leave, m.ID)
+		}
+		q := r.d.ClaimLate(r.batch, parts, leave, r.sent.ranges(), top)
+		if q == "" {
+			return msgs, nil
+		}
+		rows, err := r.db.QueryContext(ctx, q)
+		if err != nil {
+			return nil, fmt.Errorf("claiming from %s (late rows): %w", r.table, err)
+		}
+		late, _, _, _, err := r.readClaimed(rows, false, set)
+		if err != nil || len(late) == 0 {
+			return msgs, err
+		}
+		r.lateRows.Add(int64(len(late)))
+		if len(late) >= r.batch {
+			cut := late[len(late)-1].ID
+			msgs = msgs[:sort.Search(len(msgs), func(i int) bool { return msgs[i].ID > cut })]
+		}
+		merged := make([]Message, 0, len(msgs)+len(late))
+		i, j := 0, 0
+		for i < len(msgs) || j < len(late) {
+			if j == len(late) || (i < len(msgs) && msgs[i].ID < late[j].ID) {
+				merged = append(merged, msgs[i])
+				i++
+			} else {
+				merged = append(merged, late[j])
+				j++
+			}
+		}
+		msgs = merged[:min(len(merged), max(r.batch, 1))]
 	}
-	return merged[:min(len(merged), max(r.batch, 1))], nil
 }
 
 // readClaimed reads and closes the rows of a claim (floored: the
