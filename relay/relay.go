@@ -1236,12 +1236,21 @@ func (r *Relay) claimSkipping(ctx context.Context, set leaseSet, publishing []in
 			return nil, fmt.Errorf("claiming from %s: the claim function returned no floor report", r.table)
 		}
 		r.floor.update(rep, time.Now())
-	} else if len(msgs) > 0 {
-		if msgs, err = r.claimLate(qctx, set, parts, skip, msgs); err != nil {
+		r.batch = nextBatch(r.cfg, r.batch, len(msgs), bytes)
+		return msgs, nil
+	}
+	// The batch grows after a full claim, by the claim's own rows (a short
+	// claim that late rows filled is still short), and is bounded by the
+	// average size of the rows handed out.
+	claimed := len(msgs)
+	if claimed > 0 {
+		var lateN, lateBytes int
+		if msgs, lateN, lateBytes, err = r.claimLate(ctx, set, parts, skip, msgs); err != nil {
 			return nil, err
 		}
+		bytes = (bytes + lateBytes) * claimed / (claimed + lateN)
 	}
-	r.batch = nextBatch(r.cfg, r.batch, len(msgs), bytes)
+	r.batch = nextBatch(r.cfg, r.batch, claimed, bytes)
 	return msgs, nil
 }
 
@@ -1255,11 +1264,19 @@ func (r *Relay) claimSkipping(ctx context.Context, set leaseSet, publishing []in
 // look, made after it, shows that row. The looks end: only rows below the
 // batch's highest id count, and ids are handed out in insert order, so
 // each look can only find rows that were inserted before that row was.
-// If a look returned as many rows as it may (r.batch), rows above its last
-// one are left for the next claim: an earlier row of their aggregate may
-// be among the rows it could not return. Cutting the merged batch short
-// is safe for the same reason: every pending row below the cut is in it.
-func (r *Relay) claimLate(ctx context.Context, set leaseSet, parts []int, skip []int64, msgs []Message) ([]Message, error) {
+// The merged batch is cut at r.batch rows, its highest ids left for the
+// next claim: every pending row below the cut is in it (a look that
+// returned r.batch rows, as many as it may, fills the batch below its own
+// last row, and rows above that stay out, since an earlier row of their
+// aggregate may be among those it could not return). Each look has a
+// QueryTimeout of its own.
+//
+// It also returns how many rows the looks read and their payload and
+// header bytes (for the batch size), cut or not.
+func (r *Relay) claimLate(ctx context.Context, set leaseSet, parts []int, skip []int64, msgs []Message) (_ []Message, n, bytes int, _ error) {
+	if r.d.ClaimLate(1, nil, nil, nil, 1) == "" {
+		return msgs, 0, 0, nil
+	}
 	for {
 		if r.claimedHook != nil {
 			r.claimedHook()
@@ -1270,23 +1287,15 @@ func (r *Relay) claimLate(ctx context.Context, set leaseSet, parts []int, skip [
 		for _, m := range msgs {
 			leave = append(leave, m.ID)
 		}
-		q := r.d.ClaimLate(r.batch, parts, leave, r.sent.ranges(), top)
-		if q == "" {
-			return msgs, nil
-		}
-		rows, err := r.db.QueryContext(ctx, q)
+		late, b, err := r.lookLate(ctx, r.d.ClaimLate(r.batch, parts, leave, r.sent.ranges(), top), set)
 		if err != nil {
-			return nil, fmt.Errorf("claiming from %s (late rows): %w", r.table, err)
+			return nil, 0, 0, err
 		}
-		late, _, _, _, err := r.readClaimed(rows, false, set)
-		if err != nil || len(late) == 0 {
-			return msgs, err
+		if len(late) == 0 {
+			return msgs, n, bytes, nil
 		}
+		n, bytes = n+len(late), bytes+b
 		r.lateRows.Add(int64(len(late)))
-		if len(late) >= r.batch {
-			cut := late[len(late)-1].ID
-			msgs = msgs[:sort.Search(len(msgs), func(i int) bool { return msgs[i].ID > cut })]
-		}
 		merged := make([]Message, 0, len(msgs)+len(late))
 		i, j := 0, 0
 		for i < len(msgs) || j < len(late) {
@@ -1300,6 +1309,19 @@ func (r *Relay) claimLate(ctx context.Context, set leaseSet, parts []int, skip [
 		}
 		msgs = merged[:min(len(merged), max(r.batch, 1))]
 	}
+}
+
+// lookLate runs one look of claimLate (q) under a QueryTimeout of its own.
+// It returns the rows and their payload and header bytes.
+func (r *Relay) lookLate(ctx context.Context, q string, set leaseSet) ([]Message, int, error) {
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := r.db.QueryContext(qctx, q)
+	if err != nil {
+		return nil, 0, fmt.Errorf("claiming from %s (late rows): %w", r.table, err)
+	}
+	late, bytes, _, _, err := r.readClaimed(rows, false, set)
+	return late, bytes, err
 }
 
 // readClaimed reads and closes the rows of a claim (floored: the
