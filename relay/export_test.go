@@ -47,7 +47,7 @@ func (r *Relay) OnClaimedAhead(fn func(n int)) { r.aheadHook = fn }
 func (r *Relay) NoLookahead() { r.noLookahead = true }
 
 // OnClaimed makes each MySQL/MariaDB claim that returned rows call fn
-// before its late-rows statement (claimLate). Not safe beside Run.
+// before each of its looks for late rows (claimLate). Not safe beside Run.
 func (r *Relay) OnClaimed(fn func()) { r.claimedHook = fn }
 
 // LateRows is how many rows the MySQL/MariaDB claims' late-rows

@@ -335,7 +335,7 @@ type Relay struct {
 	ahead       *aheadBatch
 	noLookahead bool         // tests: claim only after the publish (lookahead.go)
 	aheadHook   func(int)    // tests: called with the rows of each claim ahead, on its goroutine
-	claimedHook func()       // tests: called between the MySQL claim and its late-rows statement
+	claimedHook func()       // tests: called before each look of the MySQL claim (claimLate)
 	lateRows    atomic.Int64 // rows the MySQL claims' late-rows statements added (claimLate)
 	// wal is the WAL source's reader (Config.Source SourceWAL), set by
 	// Run; tableDue and walEpoch are owned by the Run goroutine
