@@ -21,6 +21,21 @@ type leaseCount struct {
 
 func (o *leaseCount) Leases(n int) { o.owned.Store(int64(n)) }
 
+// ownerOfAll starts, on a database of its own on tg, a relay that beats
+// every 100 ms (LeaseTTL 2 s) and waits until it owns all 32 partitions.
+func ownerOfAll(t *testing.T, tg testdb.Target) (*testdb.Env, *bundle, *leaseCount) {
+	t.Helper()
+	e := testdb.New(t, tg, driver.Config{})
+	e.RelayDB.SetMaxOpenConns(8)
+	first := &leaseCount{}
+	a := setupOn(t, e, func(c *relay.Config) {
+		c.Observer = first
+		c.LeaseTTL, c.LeaseHeartbeat = 2*time.Second, 100*time.Millisecond
+	})
+	eventually(t, a.ctx, "the first relay owning every partition", func() bool { return first.owned.Load() == 32 })
+	return e, a, first
+}
+
 // TestJoiningRelayTakesItsShareBeforeItsNextHeartbeat: a relay joining a
 // table whose partitions another relay owns takes its share as soon as the
 // other releases it, not at its own next heartbeat. The owner here beats
@@ -37,14 +52,7 @@ func TestJoiningRelayTakesItsShareBeforeItsNextHeartbeat(t *testing.T) {
 	for _, tg := range testdb.All[:3] {
 		t.Run(tg.Name, func(t *testing.T) {
 			t.Parallel()
-			e := testdb.New(t, tg, driver.Config{})
-			e.RelayDB.SetMaxOpenConns(8)
-			first := &leaseCount{}
-			a := setupOn(t, e, func(c *relay.Config) {
-				c.Observer = first
-				c.LeaseTTL, c.LeaseHeartbeat = 2*time.Second, 100*time.Millisecond
-			})
-			eventually(t, a.ctx, "the first relay owning every partition", func() bool { return first.owned.Load() == 32 })
+			e, a, first := ownerOfAll(t, tg)
 			second := &leaseCount{}
 			start := time.Now()
 			setupOn(t, e, func(c *relay.Config) {
@@ -90,14 +98,7 @@ func TestReleasedPartitionsWakeTheJoiningRelay(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			e := testdb.New(t, c.tg, driver.Config{})
-			e.RelayDB.SetMaxOpenConns(8)
-			first := &leaseCount{}
-			a := setupOn(t, e, func(c *relay.Config) {
-				c.Observer = first
-				c.LeaseTTL, c.LeaseHeartbeat = 2*time.Second, 100*time.Millisecond
-			})
-			eventually(t, a.ctx, "the first relay owning every partition", func() bool { return first.owned.Load() == 32 })
+			e, a, _ := ownerOfAll(t, c.tg)
 			second := &leaseCount{}
 			cfg := relay.Config{Publisher: outboxtest.NewPublisher(), Logger: quiet(), Observer: second,
 				PollInterval: 20 * time.Millisecond, LeaseTTL: 400 * time.Second, LeaseHeartbeat: 200 * time.Second}
