@@ -486,7 +486,7 @@ func TestBrokersNotReachable(t *testing.T) {
 	t.Parallel()
 	var warned []string
 	res, err := runBrokers(t.Context(), nil, []endpoint{natsEndpoint{"nats://127.0.0.1:1"}, rabbitEndpoint{"amqp://guest:guest@127.0.0.1:1/"}, redisEndpoint{"127.0.0.1:1"}},
-		100, 10, 0, brokersRate, time.Second, 1, 1, func(s string) { warned = append(warned, s) })
+		100, 10, 0, brokersRate, time.Second, 1, 1, "", func(s string) { warned = append(warned, s) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -327,8 +327,10 @@ type BrokerResult struct {
 // turn (interleaved, so a noisy neighbour spreads over all), the drain of
 // rows preloaded rows and the latency at rate for dur. A broker that does
 // not answer its probe is reported as not measured (loudly, on stderr
-// too), never as a figure; the others are still measured.
-func runBrokers(ctx context.Context, db *database, eps []endpoint, rows, aggs, batch, rate int, dur time.Duration, writers, runs int, warn func(string)) (*BrokersResult, error) {
+// too), never as a figure; the others are still measured. With cpuprofile
+// set, each broker's drains are profiled into cpuprofile + "." + its name
+// (the last run's profile stays).
+func runBrokers(ctx context.Context, db *database, eps []endpoint, rows, aggs, batch, rate int, dur time.Duration, writers, runs int, cpuprofile string, warn func(string)) (*BrokersResult, error) {
 	res := &BrokersResult{Rows: rows, Aggregates: aggs, BatchSize: batch, OfferedPerSec: rate, Seconds: dur.Seconds(), Writers: writers}
 	var live []int
 	for i, ep := range eps {
@@ -349,7 +351,11 @@ func runBrokers(ctx context.Context, db *database, eps []endpoint, rows, aggs, b
 		for _, i := range live {
 			ep, br := eps[i], res.Brokers[i]
 			warn(fmt.Sprintf("part brokers: %s, drain of %d rows over %d aggregates, run %d of %d", ep.name(), rows, aggs, run, runs))
-			d, err := runDrain(ctx, db, ep, rows, aggs, batch, "", variantNeverAnalyzed, run, "_"+ep.name())
+			prof := ""
+			if cpuprofile != "" {
+				prof = cpuprofile + "." + ep.name()
+			}
+			d, err := runDrain(ctx, db, ep, rows, aggs, batch, prof, variantNeverAnalyzed, run, "_"+ep.name())
 			if err != nil {
 				return nil, fmt.Errorf("%s: drain (run %d): %w", ep.name(), run, err)
 			}

@@ -199,7 +199,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.natsURL, "nats", defaultNATS, "part brokers: NATS server with JetStream")
 	fs.StringVar(&o.amqpURL, "amqp", defaultAMQP, "part brokers: RabbitMQ AMQP URL")
 	fs.StringVar(&o.redisAddr, "redis", defaultRedis, "part brokers: Redis address (host:port)")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) to this file: of part 1's rounds with -only commit, with -only waldrain of each mode's last drain into FILE.MODE, else of the drain (part 3)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) to this file: of part 1's rounds with -only commit, with -only waldrain of each mode's last drain into FILE.MODE, with -only brokers or -only exactlyonce of each broker's last drain into FILE.BROKER, else of the drain (part 3)")
 	fs.StringVar(&o.walModes, "waldrain-modes", strings.Join(walDrainModes, ","), "part waldrain: the modes to run, a comma list of "+strings.Join(walDrainModes, ","))
 	fs.IntVar(&o.iters, "iters", 2000, "transactions per variant for part 1")
 	fs.IntVar(&o.batch, "batch", 0, "relay BatchSize for the drain (0 = relay default)")
@@ -331,12 +331,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return nil
 	}
 	// -cpuprofile profiles part 1 when it runs alone, else the drain.
-	commitProfile, drainProfile, walProfile := "", o.cpuprofile, ""
+	commitProfile, drainProfile, walProfile, brokersProfile := "", o.cpuprofile, "", ""
 	switch strings.TrimSpace(o.only) {
 	case "commit":
 		commitProfile, drainProfile = o.cpuprofile, ""
 	case "waldrain":
 		walProfile, drainProfile = o.cpuprofile, ""
+	case "brokers", "exactlyonce":
+		brokersProfile, drainProfile = o.cpuprofile, ""
 	}
 	if want["commit"] {
 		logf("part 1: commit overhead, %d transactions per variant", o.iters)
@@ -440,7 +442,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 				fmt.Fprintln(os.Stderr, "bench: "+msg)
 			}
 		}
-		if res.Brokers, err = runBrokers(ctx, db, eps, o.rows, o.drainAggs, o.batch, brokersRate, dur, o.writers, o.runs, warn); err != nil {
+		if res.Brokers, err = runBrokers(ctx, db, eps, o.rows, o.drainAggs, o.batch, brokersRate, dur, o.writers, o.runs, brokersProfile, warn); err != nil {
 			return fmt.Errorf("brokers: %w", err)
 		}
 	}
@@ -453,7 +455,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 				fmt.Fprintln(os.Stderr, "bench: "+msg)
 			}
 		}
-		if res.ExactlyOnce, err = runBrokers(ctx, db, eps, o.rows, o.drainAggs, o.batch, brokersRate, dur, o.writers, o.runs, warn); err != nil {
+		if res.ExactlyOnce, err = runBrokers(ctx, db, eps, o.rows, o.drainAggs, o.batch, brokersRate, dur, o.writers, o.runs, brokersProfile, warn); err != nil {
 			return fmt.Errorf("exactlyonce: %w", err)
 		}
 	}

@@ -172,6 +172,36 @@ func TestExactlyOnceOneMessageFails(t *testing.T) {
 	}
 }
 
+// TestExactlyOnceOneProduceRequest: a transaction whose records go to
+// several Kafka partitions of one broker writes them in one produce
+// request (one record batch per partition), not one request per
+// partition: at a backlog a batch touches every Kafka partition from
+// every relay partition's transaction, and the requests were most of the
+// exactly-once mode's cost over the default's (BENCHMARKS.md). All of
+// them reach read_committed.
+func TestExactlyOnceOneProduceRequest(t *testing.T) {
+	t.Parallel()
+	e := newEOSEnv(t)
+	p := e.publisher(t)
+	ctx := testCtx(t, time.Minute)
+	if _, err := p.Reconcile(ctx, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	aggs := aggregatesOnDistinctPartitions(t, eosParts)
+	msgs := eosMsgs(1, 1, 10, append(aggs, aggs...)...)
+	requests := e.broker.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: eosTopic, Count: -1, Observe: true})
+	defer requests.Remove()
+	if err := p.Publish(ctx, msgs); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	if got := requests.Hits(); got != 1 {
+		t.Errorf("%d produce requests for %d messages on %d partitions of one broker, want 1", got, len(msgs), eosParts)
+	}
+	if recs, err := e.committed.WaitForCount(ctx, len(msgs)); err != nil {
+		t.Fatalf("read_committed: %v; got %v", err, messageIDs(recs))
+	}
+}
+
 // TestExactlyOnceFence: a second publisher reconciling the same relay
 // partition under a later epoch (the next lease owner) fences the first:
 // the first one's Publish fails with ErrOutcomeUnknown (its relay would

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sqloutbox/outbox/internal/kafkatxn"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
@@ -297,5 +300,122 @@ func TestTxnManyProducers(t *testing.T) {
 		if got := readManifest(t, ctx, e.client, fmt.Sprintf("txn.many.%d", i)); got.Epoch != int64(i) || !slices.Equal(got.IDs, []int64{int64(100 + i)}) {
 			t.Errorf("manifest of producer %d: %+v", i, got)
 		}
+	}
+}
+
+// TestTxnProduceBatches: ProduceBatches writes many partitions' record
+// batches in one produce request per leader (3 brokers, 6 partitions: at
+// most 3 requests, not 6), resends only the partitions whose answer is
+// retriable (each record reaches the log once), and fails only the
+// batches refused for good, leaving the transaction unable to commit.
+func TestTxnProduceBatches(t *testing.T) {
+	t.Parallel()
+	const topic, parts = "txn.batches", 6
+	cases := []struct {
+		name  string
+		fault *kfake.Fault // on partition 2's produce, once
+		// want: partition 2's batch fails for good (the others are
+		// written, the commit is refused); else all commit.
+		want2Fails bool
+	}{
+		{name: "all written"},
+		{name: "one partition retried", fault: &kfake.Fault{Err: kerr.NotLeaderForPartition}},
+		{name: "one partition refused", fault: &kfake.Fault{Err: kerr.CorruptMessage}, want2Fails: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, err := kafkatest.Start(kafkatest.Topics(parts, topic), kafkatest.KfakeOptions(kfake.NumBrokers(3)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(b.Close)
+			ctx := testCtx(t, time.Minute)
+			if err := kafkatest.CreateTopic(ctx, b.Addrs(), txnStateTopic, 1); err != nil {
+				t.Fatal(err)
+			}
+			sc := sarama.NewConfig()
+			sc.Version = sarama.V2_5_0_0
+			cl, err := sarama.NewClient(b.Addrs(), sc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cl.Close() })
+			committed, uncomm := bothIsolations(t, b.Addrs(), topic)
+			p, err := kafkatxn.Init(ctx, kafkatxn.Config{Client: cl, TransactionalID: "txn.batches", Timeout: time.Minute,
+				Retriable: func(err error) bool { return errors.Is(err, sarama.ErrNotLeaderForPartition) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(p.Close)
+			leaders := map[int32]bool{}
+			for part := range int32(parts) {
+				leaders[b.Cluster().LeaderFor(topic, part)] = true
+			}
+			if len(leaders) < 2 {
+				t.Fatalf("the partitions' leaders %v: want several brokers", leaders)
+			}
+			requests := b.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Count: -1, Observe: true})
+			if tc.fault != nil {
+				f := *tc.fault
+				f.Keys, f.Topic, f.Partitions = []kmsg.Key{kmsg.Produce}, topic, []int32{2}
+				b.Cluster().Fault(f)
+			}
+			var batches []kafkatxn.Batch
+			var want []string
+			for part := range int32(parts) {
+				v := fmt.Sprintf("p%d", part)
+				batches = append(batches, kafkatxn.Batch{Topic: topic, Partition: part, Records: records("k", v+"a", v+"b")})
+				want = append(want, v+"a", v+"b")
+			}
+			if tc.want2Fails {
+				// A partition listed twice is refused too, alone (it
+				// also leaves the transaction unable to commit).
+				batches = append(batches, kafkatxn.Batch{Topic: topic, Partition: 0, Records: records("k", "twice")})
+			}
+			written := p.ProduceBatches(ctx, batches)
+			if tc.want2Fails && written[parts].Err == nil {
+				t.Error("a partition listed twice: no error")
+			}
+			for part, w := range written[:parts] {
+				if fails := part == 2 && tc.want2Fails; (w.Err != nil) != fails {
+					t.Errorf("partition %d: %v, want an error: %v", part, w.Err, fails)
+				}
+			}
+			retries := 0
+			if tc.fault != nil && !tc.want2Fails {
+				retries = 1
+			}
+			if got := requests.Hits(); got != len(leaders)+retries {
+				t.Errorf("%d produce requests, want %d (one per leader, %d brokers lead, plus %d retry)", got, len(leaders)+retries, len(leaders), retries)
+			}
+			if tc.want2Fails {
+				if err := p.End(ctx, true); !errors.Is(err, kafkatxn.ErrAborted) {
+					t.Fatalf("End(commit) after a refused batch: %v, want ErrAborted", err)
+				}
+				return
+			}
+			if err := p.End(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			recs, err := committed.WaitForCount(ctx, len(want))
+			if err != nil {
+				t.Fatalf("read_committed: %v; got %v", err, values(recs))
+			}
+			got := values(recs)
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Errorf("read_committed got %v, want %v", got, want)
+			}
+			// Every record once in the log, the retried partition's too.
+			all, err := uncomm.WaitForCount(ctx, len(want))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(all) != len(want) {
+				t.Errorf("read_uncommitted: %d records, want %d: %v", len(all), len(want), values(all))
+			}
+		})
 	}
 }

@@ -15,7 +15,9 @@
 // read at read_committed.
 //
 // One transaction is: Produce to each partition (AddPartitionsToTxn the
-// first time the transaction writes to it), CommitManifest (AddOffsetsToTxn
+// first time the transaction writes to it; ProduceBatches writes many
+// partitions' record batches in one produce request per leader),
+// CommitManifest (AddOffsetsToTxn
 // and TxnOffsetCommit: the rows' outbox ids as the metadata of an offset
 // commit for a group named after the producer, committed atomically with
 // the records), then End. A produce that failed, or whose outcome is
@@ -241,84 +243,203 @@ func initVersion(v sarama.KafkaVersion) int16 {
 // Produce writes records to topic's partition part inside the open
 // transaction, as one record batch in one produce request (the broker
 // appends it whole or not at all), and returns the offset of its first
-// record. The first write to a partition in a transaction adds it
-// (AddPartitionsToTxn). An answer Config.Retriable accepts (or a request
-// with no answer) sends the same record batch again, with the same
-// sequence, after Backoff and a metadata refresh, until ctx ends: the
-// broker recognizes a batch it already appended by its sequence
-// (DUPLICATE_SEQUENCE_NUMBER counts as written). Any other error, and
-// ctx's end, leaves the transaction unable to commit (End then wraps
-// ErrAborted).
+// record: ProduceBatches with one Batch.
 func (p *Producer) Produce(ctx context.Context, topic string, part int32, records []*sarama.Record) (int64, error) {
-	tp := topicPartition{topic, part}
-	if err := p.addPartition(ctx, tp); err != nil {
-		return 0, err
+	r := p.ProduceBatches(ctx, []Batch{{Topic: topic, Partition: part, Records: records}})
+	return r[0].Offset, r[0].Err
+}
+
+// Batch is one partition's records for ProduceBatches, written as one
+// record batch.
+type Batch struct {
+	Topic     string
+	Partition int32
+	Records   []*sarama.Record
+}
+
+// Written is ProduceBatches' outcome for one Batch: the offset of its
+// first record once the broker appended it (Err nil), or why not.
+type Written struct {
+	Offset int64
+	Err    error
+}
+
+// ProduceBatches writes each of batches (at most one per partition) as
+// one record batch inside the open transaction, and returns the outcome
+// of each, in the same order. The partitions not added to the transaction
+// yet are added first, in one AddPartitionsToTxn request; then the
+// batches go to their partitions' leaders in one produce request per
+// leader (Kafka takes one record batch per partition per request from a
+// transactional producer), the leaders at the same time. So a transaction
+// that writes to many partitions of one broker costs one produce request,
+// not one per partition. An answer Config.Retriable accepts for a
+// partition (or a request with no answer, for each of its partitions)
+// sends that partition's record batch again, unchanged, with the same
+// sequence, after Backoff and a metadata refresh, in one request with
+// the other partitions to retry, until ctx ends: the broker recognizes a
+// batch it already appended by its sequence (DUPLICATE_SEQUENCE_NUMBER
+// counts as written). Any other error, a partition listed twice, and
+// ctx's end fail that batch and leave the transaction unable to commit
+// (End then wraps ErrAborted); the other batches' outcomes stand. A
+// fenced producer's errors wrap ErrFenced.
+func (p *Producer) ProduceBatches(ctx context.Context, batches []Batch) []Written {
+	out := make([]Written, len(batches))
+	add := map[string][]int32{}
+	seen := map[topicPartition]bool{}
+	var todo []int // indexes of batches still to write
+	for i, b := range batches {
+		tp := topicPartition{b.Topic, b.Partition}
+		if seen[tp] {
+			out[i].Err = p.breakTxn(fmt.Errorf("outbox/kafkatxn: produce to %s/%d: the partition is listed twice in one ProduceBatches", b.Topic, b.Partition))
+			continue
+		}
+		seen[tp] = true
+		add[b.Topic] = append(add[b.Topic], b.Partition)
+		todo = append(todo, i)
 	}
-	p.mu.Lock()
-	seq := p.seq[tp]
-	p.mu.Unlock()
-	for j, r := range records {
-		r.OffsetDelta = int64(j)
+	if len(todo) == 0 {
+		return out
+	}
+	if err := p.AddPartitions(ctx, add); err != nil {
+		for _, i := range todo {
+			out[i].Err = err
+		}
+		return out
 	}
 	now := time.Now().Truncate(time.Millisecond)
-	batch := &sarama.RecordBatch{Version: 2, IsTransactional: true, ProducerID: p.pid, ProducerEpoch: p.epoch, FirstSequence: seq,
-		FirstTimestamp: now, MaxTimestamp: now, LastOffsetDelta: int32(len(records) - 1), Records: records,
-		Codec: p.sc.Producer.Compression, CompressionLevel: p.sc.Producer.CompressionLevel}
-	req := &sarama.ProduceRequest{TransactionalID: &p.cfg.TransactionalID, RequiredAcks: sarama.WaitForAll,
-		Timeout: int32(p.sc.Producer.Timeout / time.Millisecond), Version: 3}
-	req.AddBatch(topic, part, batch)
-	where := fmt.Sprintf("produce to %s/%d", topic, part)
-	for n := 1; ; n++ {
-		offset, err := p.produceOnce(ctx, tp, req)
-		if err == nil {
-			p.mu.Lock()
-			p.seq[tp] = seq + int32(len(records))
-			p.mu.Unlock()
-			return offset, nil
+	rbs := make([]*sarama.RecordBatch, len(batches))
+	p.mu.Lock()
+	for _, i := range todo {
+		b := batches[i]
+		for j, r := range b.Records {
+			r.OffsetDelta = int64(j)
 		}
-		if ctx.Err() != nil || p.cfg.Retriable == nil || !p.cfg.Retriable(err) {
-			return 0, p.breakTxn(fmt.Errorf("outbox/kafkatxn: %s: %w", where, err))
+		rbs[i] = &sarama.RecordBatch{Version: 2, IsTransactional: true, ProducerID: p.pid, ProducerEpoch: p.epoch,
+			FirstSequence: p.seq[topicPartition{b.Topic, b.Partition}], FirstTimestamp: now, MaxTimestamp: now,
+			LastOffsetDelta: int32(len(b.Records) - 1), Records: b.Records,
+			Codec: p.sc.Producer.Compression, CompressionLevel: p.sc.Producer.CompressionLevel}
+	}
+	p.mu.Unlock()
+	last := make([]error, len(batches)) // each batch's last retriable error
+	for n := 1; len(todo) > 0; n++ {
+		errs := p.produceRound(ctx, batches, rbs, todo)
+		var again []int
+		for k, i := range todo {
+			b := batches[i]
+			switch err := errs[k].err; {
+			case err == nil:
+				p.mu.Lock()
+				p.seq[topicPartition{b.Topic, b.Partition}] = rbs[i].FirstSequence + int32(len(b.Records))
+				p.mu.Unlock()
+				out[i].Offset = errs[k].offset
+			case ctx.Err() != nil || p.cfg.Retriable == nil || !p.cfg.Retriable(err):
+				out[i].Err = p.breakTxn(fmt.Errorf("outbox/kafkatxn: produce to %s/%d: %w", b.Topic, b.Partition, err))
+			default:
+				last[i] = err
+				again = append(again, i)
+			}
 		}
-		_ = p.cfg.Client.RefreshMetadata(topic)
+		todo = again
+		if len(todo) == 0 {
+			break
+		}
+		topics := map[string]bool{}
+		for _, i := range todo {
+			if t := batches[i].Topic; !topics[t] {
+				topics[t] = true
+				_ = p.cfg.Client.RefreshMetadata(t)
+			}
+		}
 		t := time.NewTimer(p.cfg.Backoff(n))
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return 0, p.breakTxn(fmt.Errorf("outbox/kafkatxn: %s: %w (last: %w)", where, ctx.Err(), err))
+			for _, i := range todo {
+				b := batches[i]
+				out[i].Err = p.breakTxn(fmt.Errorf("outbox/kafkatxn: produce to %s/%d: %w (last: %w)", b.Topic, b.Partition, ctx.Err(), last[i]))
+			}
+			return out
 		}
 	}
+	return out
 }
 
-// produceOnce sends req to tp's leader and returns the offset of the
-// first record, or the request's error, or the partition's error code
-// (a sarama.KError; fenced codes wrapped in ErrFenced).
-func (p *Producer) produceOnce(ctx context.Context, tp topicPartition, req *sarama.ProduceRequest) (int64, error) {
-	leader, err := p.cfg.Client.Leader(tp.topic, tp.part)
-	if err != nil {
-		return 0, err
+// roundResult is produceRound's outcome for one batch.
+type roundResult struct {
+	offset int64
+	err    error
+}
+
+// produceRound sends the record batches rbs[todo[k]] once: one produce
+// request per leader, the leaders at the same time. It returns the
+// outcome of each, by k: the offset of its first record, or the request's
+// error, or its partition's error code (a sarama.KError; fenced codes
+// wrapped in ErrFenced).
+func (p *Producer) produceRound(ctx context.Context, batches []Batch, rbs []*sarama.RecordBatch, todo []int) []roundResult {
+	res := make([]roundResult, len(todo))
+	type request struct {
+		leader *sarama.Broker
+		ks     []int // positions in todo
+		req    *sarama.ProduceRequest
 	}
-	resp, err := call(ctx, func() (*sarama.ProduceResponse, error) {
-		b := p.conn(leader)
-		r, err := b.Produce(req)
+	var reqs []*request
+	byLeader := map[*sarama.Broker]*request{}
+	for k, i := range todo {
+		b := batches[i]
+		leader, err := p.cfg.Client.Leader(b.Topic, b.Partition)
 		if err != nil {
-			p.drop(b) // a broken connection: the next try dials again
+			res[k].err = err
+			continue
 		}
-		return r, err
-	})
-	if err != nil {
-		return 0, err
+		r := byLeader[leader]
+		if r == nil {
+			r = &request{leader: leader, req: &sarama.ProduceRequest{TransactionalID: &p.cfg.TransactionalID, RequiredAcks: sarama.WaitForAll,
+				Timeout: int32(p.sc.Producer.Timeout / time.Millisecond), Version: 3}}
+			byLeader[leader] = r
+			reqs = append(reqs, r)
+		}
+		r.req.AddBatch(b.Topic, b.Partition, rbs[i])
+		r.ks = append(r.ks, k)
 	}
-	blk := resp.GetBlock(tp.topic, tp.part)
-	switch {
-	case blk == nil:
-		return 0, errors.New("no answer for the partition")
-	case blk.Err == sarama.ErrNoError, blk.Err == sarama.ErrDuplicateSequenceNumber:
-		return blk.Offset, nil
-	case blk.Err == sarama.ErrProducerFenced, blk.Err == sarama.ErrInvalidProducerEpoch:
-		return 0, fmt.Errorf("%w: %w", ErrFenced, blk.Err)
+	send := func(r *request) {
+		resp, err := call(ctx, func() (*sarama.ProduceResponse, error) {
+			b := p.conn(r.leader)
+			resp, err := b.Produce(r.req)
+			if err != nil {
+				p.drop(b) // a broken connection: the next try dials again
+			}
+			return resp, err
+		})
+		for _, k := range r.ks {
+			b := batches[todo[k]]
+			if err != nil {
+				res[k].err = err
+				continue
+			}
+			blk := resp.GetBlock(b.Topic, b.Partition)
+			switch {
+			case blk == nil:
+				res[k].err = errors.New("no answer for the partition")
+			case blk.Err == sarama.ErrNoError, blk.Err == sarama.ErrDuplicateSequenceNumber:
+				res[k].offset = blk.Offset
+			case blk.Err == sarama.ErrProducerFenced, blk.Err == sarama.ErrInvalidProducerEpoch:
+				res[k].err = fmt.Errorf("%w: %w", ErrFenced, blk.Err)
+			default:
+				res[k].err = blk.Err
+			}
+		}
 	}
-	return 0, blk.Err
+	if len(reqs) == 1 {
+		send(reqs[0])
+		return res
+	}
+	var wg sync.WaitGroup
+	for _, r := range reqs {
+		wg.Go(func() { send(r) })
+	}
+	wg.Wait()
+	return res
 }
 
 // AddPartitions adds partitions (topic -> partitions) to the open
@@ -371,11 +492,6 @@ func (p *Producer) AddPartitions(ctx context.Context, partitions map[string][]in
 	}
 	p.mu.Unlock()
 	return nil
-}
-
-// addPartition adds tp to the open transaction, once.
-func (p *Producer) addPartition(ctx context.Context, tp topicPartition) error {
-	return p.AddPartitions(ctx, map[string][]int32{tp.topic: {tp.part}})
 }
 
 // CommitManifest records m in the open transaction, as the metadata of a

@@ -150,9 +150,12 @@
 //
 // Transactions. A relay batch spans several relay partitions; Publish runs
 // one transaction per relay partition's share, all at the same time. A
-// transaction writes the share's records (each Kafka partition's records
-// in batch order, in as few record batches as Producer.MaxMessageBytes
-// allows, one after another) and, at the same time, its manifest: the
+// transaction adds its Kafka partitions (one AddPartitionsToTxn), writes
+// the share's records (each Kafka partition's records in batch order, in
+// as few record batches as Producer.MaxMessageBytes allows, one after
+// another; the partitions' record batches travel together, one produce
+// request per leader broker, since a share of a backlog's batch touches
+// most partitions of the topic) and, at the same time, its manifest: the
 // outbox ids it carries, as the metadata of a transactional offset commit
 // (TxnOffsetCommit) of the consumer group named like the transactional.id
 // for partition 0 of the state topic "<prefix><table>.outbox-txn"

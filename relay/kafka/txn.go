@@ -647,12 +647,23 @@ func (p *Publisher) closeEOS() {
 	}
 }
 
+// maxTxnRequestBytes caps the records of one produce request that
+// produceTxn builds from several partitions' record batches (one record
+// batch per partition per request): well under the brokers' default
+// socket.request.max.bytes (100 MiB) and sarama's MaxRequestSize (100
+// MiB). A single record batch larger than it (Producer.MaxMessageBytes
+// above it) still goes alone.
+const maxTxnRequestBytes = 16 << 20
+
 // produceTxn writes msgs[idx] in the open transaction of prod: each Kafka
 // partition's records in batch order, as few record batches as
-// Producer.MaxMessageBytes allows, one after another. Partitions go at
-// the same time, unless an aggregate of the share has records on several
-// (its events name different topics): then one partition after another,
-// in the order of their first records. It returns the position in idx of
+// Producer.MaxMessageBytes allows, one after another. The partitions'
+// record batches go together, one produce request per leader
+// (kafkatxn.Producer.ProduceBatches) for each partition's first record
+// batch, then one for each partition's second, and so on, unless an
+// aggregate of the share has records on several partitions (its events
+// name different topics): then one partition after another, in the order
+// of their first records. It returns the position in idx of
 // the first message whose record batch failed and the error (-1, nil if
 // every record was written); for a failure before anything was routed (an
 // unknown topic), the first message of that topic; -1 and the error if
@@ -703,62 +714,93 @@ func (p *Publisher) produceTxn(ctx context.Context, prod *kafkatxn.Producer, msg
 	if err := prod.AddPartitions(ctx, add); err != nil {
 		return -1, classifyTxnProduce(err) // the transaction's, no message's
 	}
-	send := func(s *share) (int, error) {
-		start := 0
-		for start < len(s.pos) {
-			var records []*sarama.Record
-			bytes := batchOverhead
-			end := start
-			for ; end < len(s.pos); end++ {
-				rec, size := p.encode(&msgs[idx[s.pos[end]]])
-				if size > p.sc.Producer.MaxMessageBytes {
-					return s.pos[end], fmt.Errorf("%w: outbox/kafka: message %s: a record of %d bytes is larger than Producer.MaxMessageBytes (%d)",
-						relay.ErrPermanent, msgs[idx[s.pos[end]]].MessageID, size, p.sc.Producer.MaxMessageBytes)
-				}
-				if end > start && bytes+size >= p.sc.Producer.MaxMessageBytes {
-					break
-				}
-				records = append(records, rec)
-				bytes += size
-			}
-			if _, err := prod.Produce(ctx, s.tp.topic, s.tp.part, records); err != nil {
-				return s.pos[start], classifyTxnProduce(err)
-			}
-			p.hc.saw(s.tp.topic)
-			start = end
-		}
-		return -1, nil
+	// Each share's records, cut into record batches of at most
+	// Producer.MaxMessageBytes, in order.
+	type chunk struct {
+		start   int // position in s.pos of its first message
+		records []*sarama.Record
+		bytes   int
 	}
-	if spread || len(shares) == 1 {
-		for _, s := range shares {
-			if k, err := send(s); err != nil {
+	chunks := make([][]chunk, len(shares))
+	for j, s := range shares {
+		var c chunk
+		for k, pos := range s.pos {
+			rec, size := p.encode(&msgs[idx[pos]])
+			if size > p.sc.Producer.MaxMessageBytes {
+				return pos, fmt.Errorf("%w: outbox/kafka: message %s: a record of %d bytes is larger than Producer.MaxMessageBytes (%d)",
+					relay.ErrPermanent, msgs[idx[pos]].MessageID, size, p.sc.Producer.MaxMessageBytes)
+			}
+			if len(c.records) > 0 && c.bytes+size >= p.sc.Producer.MaxMessageBytes {
+				chunks[j] = append(chunks[j], c)
+				c = chunk{}
+			}
+			if len(c.records) == 0 {
+				c = chunk{start: k, bytes: batchOverhead}
+			}
+			c.records = append(c.records, rec)
+			c.bytes += size
+		}
+		chunks[j] = append(chunks[j], c)
+	}
+	// send writes the given shares' chunks in rounds: round r writes the
+	// r-th chunk of every share not failed yet, all in one
+	// ProduceBatches (one produce request per leader), up to
+	// maxTxnRequestBytes of records per call. It returns the position in
+	// idx of the earliest message whose record batch failed, and the
+	// error (-1, nil if every record was written).
+	send := func(js []int) (int, error) {
+		first, ferr := -1, error(nil)
+		failed := make([]bool, len(shares))
+		for r := 0; ; r++ {
+			var round []int // shares with a chunk r still to write
+			for _, j := range js {
+				if !failed[j] && r < len(chunks[j]) {
+					round = append(round, j)
+				}
+			}
+			if len(round) == 0 {
+				return first, ferr
+			}
+			for len(round) > 0 {
+				var call []int
+				var batches []kafkatxn.Batch
+				bytes := 0
+				for len(round) > 0 && (len(call) == 0 || bytes+chunks[round[0]][r].bytes <= maxTxnRequestBytes) {
+					j := round[0]
+					round = round[1:]
+					call = append(call, j)
+					batches = append(batches, kafkatxn.Batch{Topic: shares[j].tp.topic, Partition: shares[j].tp.part, Records: chunks[j][r].records})
+					bytes += chunks[j][r].bytes
+				}
+				for n, w := range prod.ProduceBatches(ctx, batches) {
+					j := call[n]
+					if w.Err == nil {
+						p.hc.saw(shares[j].tp.topic)
+						continue
+					}
+					failed[j] = true
+					if k := shares[j].pos[chunks[j][r].start]; first < 0 || k < first {
+						first, ferr = k, classifyTxnProduce(w.Err)
+					}
+				}
+			}
+		}
+	}
+	if spread {
+		// One partition after another: an aggregate's records on several
+		// partitions go in its batch order.
+		for j := range shares {
+			if k, err := send([]int{j}); err != nil {
 				return k, err
 			}
 		}
 		return -1, nil
 	}
-	type failure struct {
-		k   int
-		err error
+	all := make([]int, len(shares))
+	for j := range all {
+		all[j] = j
 	}
-	res := make([]failure, len(shares))
-	var wg sync.WaitGroup
-	for j, s := range shares {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			k, err := send(s)
-			res[j] = failure{k, err}
-		}()
-	}
-	wg.Wait()
-	first := failure{k: -1}
-	for _, f := range res {
-		if f.err != nil && (first.k < 0 || f.k < first.k) {
-			first = f
-		}
-	}
-	return first.k, first.err
+	return send(all)
 }
 
 // classifyTxnProduce wraps a failed transactional produce the way the
