@@ -678,18 +678,23 @@ func (p *Publisher) produceTxn(ctx context.Context, prod *kafkatxn.Producer, msg
 	byTP := map[topicPartition]*share{}
 	aggTP := map[[2]string]topicPartition{}
 	spread := false
+	counts := map[string]int32{} // each topic's partition count, asked once per share
 	for k, i := range idx {
 		m := &msgs[i]
 		topic := m.Topic
 		if topic == "" {
 			topic = p.route(*m)
 		}
-		n, err := p.partitionCount(ctx, topic)
-		if err != nil {
-			if classifyRequestError(err) == unavailable {
-				err = fmt.Errorf("%w: outbox/kafka: topic %s: %w", relay.ErrUnavailable, topic, err)
+		n, ok := counts[topic]
+		if !ok {
+			var err error
+			if n, err = p.partitionCount(ctx, topic); err != nil {
+				if classifyRequestError(err) == unavailable {
+					err = fmt.Errorf("%w: outbox/kafka: topic %s: %w", relay.ErrUnavailable, topic, err)
+				}
+				return k, err
 			}
-			return k, err
+			counts[topic] = n
 		}
 		tp := topicPartition{topic, partition.KafkaPartition([]byte(m.AggregateID), n)}
 		key := [2]string{m.AggregateType, m.AggregateID}
