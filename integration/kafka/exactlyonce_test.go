@@ -202,6 +202,41 @@ func TestExactlyOnceOneProduceRequest(t *testing.T) {
 	}
 }
 
+// TestExactlyOnceEarliestTooLargeRecord: of two records too large for
+// Producer.MaxMessageBytes on two partitions, the earlier message of the
+// batch is the one that fails (relay.ErrPermanent: it is dead-lettered),
+// whichever partition comes first in the share; the later one is aborted
+// with the rest. (A review found the later one blamed when its partition
+// came first.)
+func TestExactlyOnceEarliestTooLargeRecord(t *testing.T) {
+	t.Parallel()
+	e := newEOSEnv(t)
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V2_5_0_0
+	sc.Producer.MaxMessageBytes = 3000
+	p := newPublisher(t, kafka.Config{Brokers: e.broker.Addrs(), Sarama: sc, Topic: func(relay.Message) string { return eosTopic },
+		ExactlyOnce: &kafka.ExactlyOnce{TransactionalIDPrefix: eosPrefix, Table: eosTable}})
+	ctx := testCtx(t, time.Minute)
+	if _, err := p.Reconcile(ctx, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	aggs := aggregatesOnDistinctPartitions(t, 2)
+	a, b := aggs[0], aggs[1]
+	msgs := eosMsgs(1, 1, 10, a, b, a) // A's partition first in the share
+	msgs[1].Payload = make([]byte, 5000)
+	msgs[2].Payload = make([]byte, 5000)
+	var pe relay.PublishErrors
+	if err := p.Publish(ctx, msgs); !errors.As(err, &pe) || len(pe) != len(msgs) {
+		t.Fatalf("Publish: %v, want PublishErrors", err)
+	}
+	if !errors.Is(pe[1], relay.ErrPermanent) || errors.Is(pe[1], relay.ErrAborted) {
+		t.Errorf("message 1, the earliest too large: %v, want ErrPermanent", pe[1])
+	}
+	if !errors.Is(pe[2], relay.ErrAborted) {
+		t.Errorf("message 2, a later too large one: %v, want it aborted with the rest (not blamed yet)", pe[2])
+	}
+}
+
 // TestExactlyOnceFence: a second publisher reconciling the same relay
 // partition under a later epoch (the next lease owner) fences the first:
 // the first one's Publish fails with ErrOutcomeUnknown (its relay would

@@ -89,7 +89,7 @@ type Config struct {
 	// Retriable reports whether a produce error (a request error, or a
 	// partition's sarama.KError) leaves the record batch to be sent
 	// again unchanged (NOT_LEADER_OR_FOLLOWER, a lost connection, ...);
-	// nil: none is. Produce's doc says how.
+	// nil: none is. ProduceBatches' doc says how.
 	Retriable func(error) bool
 }
 
@@ -100,8 +100,9 @@ type topicPartition struct {
 }
 
 // Producer is one transactional producer. Within one transaction,
-// Produce to different partitions and CommitManifest may run at the same
-// time; Init, Reset and End must not overlap anything.
+// Produce or ProduceBatches to different partitions and CommitManifest
+// may run at the same time; Init, Reset and End must not overlap
+// anything.
 type Producer struct {
 	cfg   Config
 	sc    *sarama.Config
@@ -403,6 +404,12 @@ func (p *Producer) produceRound(ctx context.Context, batches []Batch, rbs []*sar
 		r.ks = append(r.ks, k)
 	}
 	send := func(r *request) {
+		if err := ctx.Err(); err != nil {
+			for _, k := range r.ks {
+				res[k].err = err // not sent: call would send it in the background
+			}
+			return
+		}
 		resp, err := call(ctx, func() (*sarama.ProduceResponse, error) {
 			b := p.conn(r.leader)
 			resp, err := b.Produce(r.req)

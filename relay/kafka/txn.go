@@ -726,14 +726,20 @@ func (p *Publisher) produceTxn(ctx context.Context, prod *kafkatxn.Producer, msg
 		records []*sarama.Record
 		bytes   int
 	}
+	// A record too large for any record batch fails its message
+	// (ErrPermanent) before anything is written: the earliest such message
+	// of the whole share, whichever partition it is on.
 	chunks := make([][]chunk, len(shares))
+	tooLarge, tooLargeSize := -1, 0
 	for j, s := range shares {
 		var c chunk
 		for k, pos := range s.pos {
 			rec, size := p.encode(&msgs[idx[pos]])
 			if size > p.sc.Producer.MaxMessageBytes {
-				return pos, fmt.Errorf("%w: outbox/kafka: message %s: a record of %d bytes is larger than Producer.MaxMessageBytes (%d)",
-					relay.ErrPermanent, msgs[idx[pos]].MessageID, size, p.sc.Producer.MaxMessageBytes)
+				if tooLarge < 0 || pos < tooLarge {
+					tooLarge, tooLargeSize = pos, size
+				}
+				break // this share is not written
 			}
 			if len(c.records) > 0 && c.bytes+size >= p.sc.Producer.MaxMessageBytes {
 				chunks[j] = append(chunks[j], c)
@@ -747,24 +753,28 @@ func (p *Publisher) produceTxn(ctx context.Context, prod *kafkatxn.Producer, msg
 		}
 		chunks[j] = append(chunks[j], c)
 	}
+	if tooLarge >= 0 {
+		return tooLarge, fmt.Errorf("%w: outbox/kafka: message %s: a record of %d bytes is larger than Producer.MaxMessageBytes (%d)",
+			relay.ErrPermanent, msgs[idx[tooLarge]].MessageID, tooLargeSize, p.sc.Producer.MaxMessageBytes)
+	}
 	// send writes the given shares' chunks in rounds: round r writes the
-	// r-th chunk of every share not failed yet, all in one
-	// ProduceBatches (one produce request per leader), up to
-	// maxTxnRequestBytes of records per call. It returns the position in
-	// idx of the earliest message whose record batch failed, and the
-	// error (-1, nil if every record was written).
+	// r-th chunk of every share, all in one ProduceBatches (one produce
+	// request per leader), up to maxTxnRequestBytes of records per call.
+	// A round with a failure is the last: the transaction cannot commit,
+	// so what is left would only reach the log as aborted records. It
+	// returns the position in idx of the earliest message whose record
+	// batch failed, and the error (-1, nil if every record was written).
 	send := func(js []int) (int, error) {
 		first, ferr := -1, error(nil)
-		failed := make([]bool, len(shares))
-		for r := 0; ; r++ {
+		for r := 0; first < 0; r++ {
 			var round []int // shares with a chunk r still to write
 			for _, j := range js {
-				if !failed[j] && r < len(chunks[j]) {
+				if r < len(chunks[j]) {
 					round = append(round, j)
 				}
 			}
 			if len(round) == 0 {
-				return first, ferr
+				break
 			}
 			for len(round) > 0 {
 				var call []int
@@ -783,13 +793,13 @@ func (p *Publisher) produceTxn(ctx context.Context, prod *kafkatxn.Producer, msg
 						p.hc.saw(shares[j].tp.topic)
 						continue
 					}
-					failed[j] = true
 					if k := shares[j].pos[chunks[j][r].start]; first < 0 || k < first {
 						first, ferr = k, classifyTxnProduce(w.Err)
 					}
 				}
 			}
 		}
+		return first, ferr
 	}
 	if spread {
 		// One partition after another: an aggregate's records on several
