@@ -61,6 +61,15 @@ type brokerFlags struct {
 	natsStream   string
 }
 
+// hideFlags hides the named flags of fs from its help: a provisioning
+// command for one broker shares brokerFlags with the relay and does not
+// list the other brokers' flags (they still parse, and are ignored).
+func hideFlags(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		_ = fs.MarkHidden(n)
+	}
+}
+
 // register declares the broker flags on fs.
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.url, "broker", "", "the broker, by URL: kafka://host:9092[,host2:9092], nats://host:4222[,host2:4222] or tls://... (NATS over TLS), amqp://user@host:5672/vhost or amqps://..., redis://user@host:6379/0 or rediss://...; a password in it only through "+envBroker+", never the flag")

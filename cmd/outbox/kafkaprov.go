@@ -44,6 +44,7 @@ nothing and reports it as not ready (relay/kafka ErrStateTopicMissing).`,
 	// help, not "Global Flags:"); both write into f.
 	flags := func(fs *pflag.FlagSet) {
 		f.conn.broker.register(fs)
+		hideFlags(fs, "exchange", "nats-creds-file", "nats-nkey-file", "nats-stream") // other brokers'
 		f.conn.tls.register(fs)
 		f.conn.kafka.register(fs)
 		fs.StringSliceVar(&f.conn.brokers, "brokers", nil, "Kafka bootstrap brokers, host:port, comma-separated: the same as --broker kafka://host:port,...; not with --broker")

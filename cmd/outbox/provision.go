@@ -63,6 +63,7 @@ exits 1.`,
 	// its help, not "Global Flags:"); both write into f.
 	flags := func(fs *pflag.FlagSet) {
 		f.conn.broker.register(fs)
+		hideFlags(fs, "exchange") // RabbitMQ's
 		f.conn.tls.register(fs)
 		// --nats-stream, the relay's name for the stream; --stream is the
 		// old, deprecated spelling of it, hidden (not MarkDeprecated, whose
@@ -196,6 +197,7 @@ func (a *app) rabbitmqCmd() *cobra.Command {
 	// its help, not "Global Flags:"); both write into f.
 	flags := func(fs *pflag.FlagSet) {
 		f.conn.broker.register(fs)
+		hideFlags(fs, "nats-creds-file", "nats-nkey-file", "nats-stream") // NATS's
 		f.conn.tls.register(fs)
 		fs.StringVar(&f.queue, "queue", "", "also a durable queue bound to the exchange, so that messages are not returned as unroutable before a consumer binds its own")
 		fs.StringVar(&f.queueType, "queue-type", rabbitmq.QueueClassic, "the queue's type: classic or quorum")
