@@ -128,7 +128,7 @@
 // per *sql.DB): one goroutine and one connection, opened from the same
 // connector at the first commit that wrote events, outside the pool's
 // limits, closed by DB.Close after it sent the NOTIFY still owed. It sends
-// a pg_notify on "<table name>_wakeup" in an autocommit statement of its
+// a pg_notify on the table's channel (Outbox.Channel) in an autocommit statement of its
 // own (synchronous_commit off for that statement only); every commit that
 // returns while one is in flight is covered by exactly one more. A failed NOTIFY is retried at once on a new connection, then with
 // backoff (100 ms doubling to 10 s), logged to Config.Logger; relays'

@@ -98,8 +98,8 @@ type Config struct {
 	// DisableNotify turns off the PostgreSQL NOTIFY that wakes relays in
 	// other processes (relay.ListenPostgres). On by default for Postgres:
 	// after a COMMIT that wrote events returns, the wrapped connector's
-	// notifier sends a NOTIFY on the table's channel (dialect's
-	// "<table name>_wakeup") from one connection of its own, opened from
+	// notifier sends a NOTIFY on the table's channel (Outbox.Channel)
+	// from one connection of its own, opened from
 	// the same connector at the first such commit, outside the pool (so
 	// not counted by SetMaxOpenConns), and closed by DB.Close. Commits
 	// that return while a NOTIFY is in flight share the next one. The
@@ -324,6 +324,20 @@ func (o *Outbox) Config() Config {
 	c := o.cfg
 	c.Limits = o.Limits()
 	return c
+}
+
+// Channel returns the PostgreSQL NOTIFY channel of o's table, on which
+// the driver wakes relays in other processes after commits (see
+// DisableNotify) and relay.ListenPostgres listens: "<name>_wakeup" for a
+// table named without a schema, "<schema>.<name>_wakeup" for a
+// schema-qualified one (a name longer than PostgreSQL's 63 bytes is cut
+// to 46 and ends in a 16-hex-digit hash), case kept: LISTEN must quote it
+// (LISTEN "s.outbox_message_wakeup"). Empty for other dialects.
+func (o *Outbox) Channel() string {
+	if o.cfg.Dialect != Postgres {
+		return ""
+	}
+	return o.dialect.Channel()
 }
 
 // Wakeup subscribes to the post-commit signal: after every COMMIT that

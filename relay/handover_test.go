@@ -2,11 +2,13 @@ package relay_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
@@ -25,12 +27,19 @@ func (o *leaseCount) Leases(n int) { o.owned.Store(int64(n)) }
 // every 100 ms (LeaseTTL 2 s) and waits until it owns all 32 partitions.
 func ownerOfAll(t *testing.T, tg testdb.Target) (*testdb.Env, *bundle, *leaseCount) {
 	t.Helper()
+	return ownerOfAllBeating(t, tg, 2*time.Second, 100*time.Millisecond)
+}
+
+// ownerOfAllBeating is ownerOfAll with the owner's LeaseTTL and
+// LeaseHeartbeat.
+func ownerOfAllBeating(t *testing.T, tg testdb.Target, ttl, beat time.Duration) (*testdb.Env, *bundle, *leaseCount) {
+	t.Helper()
 	e := testdb.New(t, tg, driver.Config{})
 	e.RelayDB.SetMaxOpenConns(8)
 	first := &leaseCount{}
 	a := setupOn(t, e, func(c *relay.Config) {
 		c.Observer = first
-		c.LeaseTTL, c.LeaseHeartbeat = 2*time.Second, 100*time.Millisecond
+		c.LeaseTTL, c.LeaseHeartbeat = ttl, beat
 	})
 	eventually(t, a.ctx, "the first relay owning every partition", func() bool { return first.owned.Load() == 32 })
 	return e, a, first
@@ -141,5 +150,159 @@ func TestReleasedPartitionsWakeTheJoiningRelay(t *testing.T) {
 				t.Errorf("the joining relay took its share %v after it started, want at once after the release (its catch-up beat is 10 s)", took.Round(time.Millisecond))
 			}
 		})
+	}
+}
+
+// TestJoiningRelayWakesTheOwner: a relay that joins a table whose
+// partitions another relay owns wakes that relay's heartbeat, which gives
+// it its share at once, not at the owner's next heartbeat. The owner here
+// beats every 200 s: without the wake-up the joining relay gets nothing
+// for 200 s. In-process the joining relay wakes the relays of its
+// *driver.Outbox directly; across processes (a joining relay with an
+// Outbox of its own) by a NOTIFY that the owner's ListenPostgres turns
+// into the same wake-up (PostgreSQL only).
+func TestJoiningRelayWakesTheOwner(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		tg     testdb.Target
+		listen bool // the joining relay has an Outbox of its own; the owner listens
+	}{
+		{testdb.All[0], false},
+		{testdb.All[0], true},
+		{testdb.All[2], false},
+	}
+	for _, c := range cases {
+		name := c.tg.Name
+		if c.listen {
+			name += "/other_process"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e, a, first := ownerOfAllBeating(t, c.tg, 400*time.Second, 200*time.Second)
+			ctx, cancel := context.WithCancel(context.Background())
+			var listened chan error
+			ob := e.Outbox
+			if c.listen {
+				ob, _ = e.OpenWriter(t, driver.Config{})
+				listening := make(chan struct{})
+				listened = make(chan error, 1)
+				go func() {
+					listened <- relay.ListenPostgres(ctx, e.Outbox, e.DSN, func() {
+						select {
+						case <-listening:
+						default:
+							close(listening)
+						}
+					}, quiet())
+				}()
+				<-listening // its first wake-up comes once it LISTENs
+			}
+			second := &leaseCount{}
+			r, err := relay.New(ob, e.RelayDB, relay.Config{Publisher: outboxtest.NewPublisher(), Logger: quiet(), Observer: second,
+				PollInterval: 20 * time.Millisecond, LeaseTTL: 60 * time.Second, LeaseHeartbeat: 20 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			start := time.Now()
+			go func() { done <- r.Run(ctx) }()
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+					t.Errorf("joining relay: %v", err)
+				}
+				if listened != nil {
+					if err := <-listened; err != nil && !errors.Is(err, context.Canceled) {
+						t.Errorf("listener: %v", err)
+					}
+				}
+			})
+			wctx, wcancel := context.WithTimeout(a.ctx, 20*time.Second)
+			defer wcancel()
+			eventually(t, wctx, "the joining relay owning its share (the owner's next heartbeat is 200 s away)", func() bool { return second.owned.Load() == 16 })
+			if took := time.Since(start); took >= 5*time.Second {
+				t.Errorf("the joining relay took its share %v after it started, want at once", took.Round(time.Millisecond))
+			}
+			if n := first.owned.Load(); n != 16 {
+				t.Errorf("the owner owns %d partitions, want 16", n)
+			}
+		})
+	}
+}
+
+// TestListenPostgresHearsItsOwnTable: ListenPostgres wakes for a commit to
+// its own table, and not for one to a table of the same name in another
+// schema of the same database. Before, a schema-qualified table's channel
+// left the schema out, so every schema's commits woke every schema's
+// relays (and a test of the cross-process wake-ups passed without them,
+// woken by the tests beside it); and LISTEN named the channel unquoted,
+// so the server folded a mixed-case table's channel to lower case and the
+// listener never heard the driver's NOTIFY.
+func TestListenPostgresHearsItsOwnTable(t *testing.T) {
+	t.Parallel()
+	for _, table := range []string{"outbox_message", "Mixed_Case"} {
+		t.Run(table, func(t *testing.T) {
+			t.Parallel()
+			mine := testdb.New(t, testdb.All[0], driver.Config{Table: table})
+			other := testdb.New(t, testdb.All[0], driver.Config{Table: table})
+			if mine.Outbox.Channel() == other.Outbox.Channel() {
+				t.Errorf("two schemas' tables share the channel %q", mine.Outbox.Channel())
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			var wakes atomic.Int64
+			listening := make(chan struct{})
+			listened := make(chan error, 1)
+			lctx, lcancel := context.WithCancel(ctx)
+			go func() {
+				listened <- relay.ListenPostgres(lctx, mine.Outbox, mine.DSN, func() {
+					select {
+					case <-listening:
+						wakes.Add(1)
+					default:
+						close(listening) // the wake-up at connection, not a commit's
+					}
+				}, quiet())
+			}()
+			t.Cleanup(func() {
+				lcancel()
+				if err := <-listened; err != nil && !errors.Is(err, context.Canceled) {
+					t.Errorf("ListenPostgres: %v", err)
+				}
+			})
+			<-listening
+			// The other schema's commit: its NOTIFY is delivered to the
+			// channel's listeners (a raw one here sees it) before this
+			// table's commit's, which commits after it.
+			seen := testdb.Listen(t, ctx, other.DSN, other.Outbox.Channel())
+			commitEvent(t, ctx, other.DB, "other")
+			select {
+			case <-seen:
+			case <-ctx.Done():
+				t.Fatal("the other table's commit sent no NOTIFY")
+			}
+			commitEvent(t, ctx, mine.DB, "mine")
+			testdb.Eventually(t, ctx, "the listener woken by its table's commit", func() bool { return wakes.Load() >= 1 })
+			if n := wakes.Load(); n != 1 {
+				t.Errorf("%d wake-ups for one commit to this table and one to another schema's table of the same name, want 1", n)
+			}
+		})
+	}
+}
+
+// commitEvent commits one event through db, an outbox-wrapped pool.
+func commitEvent(t *testing.T, ctx context.Context, db *sql.DB, agg string) {
+	t.Helper()
+	ctx = outbox.NewContext(ctx)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck
+	if err := outbox.Emit(ctx, event(agg, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -59,7 +59,7 @@ type leases struct {
 	trusted   time.Time
 	toRelease map[int]bool
 	changed   chan struct{} // signalled when partitions were acquired or trusted again after a lapse
-	kick      chan struct{} // a heartbeat now, please: another relay released partitions (peers.go)
+	kick      chan struct{} // a heartbeat now, please: another relay released partitions or joined short (peers.go)
 
 	// Catching up (run, heartbeat): while this instance owns fewer
 	// partitions than its share and another one is expected to release
@@ -68,6 +68,19 @@ type leases struct {
 	lastDeficit, lastLive int
 	catchUpUntil          time.Time
 	catchingUp            bool
+
+	// short is how many partitions this instance lacked of its share
+	// after its last heartbeat took what was free (0 while it releases).
+	short int
+}
+
+// isShort reports whether the last heartbeat left this instance short of
+// its share: the rest is owned by other relays, which give it up at their
+// next heartbeat.
+func (l *leases) isShort() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.short > 0
 }
 
 // catchUpBeat is the heartbeat interval of an instance catching up: a
@@ -189,7 +202,7 @@ func (l *leases) release(ctx context.Context, ps []int) {
 		l.r.log.Warn("releasing partition leases failed; they expire by themselves", "partitions", failed, "error", err)
 	}
 	if len(failed) < len(ps) {
-		l.announceRelease(ctx)
+		l.announce(ctx)
 	}
 }
 
@@ -332,6 +345,10 @@ func (l *leases) heartbeat(ctx context.Context) error {
 	}
 	l.lastDeficit, l.lastLive = deficit, live
 	l.catchingUp = deficit > 0 && pendingRelease == 0 && now.Before(l.catchUpUntil)
+	l.short = 0
+	if pendingRelease == 0 {
+		l.short = max(deficit, 0)
+	}
 	l.mu.Unlock()
 	if len(releasing) > 0 {
 		l.r.log.Info("releasing partition leases to balance the relays", "instance", l.id,
@@ -373,6 +390,7 @@ func (l *leases) heartbeat(ctx context.Context) error {
 		if acquired >= deficit {
 			l.catchingUp = false // its share is taken: back to the normal beat
 		}
+		l.short = max(deficit-acquired, 0)
 		l.mu.Unlock()
 		l.r.cfg.Observer.Leases(len(mine))
 		l.r.log.Info("partition leases acquired", "instance", l.id, "acquired", acquired, "owned", len(mine), "instances", live)
@@ -572,7 +590,7 @@ func (l *leases) leave(ctx context.Context) {
 		err = lerr
 	}
 	if len(failed) < len(ps) {
-		l.announceRelease(ctx)
+		l.announce(ctx)
 	}
 	if err == nil {
 		return

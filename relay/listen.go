@@ -10,19 +10,20 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
 )
 
 // ListenPostgres wakes a relay in another process than the writers: it
 // holds one PostgreSQL connection of its own (outside any pool that could
-// recycle it), LISTENs on the table's channel, and calls wake for every
-// notification the writers' outbox driver sends (driver.Config's
-// DisableNotify: on by default for Postgres, sent after COMMIT returned,
-// one for all the commits that returned while the previous one was in
-// flight). wake should coalesce (Relay.Notify does). A notification
-// with the payload "lease", which a relay sends when it gives partitions
-// up (rebalancing, or stopping), also makes the running relays of ob in
-// this process take their share at once, instead of at their next
-// heartbeat (relay/peers.go).
+// recycle it), LISTENs on the table's channel (ob.Channel(), quoted), and
+// calls wake for every notification the writers' outbox driver sends
+// (driver.Config's DisableNotify: on by default for Postgres, sent after
+// COMMIT returned, one for all the commits that returned while the
+// previous one was in flight). wake should coalesce (Relay.Notify does).
+// A notification with the payload "lease", which a relay sends when it
+// gives partitions up (rebalancing, or stopping) or joins short of its
+// share, also makes the running relays of ob in this process beat at
+// once, instead of at their next heartbeat (relay/peers.go).
 //
 //	go relay.ListenPostgres(ctx, ob, dsn, r.Notify, logger)
 //
@@ -84,7 +85,7 @@ func listenOnce(ctx context.Context, dsn, channel string, wake, kick func(), con
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+channel).ReadAll(); err != nil {
+	if _, err := conn.Exec(ctx, dialect.ListenStatement(channel)).ReadAll(); err != nil {
 		return fmt.Errorf("LISTEN %s: %w", channel, err)
 	}
 	connected()

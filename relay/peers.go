@@ -8,21 +8,25 @@ import (
 	"github.com/sqloutbox/outbox/internal/dialect"
 )
 
-// Waking the relays that take partitions over (issue 36, item 8).
+// Waking the other relays when the partitions should move (issue 36,
+// item 8).
 //
 // A relay gives partitions up at its own heartbeat (rebalancing) or when
 // it stops; the relays that take them over learn of it at their next
 // heartbeat, up to a catch-up beat later (lease.go), and every event of
 // those partitions committed meanwhile waits: the last 0.1 % of the
 // commit-to-consumer latency while a relay joins (BENCHMARKS.md, "Issue
-// 36, item 8"). So a relay that released partitions wakes the others'
-// heartbeat at once: in this process, every other running relay of the
-// same *driver.Outbox directly; in other processes, on PostgreSQL, by a
-// NOTIFY on the table's wake-up channel with the payload "lease", which
-// ListenPostgres turns into the same wake-up for the relays of its
-// Outbox. Writers' commit notifications carry an empty payload and do
-// not wake heartbeats. Without a listener (or on MySQL/MariaDB and
-// SQLite, across processes) the catch-up beat stays the bound.
+// 36, item 8"). Likewise a relay that joins a group whose relays own
+// every partition gets its share only when they next beat, up to
+// LeaseHeartbeat later. So a relay that released partitions, or joined
+// and is short of its share, wakes the others' heartbeat at once: in
+// this process, every other running relay of the same *driver.Outbox
+// directly; in other processes, on PostgreSQL, by a NOTIFY on the
+// table's wake-up channel with the payload "lease", which ListenPostgres
+// turns into the same wake-up for the relays of its Outbox. Writers'
+// commit notifications carry an empty payload and do not wake
+// heartbeats. Without a listener (or on MySQL/MariaDB and SQLite, across
+// processes) the heartbeats stay the bound.
 
 // leasePayload is the payload of a release's NOTIFY.
 const leasePayload = "lease"
@@ -68,11 +72,12 @@ func wakePeers(ob *driver.Outbox, except *leases) {
 	}
 }
 
-// announceRelease wakes the relays that may take the partitions l just
-// gave up: in this process directly, elsewhere (PostgreSQL) by a NOTIFY
-// with leasePayload. A failed NOTIFY is not an error: the others find the
-// partitions at their next heartbeat.
-func (l *leases) announceRelease(ctx context.Context) {
+// announce wakes the other relays' heartbeat: after l gave partitions
+// up (they may take them), or joined short of its share (they may give
+// it some). In this process directly, elsewhere (PostgreSQL) by a NOTIFY
+// with leasePayload. A failed NOTIFY is not an error: the others act at
+// their next heartbeat.
+func (l *leases) announce(ctx context.Context) {
 	wakePeers(l.r.ob, l)
 	if l.r.d.Name() != dialect.Postgres {
 		return
@@ -80,6 +85,6 @@ func (l *leases) announceRelease(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, l.r.cfg.QueryTimeout)
 	defer cancel()
 	if _, err := l.r.db.ExecContext(qctx, "SELECT pg_notify('"+l.r.d.Channel()+"', '"+leasePayload+"')"); err != nil {
-		l.r.log.Debug("announcing released partitions failed; the other relays find them at their next heartbeat", "error", err)
+		l.r.log.Debug("waking the other relays failed; they act at their next heartbeat", "error", err)
 	}
 }

@@ -693,6 +693,12 @@ func (r *Relay) startLeases(ctx context.Context) error {
 		if err == nil {
 			err = r.leases.heartbeat(ctx)
 		}
+		if err == nil && r.leases.isShort() {
+			// Joined a group whose relays own the partitions this one
+			// needs: they give its share up at their next heartbeat,
+			// which this wakes now (peers.go).
+			r.leases.announce(ctx)
+		}
 		if err == nil || errors.Is(err, ErrPartitionMismatch) || errors.Is(err, ErrModeMismatch) {
 			if errors.Is(err, ErrPartitionMismatch) {
 				r.watch.set(r, err)

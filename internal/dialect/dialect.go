@@ -931,12 +931,39 @@ func (d *Dialect) LeaseTable() string { return templateData{d}.Lease() }
 // MembersTable is the relay group's membership table, qualified and quoted.
 func (d *Dialect) MembersTable() string { return templateData{d}.Members() }
 
+// maxChannelBytes is the longest PostgreSQL channel name: an identifier,
+// NAMEDATALEN - 1 = 63 bytes (pg_notify refuses a longer one).
+const maxChannelBytes = 63
+
 // Channel is the PostgreSQL LISTEN/NOTIFY channel relays of this table
-// listen on and the driver's notifier sends on after commits:
-// "<table name>_wakeup" (unquoted; the name is an identifier of letters,
-// digits and underscores). Tables of the same name in different schemas
-// share it, which costs only a spurious wake-up.
-func (d *Dialect) Channel() string { return d.base + "_wakeup" }
+// listen on and the driver's notifier sends on after commits, its case
+// kept: "<name>_wakeup" for a table named without a schema,
+// "<schema>.<name>_wakeup" for a schema-qualified one, so that tables of
+// one name in different schemas of one database (a schema per tenant, a
+// schema per test) do not wake each other's relays. Before 2026-12-06 a
+// qualified table's channel left the schema out. A qualified channel
+// longer than 63 bytes (maxChannelBytes) is its first 46 bytes, "_" and
+// the 16 hex digits of the FNV-64a hash of the whole. LISTEN must quote
+// it (ListenStatement): unquoted, the dot is a syntax error and the
+// server folds the name to lower case, which pg_notify does not.
+func (d *Dialect) Channel() string {
+	if d.schema == "" {
+		return d.base + "_wakeup"
+	}
+	ch := d.schema + "." + d.base + "_wakeup"
+	if len(ch) <= maxChannelBytes {
+		return ch
+	}
+	h := fnv.New64a()
+	h.Write([]byte(ch))
+	return fmt.Sprintf("%s_%016x", ch[:maxChannelBytes-17], h.Sum64())
+}
+
+// ListenStatement returns the statement that LISTENs on channel, quoted
+// as an identifier (its case and any dot kept).
+func ListenStatement(channel string) string {
+	return `LISTEN "` + strings.ReplaceAll(channel, `"`, `""`) + `"`
+}
 
 // WithIDs returns the named statement with {{IDS}} expanded to n
 // placeholders in the dialect's style.

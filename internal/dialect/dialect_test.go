@@ -252,3 +252,40 @@ func TestMaxIDs(t *testing.T) {
 		t.Fatalf("MySQLMaxIDs = %d, must stay below MariaDB's in_predicate_conversion_threshold (1,000)", MySQLMaxIDs)
 	}
 }
+
+// TestChannel: the NOTIFY channel names the schema of a qualified table
+// (tables of one name in two schemas used to share one channel and wake
+// each other's relays), keeps the case, and stays within PostgreSQL's
+// 63-byte limit, distinct for distinct long names; LISTEN quotes it.
+func TestChannel(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("s", 63)
+	cases := []struct{ table, want string }{
+		{"outbox_message", "outbox_message_wakeup"},
+		{"Outbox", "Outbox_wakeup"},
+		{"tenant_a.outbox_message", "tenant_a.outbox_message_wakeup"},
+		{"tenant_b.outbox_message", "tenant_b.outbox_message_wakeup"},
+		{"Shop.Events", "Shop.Events_wakeup"},
+	}
+	for _, c := range cases {
+		d, err := New(Postgres, c.table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.Channel(); got != c.want {
+			t.Errorf("Channel of %s: %q, want %q", c.table, got, c.want)
+		}
+	}
+	a, _ := New(Postgres, long+".outbox_message")
+	b, _ := New(Postgres, long+".outbox_messages")
+	ca, cb := a.Channel(), b.Channel()
+	if len(ca) > 63 || len(cb) > 63 || ca == cb || !strings.HasPrefix(ca, long[:46]) {
+		t.Errorf("long qualified names: %q (%d bytes) and %q (%d bytes), want distinct names of at most 63 bytes", ca, len(ca), cb, len(cb))
+	}
+	if got, want := ListenStatement(`Shop.Events_wakeup`), `LISTEN "Shop.Events_wakeup"`; got != want {
+		t.Errorf("ListenStatement: %s, want %s", got, want)
+	}
+	if got, want := ListenStatement(`a"b`), `LISTEN "a""b"`; got != want {
+		t.Errorf("ListenStatement quoting: %s, want %s", got, want)
+	}
+}

@@ -45,6 +45,7 @@ import (
 
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/dialect"
 	"github.com/sqloutbox/outbox/relay"
 )
 
@@ -113,8 +114,7 @@ func run(o options) error {
 		return err
 	}
 	defer admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
-	// A table name of its own: the NOTIFY channel is "<table name>_wakeup",
-	// and other jobs on the server use the default name.
+	// A table of its own (its NOTIFY channel is "<schema>.<name>_wakeup").
 	base := "nb_" + hex.EncodeToString(b)
 	table := schema + "." + base
 	if _, err := admin.ExecContext(ctx, "CREATE TABLE "+schema+".orders (id bigserial PRIMARY KEY, writer int NOT NULL, n bigint NOT NULL)"); err != nil {
@@ -123,6 +123,11 @@ func run(o options) error {
 	if err := driver.Migrate(ctx, admin, driver.Config{Dialect: driver.Postgres, Table: table}); err != nil {
 		return err
 	}
+	d, err := dialect.New(dialect.Postgres, table)
+	if err != nil {
+		return err
+	}
+	channel := d.Channel()
 	fmt.Printf("PostgreSQL %s, synchronous_commit=%s, driver %s, %d writers, %v per mode (after %v warm-up), rate %s, relay %v\n",
 		version, sc, o.drv, o.writers, o.duration, o.warmup, rateString(o.rate), o.relay)
 
@@ -137,7 +142,7 @@ func run(o options) error {
 			// (too many clients) is repeated, up to six times, 20 s apart.
 			var r result
 			for try := 1; ; try++ {
-				r, err = measure(ctx, o, admin, schema, table, base+"_wakeup", notify)
+				r, err = measure(ctx, o, admin, schema, table, channel, notify)
 				if err == nil {
 					break
 				}
@@ -254,7 +259,7 @@ func measure(ctx context.Context, o options, admin *sql.DB, schema, table, chann
 			return
 		}
 		defer lc.Close(context.Background())
-		if _, err := lc.Exec(runCtx, "LISTEN "+channel).ReadAll(); err != nil {
+		if _, err := lc.Exec(runCtx, dialect.ListenStatement(channel)).ReadAll(); err != nil {
 			listening <- err
 			return
 		}

@@ -524,9 +524,8 @@ func Column(t testing.TB, ctx context.Context, db *sql.DB, q string, args ...any
 // themselves.
 func (e *Env) Connector() sqldriver.Connector { return e.connector }
 
-// RandomName returns prefix followed by 12 random hex digits: a table name
-// of a test's own, so that its PostgreSQL NOTIFY channel
-// ("<name>_wakeup") is not shared with tests running beside it.
+// RandomName returns prefix followed by 12 random hex digits: a name of a
+// test's own.
 func RandomName(prefix string) string { return randomName(prefix) }
 
 // Listen LISTENs on channel on a PostgreSQL connection of its own (pgconn)
@@ -551,7 +550,7 @@ func Listen(t testing.TB, ctx context.Context, dsn, channel string) <-chan strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Exec(ctx, "LISTEN "+channel).ReadAll(); err != nil {
+	if _, err := c.Exec(ctx, dialect.ListenStatement(channel)).ReadAll(); err != nil {
 		c.Close(context.Background())
 		t.Fatal(err)
 	}
