@@ -551,7 +551,7 @@ func (p *Publisher) exchangeOK(ctx context.Context, s *session, exchange string)
 		return fmt.Errorf("%w: exchange %q does not exist: declare it with `%s` (or rabbitmq.Declare): %w", relay.ErrUnavailable, exchange, Topology{Exchange: exchange}.declareCommand(), err)
 	}
 	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
-		return fmt.Errorf("%w: exchange %q: %w", relay.ErrUnavailable, exchange, err)
+		return accessRefused(exchange, err)
 	}
 	return &relay.BatchError{Err: fmt.Errorf("outbox/rabbitmq: checking exchange %q: %w", exchange, err)}
 }
@@ -586,6 +586,20 @@ func (p *Publisher) Close() error {
 		err = nil
 	}
 	return err
+}
+
+// accessRefused wraps a broker's 403 (ACCESS_REFUSED) on exchange ("" if
+// the broker's message names it) in relay.ErrUnavailable, with what to
+// grant: the write permission on the exchange, which basic.publish needs
+// (RabbitMQ's access control) and which is all the publisher needs (its
+// passive check of the exchange passes with write alone: the
+// permission-revoked fault test grants nothing else).
+func accessRefused(exchange string, err error) error {
+	const hint = "the relay's user needs the write permission on the exchange in its vhost: rabbitmqctl set_permissions -p <vhost> <user> <configure> <write> <read>, with <write> a regular expression matching the exchange's name"
+	if exchange == "" {
+		return fmt.Errorf("%w: %w (%s)", relay.ErrUnavailable, err, hint)
+	}
+	return fmt.Errorf("%w: exchange %q: %w (%s)", relay.ErrUnavailable, exchange, err, hint)
 }
 
 // classifyConn maps a connection-level error: refused credentials or
@@ -746,6 +760,9 @@ func (p *Publisher) closedErr(ctx context.Context, s *session, err error) error 
 		p.mu.Lock()
 		clear(p.verified)
 		p.mu.Unlock()
+		if ae.Code == amqp.AccessRefused {
+			return fmt.Errorf("channel closed by the broker: %w", accessRefused("", err))
+		}
 		return fmt.Errorf("%w: channel closed by the broker: %w", relay.ErrUnavailable, err)
 	}
 	return fmt.Errorf("outbox/rabbitmq: channel closed, outcome unknown: %w", err)

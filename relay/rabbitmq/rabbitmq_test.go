@@ -451,6 +451,9 @@ func TestWriteRefused(t *testing.T) {
 	if err == nil || errors.As(err, &pe) || !errors.Is(err, relay.ErrUnavailable) || errors.Is(err, relay.ErrPermanent) {
 		t.Errorf("Publish without write permission = %v, want one error wrapping ErrUnavailable", err)
 	}
+	if err != nil && !strings.Contains(err.Error(), "rabbitmqctl set_permissions") {
+		t.Errorf("Publish without write permission = %v, want it to name what to grant (rabbitmqctl set_permissions)", err)
+	}
 	t.Logf("Publish without write permission: %v", err)
 }
 

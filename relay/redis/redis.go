@@ -384,7 +384,11 @@ func classify(ctx context.Context, m *relay.Message, stream string, err error) e
 	}
 	msg := rerr.Error()
 	switch {
-	case strings.HasPrefix(msg, "NOPERM"), strings.HasPrefix(msg, "WRONGTYPE"),
+	case strings.HasPrefix(msg, "NOPERM"):
+		// Name what to grant: the command and the key, in ACL terms.
+		return fmt.Errorf("%w: message %s: stream %q: %w (grant the relay's Redis user XADD on the stream's key: ACL SETUSER <user> +xadd ~%s)",
+			relay.ErrUnavailable, m.MessageID, stream, err, stream)
+	case strings.HasPrefix(msg, "WRONGTYPE"),
 		// Credentials refused on a new connection (a password rotated,
 		// an ACL user deleted or disabled; a server now requiring one):
 		// the route, never the message.

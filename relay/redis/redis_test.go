@@ -333,8 +333,8 @@ func TestNoPermission(t *testing.T) {
 	err := p.Publish(ctx, msgs(4, 2))
 	var pe relay.PublishErrors
 	if errors.As(err, &pe) || !errors.Is(err, relay.ErrUnavailable) || errors.Is(err, relay.ErrPermanent) ||
-		!strings.Contains(err.Error(), "NOPERM") {
-		t.Errorf("Publish without XADD permission = %v, want one error wrapping ErrUnavailable (NOPERM)", err)
+		!strings.Contains(err.Error(), "NOPERM") || !strings.Contains(err.Error(), "ACL SETUSER <user> +xadd ~"+s.Prefix) {
+		t.Errorf("Publish without XADD permission = %v, want one error wrapping ErrUnavailable (NOPERM) naming the ACL to grant", err)
 	}
 	if err := p.Healthy(ctx); err != nil {
 		t.Errorf("Healthy (PING is allowed): %v", err)
