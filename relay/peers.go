@@ -28,7 +28,7 @@ import (
 // heartbeats. Without a listener (or on MySQL/MariaDB and SQLite, across
 // processes) the heartbeats stay the bound.
 
-// leasePayload is the payload of a release's NOTIFY.
+// leasePayload is the payload of the NOTIFY of a release or a short join.
 const leasePayload = "lease"
 
 // peers are the running relays' leases per Outbox, in this process.
