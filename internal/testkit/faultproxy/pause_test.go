@@ -107,3 +107,38 @@ func TestPause(t *testing.T) {
 	}
 	p.Pause(false)
 }
+
+// TestRefuseCutsAConnectionStillDialing: a connection accepted before
+// Refuse(true) but still dialing its upstream when Refuse cut every
+// tracked connection is closed too, not left forwarding through the
+// "outage" (TestRunnerWaitsOutADatabaseOutage, inbox/kafka, once saw
+// records applied through one under load).
+func TestRefuseCutsAConnectionStillDialing(t *testing.T) {
+	t.Parallel()
+	p, err := Start(echoServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	dialing, refused := make(chan struct{}), make(chan struct{})
+	p.mu.Lock()
+	p.dialed = func() { close(dialing); <-refused }
+	p.mu.Unlock()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-dialing
+	p.Refuse(true)
+	close(refused)
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("x")); err == nil {
+		var b [1]byte
+		if n, err := c.Read(b[:]); err == nil {
+			t.Fatalf("read %q through a connection accepted before Refuse(true): it was not cut", b[:n])
+		} else if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal("the connection accepted before Refuse(true) is still open")
+		}
+	}
+}

@@ -49,6 +49,8 @@ type Proxy struct {
 	Tripped atomic.Int64
 	// Refused counts connections closed at once while refusing.
 	Refused atomic.Int64
+
+	dialed func() // tests, under mu: runs after a connection's upstream dial, before it is tracked
 }
 
 // Start listens on 127.0.0.1 (a free port) and forwards to target.
@@ -148,8 +150,27 @@ func (p *Proxy) accept() {
 			client.Close()
 			continue
 		}
-		p.track(client, true)
-		p.track(server, true)
+		p.mu.Lock()
+		dialed := p.dialed
+		p.mu.Unlock()
+		if dialed != nil {
+			dialed()
+		}
+		// Refuse may have cut every tracked connection while this one
+		// dialed: look again under the lock that tracks it, or it would
+		// outlive the "outage" (an inbox test saw records applied
+		// through one).
+		p.mu.Lock()
+		if p.refuse {
+			p.mu.Unlock()
+			p.Refused.Add(1)
+			client.Close()
+			server.Close()
+			continue
+		}
+		p.conns[client] = struct{}{}
+		p.conns[server] = struct{}{}
+		p.mu.Unlock()
 		cut := func() {
 			client.Close()
 			server.Close()
