@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,8 +32,8 @@ func ownerOfAll(t *testing.T, tg testdb.Target) (*testdb.Env, *bundle, *leaseCou
 }
 
 // ownerOfAllBeating is ownerOfAll with the owner's LeaseTTL and
-// LeaseHeartbeat.
-func ownerOfAllBeating(t *testing.T, tg testdb.Target, ttl, beat time.Duration) (*testdb.Env, *bundle, *leaseCount) {
+// LeaseHeartbeat, logging as JSON into logs (nil: nowhere).
+func ownerOfAllBeating(t *testing.T, tg testdb.Target, ttl, beat time.Duration, logs ...*syncLog) (*testdb.Env, *bundle, *leaseCount) {
 	t.Helper()
 	e := testdb.New(t, tg, driver.Config{})
 	e.RelayDB.SetMaxOpenConns(8)
@@ -40,6 +41,9 @@ func ownerOfAllBeating(t *testing.T, tg testdb.Target, ttl, beat time.Duration) 
 	a := setupOn(t, e, func(c *relay.Config) {
 		c.Observer = first
 		c.LeaseTTL, c.LeaseHeartbeat = ttl, beat
+		if len(logs) > 0 {
+			c.Logger = slog.New(slog.NewJSONHandler(logs[0], nil))
+		}
 	})
 	eventually(t, a.ctx, "the first relay owning every partition", func() bool { return first.owned.Load() == 32 })
 	return e, a, first
@@ -178,7 +182,8 @@ func TestJoiningRelayWakesTheOwner(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			e, a, first := ownerOfAllBeating(t, c.tg, 400*time.Second, 200*time.Second)
+			var logs syncLog
+			e, a, first := ownerOfAllBeating(t, c.tg, 400*time.Second, 200*time.Second, &logs)
 			ctx, cancel := context.WithCancel(context.Background())
 			var listened chan error
 			ob := e.Outbox
@@ -225,6 +230,18 @@ func TestJoiningRelayWakesTheOwner(t *testing.T) {
 			}
 			if n := first.owned.Load(); n != 16 {
 				t.Errorf("the owner owns %d partitions, want 16", n)
+			}
+			// The handover is logged by the relay that gives partitions
+			// up (issue 36, item 8: it logged nothing), naming them.
+			logged := false
+			for _, m := range logs.lines() {
+				if m["msg"] == "releasing partition leases to balance the relays" {
+					ps, _ := m["partitions"].([]any)
+					logged = len(ps) == 16 && m["instances"] == float64(2)
+				}
+			}
+			if !logged {
+				t.Errorf("the owner did not log the 16 partitions it released to the joining relay: %v", logs.lines())
 			}
 		})
 	}

@@ -170,6 +170,11 @@ func TestStatsAndDeadLetters(t *testing.T) {
 		if !strings.Contains(r.stdout, "no dead letters match") {
 			t.Errorf("dead list of a healthy aggregate: %v", r)
 		}
+		// No selector lists them all (listing changes nothing).
+		r = expect(t, cli(t, append(base, "dead", "list")...), 0)
+		if !strings.Contains(r.stdout, badID) || !strings.Contains(r.stdout, "MESSAGE ID") {
+			t.Errorf("dead list with no selector: %v, want the dead letter %s listed", r, badID)
+		}
 
 		// Dry runs report and change nothing.
 		d = deadJSON(t, base, "retry", "--all", "--dry-run")
