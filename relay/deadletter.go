@@ -241,10 +241,11 @@ func (dl *DeadLetters) exec(ctx context.Context, query string, sel Selector) (in
 	return n, nil
 }
 
-// ErrAllPending is returned (wrapping ErrInvalidSelector) by ListPending
-// and DeadLetterPending for a Selector with All set: dead-lettering every
-// pending event would stop the whole outbox, so an operator names the
-// events (a message ID, an aggregate or row ids).
+// ErrAllPending wraps ErrInvalidSelector. No call returns it since
+// ListPending lists every pending event for Selector.All (DeadLetterPending
+// takes the row ids an operator confirmed, never a selector, so that
+// dead-lettering every pending event, which would stop the whole outbox,
+// needs them listed one by one). Kept for code that matches it.
 var ErrAllPending = fmt.Errorf("%w: pending events are selected by message ID, aggregate or row ids, never all", ErrInvalidSelector)
 
 // PendingEvent is one event still waiting to be published (in the
@@ -267,12 +268,11 @@ type PendingEvent struct {
 }
 
 // ListPending returns up to limit pending events matching sel, oldest
-// first (limit <= 0 means 100). sel must not be All (ErrAllPending); other
-// invalid selectors return ErrInvalidSelector.
+// first (limit <= 0 means 100); with sel.All (and nothing else), the
+// oldest pending events of the whole table, read from the pending set in
+// id order, at a cost of the rows listed, not of the sent history. Invalid
+// selectors return ErrInvalidSelector.
 func (dl *DeadLetters) ListPending(ctx context.Context, sel Selector, limit int) ([]PendingEvent, error) {
-	if sel.All {
-		return nil, ErrAllPending
-	}
 	where, args, err := sel.where()
 	if err != nil {
 		return nil, err
@@ -280,7 +280,11 @@ func (dl *DeadLetters) ListPending(ctx context.Context, sel Selector, limit int)
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := dl.db.QueryContext(ctx, dl.d.WithSelector("pending_list", where, limit), args...)
+	q := dl.d.WithSelector("pending_list", where, limit)
+	if sel.All {
+		q = dl.d.WithSelector("pending_list_all", "", limit)
+	}
+	rows, err := dl.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: listing pending events: %w", err)
 	}

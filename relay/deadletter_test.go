@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -156,7 +157,7 @@ func TestNewDeadLettersValidates(t *testing.T) {
 // an operator. Under HoldAggregate it then holds its aggregate like any
 // dead letter, and a retry delivers it before the events it held; under
 // SkipDead the aggregate goes on. Rows no longer pending (sent, already
-// dead) are left alone, and All is refused.
+// dead) are left alone; ListPending with All lists every pending event.
 func TestDeadLetterPending(t *testing.T) {
 	t.Parallel()
 	forEach(t, func(t *testing.T, tg testdbTarget) {
@@ -182,8 +183,23 @@ func TestDeadLetterPending(t *testing.T) {
 		eventually(t, b.ctx, "the unroutable events refused", func() bool { return refused.Load() >= 2 })
 		eventually(t, b.ctx, "V-1 marked sent", func() bool { s, _ := b.status(t, "V-1"); return s == 1 })
 
-		if _, err := dl.ListPending(b.ctx, relay.Selector{All: true}, 0); !errors.Is(err, relay.ErrAllPending) || !errors.Is(err, relay.ErrInvalidSelector) {
-			t.Errorf("ListPending(All) = %v, want ErrAllPending", err)
+		// All: every pending event, oldest first, at most the limit (V-1
+		// is sent).
+		for _, c := range []struct {
+			limit int
+			want  []string
+		}{{0, []string{"U-1", "U-2", "W-1", "W-2"}}, {3, []string{"U-1", "U-2", "W-1"}}} {
+			l, err := dl.ListPending(b.ctx, relay.Selector{All: true}, c.limit)
+			var got []string
+			for _, p := range l {
+				got = append(got, p.MessageID)
+			}
+			if err != nil || !slices.Equal(got, c.want) {
+				t.Errorf("ListPending(All, %d) = %v, %v; want %v", c.limit, got, err, c.want)
+			}
+		}
+		if _, err := dl.ListPending(b.ctx, relay.Selector{All: true, MessageID: "U-1"}, 0); !errors.Is(err, relay.ErrInvalidSelector) {
+			t.Errorf("ListPending(All and a message ID) = %v, want ErrInvalidSelector", err)
 		}
 		if _, err := dl.DeadLetterPending(b.ctx, nil, relay.HoldAggregate, "x"); !errors.Is(err, relay.ErrInvalidSelector) {
 			t.Errorf("DeadLetterPending(no ids) = %v, want ErrInvalidSelector", err)

@@ -19,9 +19,10 @@ type stdinKey struct{}
 
 // pendingSelector is the selector of the pending commands: exactly one
 // of --id or --aggregate (never all: dead-lettering every pending event
-// would stop the whole outbox).
+// would stop the whole outbox); list alone takes neither, for all.
 type pendingSelector struct {
 	id, aggregate string
+	listing       bool // pending list: no selector lists every pending event
 }
 
 func (s *pendingSelector) register(cmd *cobra.Command) {
@@ -31,6 +32,8 @@ func (s *pendingSelector) register(cmd *cobra.Command) {
 
 func (s *pendingSelector) selector() (relay.Selector, error) {
 	switch {
+	case s.listing && s.id == "" && s.aggregate == "":
+		return relay.Selector{All: true}, nil // listing changes nothing
 	case (s.id != "") == (s.aggregate != ""):
 		return relay.Selector{}, usageErrorf("choose exactly one of --id MESSAGE_ID or --aggregate TYPE/ID")
 	case s.id != "":
@@ -67,14 +70,15 @@ Select with exactly one of --id MESSAGE_ID or --aggregate TYPE/ID.`,
 		DisableFlagsInUseLine: true,
 	}
 
-	var listSel pendingSelector
+	listSel := pendingSelector{listing: true}
 	var listLimit int
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List pending events, oldest first",
-		Long: `List the pending events matching the selector, oldest first, at most --limit.
-With --json, prints {"count": N, "pending": [...]}.`,
-		Example: "  outbox pending list --aggregate order/42\n  outbox pending list --id 0190f5c2-... --json",
+		Long: `List the pending events matching the selector (none: every pending
+event), oldest first, at most --limit. With --json, prints
+{"count": N, "pending": [...]}.`,
+		Example: "  outbox pending list\n  outbox pending list --aggregate order/42\n  outbox pending list --id 0190f5c2-... --json",
 		Args:    cobra.NoArgs,
 		RunE: a.wrap(func(cmd *cobra.Command, _ []string) error {
 			return a.pendingList(cmd, &listSel, listLimit)

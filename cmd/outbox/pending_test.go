@@ -51,6 +51,17 @@ func TestPendingDeadLetter(t *testing.T) {
 		if !strings.Contains(r.stdout, ids[0]) || !strings.Contains(r.stdout, ids[1]) || strings.Contains(r.stdout, ids[2]) {
 			t.Errorf("pending list --aggregate order/p: %v", r)
 		}
+		// No selector lists every pending event, oldest first, at most --limit.
+		var all pendingOut
+		r = expect(t, cli(t, append(base, "pending", "list", "--limit", "2", "--json")...), 0)
+		if err := json.Unmarshal([]byte(r.stdout), &all); err != nil || all.Count != 2 || len(all.Pending) != 2 ||
+			all.Pending[0].MessageID != ids[0] || all.Pending[1].MessageID != ids[1] {
+			t.Errorf("pending list --limit 2: %v (%v), want %s, %s", r, err, ids[0], ids[1])
+		}
+		r = expect(t, cli(t, append(base, "pending", "list")...), 0)
+		if !strings.Contains(r.stdout, ids[0]) || !strings.Contains(r.stdout, ids[2]) {
+			t.Errorf("pending list with no selector: %v, want all three", r)
+		}
 
 		// Not confirmed, or a dry run: listed, nothing changed.
 		for _, c := range []struct {
@@ -114,7 +125,7 @@ func TestPendingDeadLetter(t *testing.T) {
 		}
 		// Selector mistakes are usage errors.
 		for _, args := range [][]string{
-			{"pending", "list"},
+			{"pending", "list", "--id", ids[2], "--aggregate", "order/q"},
 			{"pending", "dead", "--yes"},
 			{"pending", "dead", "--id", ids[2], "--aggregate", "order/q", "--yes"},
 			{"pending", "skip", "--aggregate", "order", "--yes"},

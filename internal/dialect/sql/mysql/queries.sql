@@ -163,6 +163,21 @@ WHERE id IN (SELECT p.id FROM {{.Pending}} p) AND status = 0 AND {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
 
+-- name: pending_list_all
+-- Every pending event, oldest first, at most {{"{{LIMIT}}"}}
+-- (DeadLetters.ListPending with Selector.All): the pending set's primary
+-- key walked in id order, each row read by the outbox table's primary key
+-- (STRAIGHT_JOIN and FORCE INDEX, as the claim), so the cost is the rows
+-- listed, not the sent history. A plain read: it locks nothing.
+SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type, COALESCE(o.topic, ''),
+       o.attempts, COALESCE(o.last_error, ''),
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at)
+FROM {{.Pending}} p FORCE INDEX (PRIMARY)
+STRAIGHT_JOIN {{.Table}} o FORCE INDEX (PRIMARY) ON o.id = p.id
+WHERE o.status = 0
+ORDER BY p.id
+LIMIT {{"{{LIMIT}}"}}
+
 -- name: pending_lock
 -- The first step of DeadLetters.DeadLetterPending, in its transaction:
 -- locks, by primary key, the pending-set rows of the confirmed ids

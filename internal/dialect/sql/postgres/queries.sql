@@ -138,6 +138,26 @@ WHERE id IN (SELECT p.id FROM {{.Pending}} p) AND status = 0 AND {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
 
+-- name: pending_list_all
+-- Every pending event, oldest first, at most {{"{{LIMIT}}"}}
+-- (DeadLetters.ListPending with Selector.All): the pending set's primary
+-- key walked in id order, each row read by the outbox table's primary key
+-- in a LATERAL subquery that cannot be pulled up (OFFSET 0), so the plan
+-- starts from the pending set whatever the statistics say: the cost is
+-- the pending set's (the rows listed, and the index entries of rows
+-- marked sent that VACUUM has not removed yet), not the sent history's
+-- (TestListAllPendingCostFlat).
+SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type, o.topic,
+       o.attempts, o.last_error, o.created
+FROM {{.Pending}} p
+CROSS JOIN LATERAL (
+    SELECT x.id, x.message_id, x.aggregate_type, x.aggregate_id, x.event_type, COALESCE(x.topic, '') AS topic,
+           x.attempts, COALESCE(x.last_error, '') AS last_error,
+           (EXTRACT(EPOCH FROM x.created_at) * 1000000)::bigint AS created
+    FROM {{.Table}} x WHERE x.id = p.id AND x.status = 0 OFFSET 0) o
+ORDER BY p.id
+LIMIT {{"{{LIMIT}}"}}
+
 -- name: pending_lock
 -- The first step of DeadLetters.DeadLetterPending, in its transaction:
 -- locks the pending-set rows of the confirmed ids ({{"{{IDS}}"}}) that are

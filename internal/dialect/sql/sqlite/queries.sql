@@ -130,6 +130,19 @@ WHERE id IN (SELECT p.id FROM {{.Pending}} p) AND status = 0 AND {{"{{WHERE}}"}}
 ORDER BY id
 LIMIT {{"{{LIMIT}}"}}
 
+-- name: pending_list_all
+-- Every pending event, oldest first, at most {{"{{LIMIT}}"}}
+-- (DeadLetters.ListPending with Selector.All): the pending set walked in
+-- id order (its rowid), each row read by the outbox table's primary key;
+-- CROSS JOIN keeps SQLite from reordering the join.
+SELECT o.id, o.message_id, o.aggregate_type, o.aggregate_id, o.event_type, COALESCE(o.topic, ''),
+       o.attempts, COALESCE(o.last_error, ''),
+       o.created_at * 1000
+FROM {{.Pending}} p CROSS JOIN {{.Table}} o ON o.id = p.id
+WHERE o.status = 0
+ORDER BY p.id
+LIMIT {{"{{LIMIT}}"}}
+
 -- name: pending_lock
 -- The first step of DeadLetters.DeadLetterPending: the confirmed ids
 -- ({{"{{IDS}}"}}) still pending. SQLite has one writer at a time, and
