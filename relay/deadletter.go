@@ -241,11 +241,13 @@ func (dl *DeadLetters) exec(ctx context.Context, query string, sel Selector) (in
 	return n, nil
 }
 
-// ErrAllPending wraps ErrInvalidSelector. No call returns it since
-// ListPending lists every pending event for Selector.All (DeadLetterPending
-// takes the row ids an operator confirmed, never a selector, so that
-// dead-lettering every pending event, which would stop the whole outbox,
-// needs them listed one by one). Kept for code that matches it.
+// ErrAllPending wraps ErrInvalidSelector. ListPending returned it for
+// Selector.All until it learned to list every pending event;
+// DeadLetterPending takes the row ids an operator confirmed, never a
+// selector, so dead-lettering every pending event (which would stop the
+// whole outbox) still needs them listed and confirmed one by one.
+//
+// Deprecated: no call returns it; kept for code that matches it.
 var ErrAllPending = fmt.Errorf("%w: pending events are selected by message ID, aggregate or row ids, never all", ErrInvalidSelector)
 
 // PendingEvent is one event still waiting to be published (in the
