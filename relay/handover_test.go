@@ -49,6 +49,49 @@ func ownerOfAllBeating(t *testing.T, tg testdb.Target, ttl, beat time.Duration, 
 	return e, a, first
 }
 
+// listen runs relay.ListenPostgres for ob until the test ends, and
+// returns once it LISTENs (its first wake-up, at connection); wake, if not
+// nil, gets every later one (the commits' and releases' notifications).
+func listen(t *testing.T, ob *driver.Outbox, dsn string, wake func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	listening := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- relay.ListenPostgres(ctx, ob, dsn, func() {
+			select {
+			case <-listening:
+				if wake != nil {
+					wake()
+				}
+			default:
+				close(listening)
+			}
+		}, quiet())
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("ListenPostgres: %v", err)
+		}
+	})
+	<-listening
+}
+
+// runJoining runs r (a relay joining a table) until the test ends.
+func runJoining(t *testing.T, r *relay.Relay) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("joining relay: %v", err)
+		}
+	})
+}
+
 // TestJoiningRelayTakesItsShareBeforeItsNextHeartbeat: a relay joining a
 // table whose partitions another relay owns takes its share as soon as the
 // other releases it, not at its own next heartbeat. The owner here beats
@@ -123,32 +166,11 @@ func TestReleasedPartitionsWakeTheJoiningRelay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 2)
 			if c.listen {
-				listening := make(chan struct{})
-				go func() {
-					done <- relay.ListenPostgres(ctx, ob, e.DSN, func() {
-						select {
-						case <-listening:
-						default:
-							close(listening)
-						}
-						r.Notify()
-					}, quiet())
-				}()
-				<-listening // its first wake-up comes once it LISTENs
+				listen(t, ob, e.DSN, r.Notify)
 			}
 			start := time.Now()
-			go func() { done <- r.Run(ctx) }()
-			t.Cleanup(func() {
-				cancel()
-				for range map[bool]int{false: 1, true: 2}[c.listen] {
-					if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-						t.Errorf("joining relay or listener: %v", err)
-					}
-				}
-			})
+			runJoining(t, r)
 			eventually(t, a.ctx, "the second relay owning its share", func() bool { return second.owned.Load() == 16 })
 			if took := time.Since(start); took >= 5*time.Second {
 				t.Errorf("the joining relay took its share %v after it started, want at once after the release (its catch-up beat is 10 s)", took.Round(time.Millisecond))
@@ -184,23 +206,10 @@ func TestJoiningRelayWakesTheOwner(t *testing.T) {
 			t.Parallel()
 			var logs syncLog
 			e, a, first := ownerOfAllBeating(t, c.tg, 400*time.Second, 200*time.Second, &logs)
-			ctx, cancel := context.WithCancel(context.Background())
-			var listened chan error
 			ob := e.Outbox
 			if c.listen {
 				ob, _ = e.OpenWriter(t, driver.Config{})
-				listening := make(chan struct{})
-				listened = make(chan error, 1)
-				go func() {
-					listened <- relay.ListenPostgres(ctx, e.Outbox, e.DSN, func() {
-						select {
-						case <-listening:
-						default:
-							close(listening)
-						}
-					}, quiet())
-				}()
-				<-listening // its first wake-up comes once it LISTENs
+				listen(t, e.Outbox, e.DSN, nil)
 			}
 			second := &leaseCount{}
 			r, err := relay.New(ob, e.RelayDB, relay.Config{Publisher: outboxtest.NewPublisher(), Logger: quiet(), Observer: second,
@@ -208,20 +217,8 @@ func TestJoiningRelayWakesTheOwner(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			done := make(chan error, 1)
 			start := time.Now()
-			go func() { done <- r.Run(ctx) }()
-			t.Cleanup(func() {
-				cancel()
-				if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-					t.Errorf("joining relay: %v", err)
-				}
-				if listened != nil {
-					if err := <-listened; err != nil && !errors.Is(err, context.Canceled) {
-						t.Errorf("listener: %v", err)
-					}
-				}
-			})
+			runJoining(t, r)
 			wctx, wcancel := context.WithTimeout(a.ctx, 20*time.Second)
 			defer wcancel()
 			eventually(t, wctx, "the joining relay owning its share (the owner's next heartbeat is 200 s away)", func() bool { return second.owned.Load() == 16 })
@@ -268,26 +265,7 @@ func TestListenPostgresHearsItsOwnTable(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			var wakes atomic.Int64
-			listening := make(chan struct{})
-			listened := make(chan error, 1)
-			lctx, lcancel := context.WithCancel(ctx)
-			go func() {
-				listened <- relay.ListenPostgres(lctx, mine.Outbox, mine.DSN, func() {
-					select {
-					case <-listening:
-						wakes.Add(1)
-					default:
-						close(listening) // the wake-up at connection, not a commit's
-					}
-				}, quiet())
-			}()
-			t.Cleanup(func() {
-				lcancel()
-				if err := <-listened; err != nil && !errors.Is(err, context.Canceled) {
-					t.Errorf("ListenPostgres: %v", err)
-				}
-			})
-			<-listening
+			listen(t, mine.Outbox, mine.DSN, func() { wakes.Add(1) })
 			// The other schema's commit: its NOTIFY is delivered to the
 			// channel's listeners (a raw one here sees it) before this
 			// table's commit's, which commits after it.

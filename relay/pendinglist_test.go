@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"testing"
 	"time"
 
@@ -31,20 +30,10 @@ func TestListAllPendingCostFlat(t *testing.T) {
 	e := testdb.New(t, testdb.All[0], driver.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	exec := func(q string) {
-		t.Helper()
-		if _, err := e.RelayDB.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	exec, insert := pgRows(t, ctx, e)
 	pending := testdb.PendingTable(e.Table)
 	exec("ALTER TABLE " + e.Table + " SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
 	exec("ALTER TABLE " + pending + " SET (autovacuum_enabled = false)")
-	insert := func(from, n int) {
-		exec(fmt.Sprintf("INSERT INTO %s (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers) "+
-			"SELECT 'm-' || g, 'order', 'agg-' || (g %% 100), 'created', 't', g %% 32, 'application/json', convert_to(repeat('x', 200), 'UTF8'), '' "+
-			"FROM generate_series(%d, %d) g", e.Table, from, from+n-1))
-	}
 	insert(1, 20000)
 	exec("DELETE FROM " + pending) // marked sent, as the relay does
 	insert(20001, 3)

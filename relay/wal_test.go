@@ -769,17 +769,7 @@ func TestWALAcceptCostPerRow(t *testing.T) {
 	e := testdb.New(t, walTarget, driver.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	exec := func(q string) {
-		t.Helper()
-		if _, err := e.RelayDB.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	insert := func(from, n int) {
-		exec(fmt.Sprintf("INSERT INTO %s (message_id, aggregate_type, aggregate_id, event_type, topic, partition_key, content_type, payload, headers) "+
-			"SELECT 'm-' || g, 'order', 'agg-' || (g %% 100), 'created', 't', g %% 32, 'application/json', convert_to(repeat('x', 200), 'UTF8'), '' "+
-			"FROM generate_series(%d, %d) g", e.Table, from, from+n-1))
-	}
+	exec, insert := pgRows(t, ctx, e)
 	insert(1, sent)
 	exec("DELETE FROM " + testdb.PendingTable(e.Table))
 	insert(sent+1, batch)

@@ -42,16 +42,23 @@ func newTxnEnv(t *testing.T) *txnEnv {
 	if err := kafkatest.CreateTopic(ctx, b.Addrs(), txnStateTopic, 1); err != nil {
 		t.Fatal(err)
 	}
+	e := &txnEnv{broker: b, client: txnClient(t, b.Addrs())}
+	e.committed, e.uncomm = bothIsolations(t, b.Addrs(), txnTopic)
+	return e
+}
+
+// txnClient returns a sarama client of addrs at the version the
+// transactions need (2.5: RequireStable), closed when the test ends.
+func txnClient(t *testing.T, addrs []string) sarama.Client {
+	t.Helper()
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V2_5_0_0
-	cl, err := sarama.NewClient(b.Addrs(), sc)
+	cl, err := sarama.NewClient(addrs, sc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cl.Close() })
-	e := &txnEnv{broker: b, client: cl}
-	e.committed, e.uncomm = bothIsolations(t, b.Addrs(), txnTopic)
-	return e
+	return cl
 }
 
 func (e *txnEnv) producer(t *testing.T, ctx context.Context, id string) *kafkatxn.Producer {
@@ -334,13 +341,7 @@ func TestTxnProduceBatches(t *testing.T) {
 			if err := kafkatest.CreateTopic(ctx, b.Addrs(), txnStateTopic, 1); err != nil {
 				t.Fatal(err)
 			}
-			sc := sarama.NewConfig()
-			sc.Version = sarama.V2_5_0_0
-			cl, err := sarama.NewClient(b.Addrs(), sc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = cl.Close() })
+			cl := txnClient(t, b.Addrs())
 			committed, uncomm := bothIsolations(t, b.Addrs(), topic)
 			p, err := kafkatxn.Init(ctx, kafkatxn.Config{Client: cl, TransactionalID: "txn.batches", Timeout: time.Minute,
 				Retriable: func(err error) bool { return errors.Is(err, sarama.ErrNotLeaderForPartition) }})
