@@ -837,10 +837,16 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 // publicationCheck is the query for publicationProblem: whether
 // publication pub publishes inserts, and whether it publishes table (a
 // quoted SQL name), by any of its forms (FOR TABLE, TABLES IN SCHEMA, ALL
-// TABLES). Plain text: it runs on a replication connection too.
+// TABLES). It compares the table's OID with those of the publication's
+// tables (pg_get_publication_tables, whose relid column every supported
+// version has): it used to cast the names of pg_publication_tables' rows
+// to regclass, and a name whose table another session dropped meanwhile
+// failed the whole statement ("relation ... does not exist"; seen once
+// in a loaded run of TestWALCreateCommand). Plain text: it runs on a
+// replication connection too.
 func publicationCheck(pub, table string) string {
-	return "SELECT p.pubinsert, EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname " +
-		"AND format('%I.%I', t.schemaname, t.tablename)::regclass = to_regclass(" + sqlLiteral(table) + ")) " +
+	return "SELECT p.pubinsert, EXISTS (SELECT 1 FROM pg_get_publication_tables(p.pubname::text) g " +
+		"WHERE g.relid = to_regclass(" + sqlLiteral(table) + ")) " +
 		"FROM pg_publication p WHERE p.pubname = " + sqlLiteral(pub)
 }
 
