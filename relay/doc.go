@@ -480,6 +480,18 @@
 // the relay records the window in <table>_wal_log, and every relay is not
 // ready (ErrWALLoss) until an operator calls AckWALLoss.
 //
+// With a Reconciler publisher (the exactly-once mode) in the log-only mode,
+// the relay reading the slot writes every event it takes from the stream
+// to the table (one statement per batch, as any spill) and publishes
+// nothing straight from the stream: a transaction's manifest names what it
+// carried by outbox id, and a relay that takes a partition over must be
+// able to reconcile it whether or not it reads the slot. The rows come
+// back through the stream as inserts and go out as in table mode; the
+// slot's position passes the events once the write committed. The writers
+// keep the log-only commit (one WAL record, no row); the relay pays the
+// row, its pending-set entry and its mark-sent, and the WAL carries each
+// event twice (docs/wal.md, "Exactly once").
+//
 // # Tracing
 //
 // An Observer that also implements PublishObserver wraps each Publish

@@ -34,6 +34,13 @@ func (r *Relay) WALCounts() (fromStream, fromTable int64) {
 	return r.walPublished.Load(), r.walClaimed.Load()
 }
 
+// WALChecks returns how many rows from the stream the WAL source asked
+// the database about, and how many it left out unasked because it had
+// published them itself (being marked sent, or marked).
+func (r *Relay) WALChecks() (checked, knownSent int64) {
+	return r.walChecked.Load(), r.walKnownSent.Load()
+}
+
 // OnStream reports whether the WAL source vouches for its stream: the
 // stream is open and the last claim from the table came back short.
 func (r *Relay) OnStream() bool { return r.onStream.Load() }

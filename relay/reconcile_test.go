@@ -30,6 +30,7 @@ type txnBroker struct {
 	fence      map[int]int64   // partition -> epoch of the last Reconcile
 	manifest   map[int][]int64 // partition -> ids of the last committed transaction
 	delivered  []string        // message IDs committed, in commit order
+	ids        []int64         // their outbox ids
 	reconciled map[int]int     // partition -> Reconcile calls
 	early      []string        // violations: a Publish of a partition not reconciled under its epoch
 	// answer returns, for call (from 1), whether the transaction commits
@@ -76,6 +77,7 @@ func (b *txnBroker) Publish(_ context.Context, msgs []relay.Message) error {
 		ids := map[int][]int64{}
 		for _, m := range msgs {
 			b.delivered = append(b.delivered, m.MessageID)
+			b.ids = append(b.ids, m.ID)
 			ids[m.Partition] = append(ids[m.Partition], m.ID)
 		}
 		for p, l := range ids {

@@ -351,6 +351,10 @@ type Relay struct {
 	// the progress line).
 	walPublished, walClaimed atomic.Int64
 	walSpilled               atomic.Int64 // log-only events written to the table (tests)
+	// walChecked counts the rows the WAL source asked the database about
+	// (wal_accept), walKnownSent those it left out unasked because this
+	// relay had published them (being marked sent, or marked; tests).
+	walChecked, walKnownSent atomic.Int64
 	// walLoss is the log-only mode's recorded, unacknowledged loss window
 	// (walstate.go), or nil.
 	walLoss atomic.Pointer[WALLoss]
@@ -456,11 +460,6 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	rec := reconcilerOf(cfg.Publisher)
-	if ob.Config().LogOnly && rec != nil {
-		// Its manifests name events by outbox id; an event of a logical
-		// decoding message has none until it is written to the table.
-		return nil, fmt.Errorf("%w: the exactly-once mode (a Reconciler publisher) does not support the log-only mode (driver.Config.LogOnly) yet", ErrInvalidConfig)
-	}
 	pipe, _ := rec.(Pipeliner)
 	log := cfg.Logger.With("component", "outbox.relay", "table", table)
 	return &Relay{

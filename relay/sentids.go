@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"sort"
 	"sync"
 
 	"github.com/sqloutbox/outbox/internal/dialect"
@@ -60,4 +61,14 @@ func (s *sentRanges) ranges() [][2]int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([][2]int64(nil), s.r...)
+}
+
+// has reports whether id is in a remembered range: this relay marked it
+// sent, so it is not pending (the WAL source leaves such a row out of its
+// check: it came back through the stream after the relay published it).
+func (s *sentRanges) has(id int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := sort.Search(len(s.r), func(i int) bool { return s.r[i][1] >= id })
+	return i < len(s.r) && s.r[i][0] <= id
 }

@@ -33,3 +33,20 @@ func TestSentRanges(t *testing.T) {
 		t.Fatalf("%d ranges from %v to %v, want %d from 20", len(got), got[0], got[len(got)-1], maxSentRanges)
 	}
 }
+
+func TestSentRangesHas(t *testing.T) {
+	t.Parallel()
+	var s sentRanges
+	if s.has(1) {
+		t.Fatal("an empty set has 1")
+	}
+	s.add([]int64{3, 4, 5, 6, 7, 10, 20, 21})
+	for _, tc := range []struct {
+		id   int64
+		want bool
+	}{{2, false}, {3, true}, {5, true}, {7, true}, {8, false}, {9, false}, {10, true}, {11, false}, {19, false}, {20, true}, {21, true}, {22, false}, {-1, false}} {
+		if got := s.has(tc.id); got != tc.want {
+			t.Errorf("has(%d) = %v, want %v (ranges %v)", tc.id, got, tc.want, s.ranges())
+		}
+	}
+}

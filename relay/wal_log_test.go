@@ -355,23 +355,10 @@ func TestWALLogOnlyReportsALostSlot(t *testing.T) {
 	}
 }
 
-// TestWALLogOnlyRefusesExactlyOnce: the exactly-once mode names events by
-// outbox id, which an event of a logical decoding message lacks.
-func TestWALLogOnlyRefusesExactlyOnce(t *testing.T) {
+// TestLogOnlyNeedsPostgres: the log-only mode is PostgreSQL's (logical
+// decoding messages); other dialects refuse it.
+func TestLogOnlyNeedsPostgres(t *testing.T) {
 	t.Parallel()
-	ob, err := driver.New(driver.Config{Dialect: driver.Postgres, LogOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := sql.Open("pgx", "postgres://x@127.0.0.1:1/db") // never connected to
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	_, err = relay.New(ob, db, relay.Config{Publisher: reconcilingNop{}, Source: relay.SourceWAL, WAL: relay.WALConfig{DSN: "postgres://x@127.0.0.1/db"}})
-	if !errors.Is(err, relay.ErrInvalidConfig) {
-		t.Fatalf("New: %v, want ErrInvalidConfig", err)
-	}
 	for _, d := range []driver.Dialect{driver.MySQL, driver.SQLite} {
 		if _, err := driver.New(driver.Config{Dialect: d, LogOnly: true}); !errors.Is(err, driver.ErrInvalidConfig) {
 			t.Errorf("driver.New(%s, LogOnly): %v, want ErrInvalidConfig", d, err)
@@ -379,13 +366,70 @@ func TestWALLogOnlyRefusesExactlyOnce(t *testing.T) {
 	}
 }
 
-// reconcilingNop is a Publisher in the exactly-once mode that publishes
-// nothing (New's validation only).
-type reconcilingNop struct{ relayNop }
-
-func (reconcilingNop) Reconcile(context.Context, int, int64) ([]int64, error) { return nil, nil }
-func (reconcilingNop) Reconciles() bool                                       { return true }
-func (reconcilingNop) Scope() string                                          { return "test" }
+// TestWALLogOnlyExactlyOnce: the exactly-once mode (a Reconciler
+// publisher) with log-only writers. Its manifests name events by outbox
+// id, so the relay writes every event it takes from the stream to the
+// table and publishes the rows (none straight from the stream): every
+// event is delivered once, in order per aggregate, with an outbox id,
+// each after its partition was reconciled under the message's epoch; the
+// table holds every event, sent; the slot's position moves past them.
+// (Before, New refused the pair with ErrInvalidConfig.)
+func TestWALLogOnlyExactlyOnce(t *testing.T) {
+	t.Parallel()
+	e, wal := logEnv(t)
+	broker := newTxnBroker()
+	b := walSetup(t, e, wal, func(c *relay.Config) { c.Publisher = broker })
+	waitStreaming(t, b, wal.Slot)
+	var before string
+	if err := e.RelayDB.QueryRow("SELECT pg_current_wal_lsn()::text").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	for i := 1; i <= n; i++ {
+		b.emit(t, event("A", i), event("B", i))
+	}
+	eventually(t, b.ctx, fmt.Sprintf("%d events delivered", 2*n), func() bool {
+		d, _, _ := broker.get()
+		return len(d) >= 2*n
+	})
+	eventually(t, b.ctx, "every event sent in the table", func() bool {
+		st, err := relay.ReadStats(b.ctx, e.Outbox, e.RelayDB)
+		return err == nil && st.Pending == 0 && st.Sent == 2*n
+	})
+	delivered, early, _ := broker.get()
+	if dup := duplicates(delivered); len(dup) > 0 || len(delivered) != 2*n {
+		t.Errorf("delivered %d messages, duplicates %v; want %d, none", len(delivered), dup, 2*n)
+	}
+	if len(early) > 0 {
+		t.Errorf("published before reconciling: %v", early)
+	}
+	broker.mu.Lock()
+	for i, id := range broker.ids {
+		if id <= 0 {
+			t.Errorf("%s published with outbox id %d: a manifest cannot name it", broker.delivered[i], id)
+		}
+	}
+	broker.mu.Unlock()
+	for _, agg := range []string{"A", "B"} {
+		var got, want []string
+		for i := 1; i <= n; i++ {
+			want = append(want, fmt.Sprintf("%s-%d", agg, i))
+		}
+		for _, id := range delivered {
+			if strings.HasPrefix(id, agg+"-") {
+				got = append(got, id)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s delivered as %v", agg, got)
+		}
+	}
+	eventually(t, b.ctx, "the slot confirmed past the events", func() bool {
+		var past bool
+		err := e.RelayDB.QueryRow("SELECT confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, before).Scan(&past)
+		return err == nil && past
+	})
+}
 
 // downPublisher fails every batch as a whole while down is set.
 type downPublisher struct {

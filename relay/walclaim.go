@@ -100,9 +100,7 @@ func (r *Relay) startWAL(ctx context.Context) (<-chan struct{}, func()) {
 		return nil, func() {}
 	}
 	r.wal = newWALReader(r.cfg.WAL, r.table, r.d.QuotedTable(), r.cfg.InstanceID, r.log)
-	if r.rec == nil { // the exactly-once mode names events by outbox id: New refuses it with LogOnly
-		r.wal.logPrefix = logmsg.Prefix(r.table)
-	}
+	r.wal.logPrefix = logmsg.Prefix(r.table)
 	if r.ob.Config().LogOnly {
 		r.wal.logState = &walLogState{table: r.d.WALLogTable(), log: r.log}
 	}
@@ -347,8 +345,16 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 	seen := make(map[int64]bool, len(rows))
 	for _, w := range rows {
 		m := w.msg
-		if _, ok := set.epochs[m.Partition]; !ok || marking[m.ID] || seen[m.ID] {
-			continue // another relay's partition (it claims the row), published and being marked, or twice in the batch
+		if _, ok := set.epochs[m.Partition]; !ok || seen[m.ID] {
+			continue // another relay's partition (it claims the row), or twice in the batch
+		}
+		if marking[m.ID] || r.sent.has(m.ID) {
+			// Published by this relay and being marked, or marked sent by
+			// it (claimed from the table before the stream brought its
+			// insert, or a log-only event it wrote and published): not
+			// pending, so not worth a probe.
+			r.walKnownSent.Add(1)
+			continue
 		}
 		seen[m.ID] = true
 		m.Epoch = set.epochs[m.Partition]
@@ -372,6 +378,7 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 	for i := range cand {
 		ids[i], types[i], aggs[i], xids[i] = cand[i].ID, cand[i].AggregateType, cand[i].AggregateID, int64(xidOf[cand[i].ID])
 	}
+	r.walChecked.Add(int64(len(ids)))
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	res, err := r.walAccept(qctx, dialect.IDArray(ids), dialect.TextArray(types), dialect.TextArray(aggs), dialect.IDArray(xids))
@@ -537,6 +544,9 @@ func (r *Relay) walLog(ctx context.Context, set leaseSet, rows []walRow, held ma
 			return nil, nil
 		}
 	}
+	if r.rec != nil {
+		return r.walLogRows(ctx, set, msgs, held)
+	}
 	var spill []int
 	for i := range msgs {
 		k := aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}
@@ -563,6 +573,55 @@ func (r *Relay) walLog(ctx context.Context, set leaseSet, rows []walRow, held ma
 	}
 	if len(out) == 0 {
 		r.logDone = true // every event is in the table
+	}
+	r.walPublished.Add(int64(len(out)))
+	if so, ok := r.cfg.Observer.(SourceObserver); ok && len(out) > 0 {
+		so.FromSource(SourceWAL, len(out))
+	}
+	return out, nil
+}
+
+// walLogRows is walLog in the exactly-once mode (a Reconciler publisher):
+// a transaction's manifest names what it carried by outbox id, and a
+// relay that takes a partition over must reconcile it whether or not it
+// reads the slot, so every event is written to the table first (one
+// statement, spill) and published as the row it became. The slot may then
+// pass them whatever the publish's outcome (r.logDone): from here each is
+// a row, retried, held and reconciled as table mode's. It returns the rows
+// of this relay's partitions whose aggregate is not held. An event whose
+// message ID was in the table already (read again after a relay stopped
+// before the slot's position passed it) keeps ID 0: its row, and so its
+// aggregate's later rows, go out from the table in id order (the loop
+// claims next), not from this batch. The rows come back through the
+// stream as inserts, where the check finds them sent or being marked.
+func (r *Relay) walLogRows(ctx context.Context, set leaseSet, msgs []Message, held map[aggregateKey]bool) ([]Message, error) {
+	idx := make([]int, len(msgs))
+	for i := range idx {
+		idx[i] = i
+	}
+	if err := r.spill(ctx, set, msgs, idx); err != nil {
+		return nil, err
+	}
+	r.walSpilled.Add(int64(len(msgs)))
+	r.logDone = true // every event is in the table
+	again := map[aggregateKey]bool{}
+	seen := make(map[int64]bool, len(msgs))
+	for i := range msgs {
+		if msgs[i].ID == 0 || seen[msgs[i].ID] { // seen: a message ID twice in the batch, one row
+			msgs[i].ID = 0
+			again[aggregateKey{msgs[i].AggregateType, msgs[i].AggregateID}] = true
+		}
+		seen[msgs[i].ID] = true
+	}
+	if len(again) > 0 {
+		r.claimTable("events read again")
+	}
+	out := make([]Message, 0, len(msgs))
+	for _, m := range msgs {
+		k := aggregateKey{m.AggregateType, m.AggregateID}
+		if _, ok := set.epochs[m.Partition]; ok && !held[k] && !again[k] {
+			out = append(out, m)
+		}
 	}
 	r.walPublished.Add(int64(len(out)))
 	if so, ok := r.cfg.Observer.(SourceObserver); ok && len(out) > 0 {

@@ -200,7 +200,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.amqpURL, "amqp", defaultAMQP, "part brokers: RabbitMQ AMQP URL")
 	fs.StringVar(&o.redisAddr, "redis", defaultRedis, "part brokers: Redis address (host:port)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) to this file: of part 1's rounds with -only commit, with -only waldrain of each mode's last drain into FILE.MODE, with -only brokers or -only exactlyonce of each broker's last drain into FILE.BROKER, else of the drain (part 3)")
-	fs.StringVar(&o.walModes, "waldrain-modes", strings.Join(walDrainModes, ","), "part waldrain: the modes to run, a comma list of "+strings.Join(walDrainModes, ","))
+	fs.StringVar(&o.walModes, "waldrain-modes", strings.Join(walDrainModes, ","), "part waldrain: the modes to run, a comma list of "+strings.Join(walDrainModes, ",")+" (the default), "+strings.Join(walDrainEOSModes, ","))
 	fs.IntVar(&o.iters, "iters", 2000, "transactions per variant for part 1")
 	fs.IntVar(&o.batch, "batch", 0, "relay BatchSize for the drain (0 = relay default)")
 	fs.Float64Var(&o.loadSecs, "load-seconds", 5, "seconds per offered load in part 2 (in-process, standalone and seed relay)")

@@ -23,6 +23,13 @@ import (
 // (driver.Config.LogOnly: logical decoding messages, no rows).
 var walDrainModes = []string{"table", "wal", "log"}
 
+// walDrainEOSModes are part "waldrain"'s modes in the Kafka publisher's
+// exactly-once mode, run only when -waldrain-modes names them: the
+// polling relay (table_eos) and the WAL source with log-only writers
+// (log_eos, where the relay writes each event to the table before it
+// publishes the row).
+var walDrainEOSModes = []string{"table_eos", "log_eos"}
+
 // walDrainTxn is how many events each writer transaction of the backlog
 // holds.
 const walDrainTxn = 100
@@ -66,8 +73,8 @@ func runWALDrain(ctx context.Context, db *database, ep endpoint, modes []string,
 		return nil, errors.New("part waldrain needs PostgreSQL")
 	}
 	for _, m := range modes {
-		if !slices.Contains(walDrainModes, m) {
-			return nil, fmt.Errorf("part waldrain: unknown mode %q (want %s)", m, strings.Join(walDrainModes, ","))
+		if !slices.Contains(walDrainModes, m) && !slices.Contains(walDrainEOSModes, m) {
+			return nil, fmt.Errorf("part waldrain: unknown mode %q (want %s)", m, strings.Join(append(slices.Clone(walDrainModes), walDrainEOSModes...), ","))
 		}
 	}
 	res := &WALDrainResult{Events: events, Medians: map[string]*WALDrainRun{}}
@@ -118,7 +125,14 @@ func runWALDrainOnce(ctx context.Context, db *database, ep endpoint, mode string
 	defer env.close()
 	writer := env.app
 	ob := env.ob
-	if mode == "log" {
+	if strings.HasSuffix(mode, "_eos") {
+		k, ok := ep.(kafkaEndpoint)
+		if !ok {
+			return nil, fmt.Errorf("mode %s needs Kafka", mode)
+		}
+		ep = kafkaEOSEndpoint{k}
+	}
+	if mode == "log" || mode == "log_eos" {
 		if ob, err = driver.New(driver.Config{Dialect: driver.Postgres, Table: env.table, LogOnly: true}); err != nil {
 			return nil, err
 		}
@@ -130,7 +144,7 @@ func runWALDrainOnce(ctx context.Context, db *database, ep endpoint, mode string
 		defer writer.Close()
 	}
 	cfg := relay.Config{BatchSize: batch, Logger: quietLogger}
-	if mode != "table" {
+	if mode != "table" && mode != "table_eos" {
 		cfg.Source = relay.SourceWAL
 		cfg.WAL = relay.WALConfig{DSN: db.dsn, Slot: "outbox_bench_" + randomHex(6)}
 		if _, err := relay.CreateWAL(ctx, ob, db.admin, cfg.WAL); err != nil {
