@@ -373,62 +373,82 @@ func TestLogOnlyNeedsPostgres(t *testing.T) {
 // event is delivered once, in order per aggregate, with an outbox id,
 // each after its partition was reconciled under the message's epoch; the
 // table holds every event, sent; the slot's position moves past them.
-// (Before, New refused the pair with ErrInvalidConfig.)
+// Before, New refused the pair with ErrInvalidConfig when the relay's
+// Outbox was log-only; and when it was not (the case "relay's Outbox in
+// table mode"), the exactly-once relay's reader did not decode messages,
+// so the slot's position passed the writers' events and none went out.
 func TestWALLogOnlyExactlyOnce(t *testing.T) {
 	t.Parallel()
-	e, wal := logEnv(t)
-	broker := newTxnBroker()
-	b := walSetup(t, e, wal, func(c *relay.Config) { c.Publisher = broker })
-	waitStreaming(t, b, wal.Slot)
-	var before string
-	if err := e.RelayDB.QueryRow("SELECT pg_current_wal_lsn()::text").Scan(&before); err != nil {
-		t.Fatal(err)
-	}
-	const n = 30
-	for i := 1; i <= n; i++ {
-		b.emit(t, event("A", i), event("B", i))
-	}
-	eventually(t, b.ctx, fmt.Sprintf("%d events delivered", 2*n), func() bool {
-		d, _, _ := broker.get()
-		return len(d) >= 2*n
-	})
-	eventually(t, b.ctx, "every event sent in the table", func() bool {
-		st, err := relay.ReadStats(b.ctx, e.Outbox, e.RelayDB)
-		return err == nil && st.Pending == 0 && st.Sent == 2*n
-	})
-	delivered, early, _ := broker.get()
-	if dup := duplicates(delivered); len(dup) > 0 || len(delivered) != 2*n {
-		t.Errorf("delivered %d messages, duplicates %v; want %d, none", len(delivered), dup, 2*n)
-	}
-	if len(early) > 0 {
-		t.Errorf("published before reconciling: %v", early)
-	}
-	broker.mu.Lock()
-	for i, id := range broker.ids {
-		if id <= 0 {
-			t.Errorf("%s published with outbox id %d: a manifest cannot name it", broker.delivered[i], id)
-		}
-	}
-	broker.mu.Unlock()
-	for _, agg := range []string{"A", "B"} {
-		var got, want []string
-		for i := 1; i <= n; i++ {
-			want = append(want, fmt.Sprintf("%s-%d", agg, i))
-		}
-		for _, id := range delivered {
-			if strings.HasPrefix(id, agg+"-") {
-				got = append(got, id)
+	for _, tc := range []struct {
+		name    string
+		logOnly bool // the relay's Outbox
+	}{{"relay's Outbox log-only", true}, {"relay's Outbox in table mode", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e, wal := logEnv(t)
+			if !tc.logOnly {
+				ob, err := driver.New(driver.Config{Dialect: driver.Postgres, Table: e.Table})
+				if err != nil {
+					t.Fatal(err)
+				}
+				relayEnv := *e
+				relayEnv.Outbox = ob
+				e = &relayEnv // the writers keep e.DB, bound to the log-only Outbox
 			}
-		}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("%s delivered as %v", agg, got)
-		}
+			broker := newTxnBroker()
+			b := walSetup(t, e, wal, func(c *relay.Config) { c.Publisher = broker })
+			waitStreaming(t, b, wal.Slot)
+			var before string
+			if err := e.RelayDB.QueryRow("SELECT pg_current_wal_lsn()::text").Scan(&before); err != nil {
+				t.Fatal(err)
+			}
+			const n = 30
+			for i := 1; i <= n; i++ {
+				b.emit(t, event("A", i), event("B", i))
+			}
+			eventually(t, b.ctx, fmt.Sprintf("%d events delivered", 2*n), func() bool {
+				d, _, _ := broker.get()
+				return len(d) >= 2*n
+			})
+			eventually(t, b.ctx, "every event sent in the table", func() bool {
+				st, err := relay.ReadStats(b.ctx, e.Outbox, e.RelayDB)
+				return err == nil && st.Pending == 0 && st.Sent == 2*n
+			})
+			delivered, early, _ := broker.get()
+			if dup := duplicates(delivered); len(dup) > 0 || len(delivered) != 2*n {
+				t.Errorf("delivered %d messages, duplicates %v; want %d, none", len(delivered), dup, 2*n)
+			}
+			if len(early) > 0 {
+				t.Errorf("published before reconciling: %v", early)
+			}
+			broker.mu.Lock()
+			for i, id := range broker.ids {
+				if id <= 0 {
+					t.Errorf("%s published with outbox id %d: a manifest cannot name it", broker.delivered[i], id)
+				}
+			}
+			broker.mu.Unlock()
+			for _, agg := range []string{"A", "B"} {
+				var got, want []string
+				for i := 1; i <= n; i++ {
+					want = append(want, fmt.Sprintf("%s-%d", agg, i))
+				}
+				for _, id := range delivered {
+					if strings.HasPrefix(id, agg+"-") {
+						got = append(got, id)
+					}
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Errorf("%s delivered as %v", agg, got)
+				}
+			}
+			eventually(t, b.ctx, "the slot confirmed past the events", func() bool {
+				var past bool
+				err := e.RelayDB.QueryRow("SELECT confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, before).Scan(&past)
+				return err == nil && past
+			})
+		})
 	}
-	eventually(t, b.ctx, "the slot confirmed past the events", func() bool {
-		var past bool
-		err := e.RelayDB.QueryRow("SELECT confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, before).Scan(&past)
-		return err == nil && past
-	})
 }
 
 // downPublisher fails every batch as a whole while down is set.
