@@ -199,7 +199,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.natsURL, "nats", defaultNATS, "part brokers: NATS server with JetStream")
 	fs.StringVar(&o.amqpURL, "amqp", defaultAMQP, "part brokers: RabbitMQ AMQP URL")
 	fs.StringVar(&o.redisAddr, "redis", defaultRedis, "part brokers: Redis address (host:port)")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) to this file: of part 1's rounds with -only commit, with -only waldrain of each mode's last drain into FILE.MODE, with -only brokers or -only exactlyonce of each broker's last drain into FILE.BROKER, else of the drain (part 3)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile (pprof) to this file: of part 1's rounds with -only commit, with -only standalone of the relay child's whole run into FILE.relay.RUN, with -only waldrain of each mode's last drain into FILE.MODE, with -only brokers or -only exactlyonce of each broker's last drain into FILE.BROKER, else of the drain (part 3)")
 	fs.StringVar(&o.walModes, "waldrain-modes", strings.Join(walDrainModes, ","), "part waldrain: the modes to run, a comma list of "+strings.Join(walDrainModes, ",")+" (the default), "+strings.Join(walDrainEOSModes, ","))
 	fs.IntVar(&o.iters, "iters", 2000, "transactions per variant for part 1")
 	fs.IntVar(&o.batch, "batch", 0, "relay BatchSize for the drain (0 = relay default)")
@@ -331,8 +331,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return nil
 	}
 	// -cpuprofile profiles part 1 when it runs alone, else the drain.
-	commitProfile, drainProfile, walProfile, brokersProfile := "", o.cpuprofile, "", ""
+	commitProfile, drainProfile, walProfile, brokersProfile, standaloneProfile := "", o.cpuprofile, "", "", ""
 	switch strings.TrimSpace(o.only) {
+	case "standalone":
+		standaloneProfile, drainProfile = o.cpuprofile, ""
 	case "commit":
 		commitProfile, drainProfile = o.cpuprofile, ""
 	case "waldrain":
@@ -427,7 +429,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		if want["standalone"] {
 			logf("part 2: latency, standalone relay (child process), at %v events/s, %.1f s each, run %d of %d", latencyRates, o.loadSecs, run, o.runs)
-			l, err := runStandalone(ctx, db, brokers, latencyRates, dur, o.writers, run)
+			prof := ""
+			if standaloneProfile != "" {
+				prof = fmt.Sprintf("%s.relay.%d", standaloneProfile, run)
+			}
+			l, err := runStandalone(ctx, db, brokers, latencyRates, dur, o.writers, run, prof)
 			if err != nil {
 				return fmt.Errorf("latency, standalone relay (run %d): %w", run, err)
 			}

@@ -42,6 +42,9 @@ type relayChildConfig struct {
 	// inserts from this replication slot (relay.SourceWAL) instead of
 	// LISTENing: the stream is its only wake-up.
 	WALSlot string `json:"wal_slot,omitempty"`
+	// CPUProfile, if set (-cpuprofile with -only standalone), makes the
+	// child write a CPU profile of its whole run to this file.
+	CPUProfile string `json:"cpu_profile,omitempty"`
 }
 
 // childLine is one line the relay child writes on its stdout: ready once
@@ -110,6 +113,13 @@ func relayChild(raw string) int {
 	var cfg relayChildConfig
 	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
 		return fail(fmt.Errorf("bad %s: %w", relayEnv, err))
+	}
+	if cfg.CPUProfile != "" {
+		stopProfile, err := startCPUProfile(cfg.CPUProfile)
+		if err != nil {
+			return fail(err)
+		}
+		defer stopProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -358,7 +368,7 @@ func (c *childRelay) Close() {
 
 // runStandalone measures part 2 with a standalone relay in a child process
 // (startChildRelay), the writers in this one.
-func runStandalone(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int) (*LatencyResult, error) {
+func runStandalone(ctx context.Context, db *database, brokers []string, rates []int, dur time.Duration, writers, run int, cpuprofile string) (*LatencyResult, error) {
 	rig, err := newLatencyRig(ctx, db, kafkaEndpoint{brokers: brokers}, fmt.Sprintf("standalone_%d", run), "alone", writers, true)
 	if err != nil {
 		return nil, err
@@ -369,7 +379,7 @@ func runStandalone(ctx context.Context, db *database, brokers []string, rates []
 	wal, dropSlot := db.withSource(env, relay.Config{})
 	defer dropSlot() // deferred before child.Close: runs after the child stopped
 	child, err := startChildRelay(ctx, relayChildConfig{DB: db.dsn, Schema: db.schema, File: db.file, Table: env.table, Brokers: brokers, Topic: rig.route.topic, PGDriver: db.pgDriver,
-		WALSlot: wal.WAL.Slot}, acks)
+		WALSlot: wal.WAL.Slot, CPUProfile: cpuprofile}, acks)
 	if err != nil {
 		return nil, fmt.Errorf("standalone relay: %w", err)
 	}
