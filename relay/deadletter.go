@@ -179,7 +179,9 @@ func (dl *DeadLetters) Retry(ctx context.Context, sel Selector) (int64, error) {
 
 // Skip leaves the dead letters matching sel failed but releases their
 // aggregates, and returns how many it released; already released ones are
-// not counted.
+// not counted. The events they held go out next, before later ones of
+// their aggregates: on PostgreSQL it raises the floor epoch as Retry does,
+// so that a relay on the WAL source claims them from the table first.
 func (dl *DeadLetters) Skip(ctx context.Context, sel Selector) (int64, error) {
 	return dl.exec(ctx, "dead_skip", sel)
 }
@@ -227,10 +229,14 @@ func (dl *DeadLetters) exec(ctx context.Context, query string, sel Selector) (in
 		k, _ := res.RowsAffected()
 		n += k
 	}
-	if query == "dead_retry" && n > 0 && dl.d.HasClaimFloor() {
+	if (query == "dead_retry" || query == "dead_skip") && n > 0 && dl.d.HasClaimFloor() {
 		// The retried rows are pending again below the relays' scan
 		// floors: raising the floor epoch in the same transaction makes
-		// the first claim that sees them walk from the start.
+		// the first claim that sees them walk from the start. A skip
+		// releases the pending rows its dead letter held: a relay with
+		// the WAL source, which checks each batch against the epoch,
+		// then claims them from the table before it takes later events
+		// of their aggregates from the stream.
 		if _, err := tx.ExecContext(ctx, dl.d.Query("floor_bump")); err != nil {
 			return 0, fmt.Errorf("outbox: dead letters %s: raising the floor epoch: %w", query, err)
 		}

@@ -147,7 +147,9 @@
 // about 4 pages per claimed row under 16 writers instead of 16).
 // AUTO_INCREMENT ids are never reused on the supported servers except
 // after TRUNCATE TABLE: restart relays after truncating their table (or
-// after setting sent rows back to pending by hand).
+// after setting sent rows back to pending by hand). The WAL source on
+// PostgreSQL leaves the same ranges out of its check of the stream: restart
+// its relays after resetting the table's sequence.
 //
 // Late rows (MySQL/MariaDB). A plain read in InnoDB sees what its read
 // view shows, and MariaDB (10.11 checked, trx0sys) builds a read view by

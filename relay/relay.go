@@ -194,7 +194,10 @@ type Config struct {
 	InstanceID string
 	// DeleteOnPublish deletes rows once the broker acknowledged them,
 	// instead of marking them sent: no history to retain, at the price of
-	// no record of what was sent (stats show no sent rows).
+	// no record of what was sent (stats show no sent rows). New refuses it
+	// (ErrInvalidConfig) with a Reconciler publisher (the exactly-once
+	// mode) and a log-only Outbox (driver.Config.LogOnly): that mode tells
+	// an event read again from the WAL by its row.
 	DeleteOnPublish bool
 	// Observer receives the relay's events, for metrics. Default none. If
 	// it also implements PublishObserver, each Publish call is wrapped by
@@ -460,6 +463,11 @@ func New(ob *driver.Outbox, db *sql.DB, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	rec := reconcilerOf(cfg.Publisher)
+	if ob.Config().LogOnly && rec != nil && cfg.DeleteOnPublish {
+		// The exactly-once mode with log-only writers recognises an event
+		// read again from the stream by its row (walLogRows).
+		return nil, fmt.Errorf("%w: DeleteOnPublish with the exactly-once mode (a Reconciler publisher) and the log-only mode (driver.Config.LogOnly): an event read again after a restart would be published twice", ErrInvalidConfig)
+	}
 	pipe, _ := rec.(Pipeliner)
 	log := cfg.Logger.With("component", "outbox.relay", "table", table)
 	return &Relay{

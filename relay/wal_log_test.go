@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -830,4 +831,254 @@ func TestWALLogOnlySurvivesAServerCrash(t *testing.T) {
 		t.Errorf("%d rows in the table, want none", got)
 	}
 	t.Logf("%d deliveries of the first %d events when the server was back; %d deliveries of %d in all", published, len(ids)/2, len(msgs), len(ids))
+}
+
+// TestWALCheckFailureKeepsLogEvents: one writer transaction holds a row
+// (a table-mode write; in the exactly-once mode every row the relay
+// writes comes back through the stream too) and three events of a
+// logical decoding message, so the stream hands them over in one batch.
+// The check of the row (wal_accept) fails: it waits on a lock of the meta
+// table past QueryTimeout. Before, the loop returned without giving the
+// events back, and the next settle confirmed the slot past them: A-1..A-3
+// were never published nor written to the table. Now they go back to
+// the buffer and the row to the table claim: all are delivered, in order.
+func TestWALCheckFailureKeepsLogEvents(t *testing.T) {
+	t.Parallel()
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) {
+			t.Parallel()
+			e, wal := logEnv(t)
+			broker := newTxnBroker()
+			b := walSetup(t, e, wal, func(c *relay.Config) {
+				c.QueryTimeout = time.Second
+				if eos {
+					c.Publisher = broker
+				}
+			})
+			delivered := func() []string {
+				if eos {
+					d, _, _ := broker.get()
+					return d
+				}
+				var out []string
+				for _, m := range b.pub.Messages() {
+					out = append(out, m.MessageID)
+				}
+				return out
+			}
+			waitStreaming(t, b, wal.Slot)
+			b.emit(t, event("W", 1))
+			eventually(t, b.ctx, "W-1 delivered", func() bool { return slices.Contains(delivered(), "W-1") })
+
+			// Its own pool: the relay's (RelayDB) has 4 connections, and a
+			// held one would leave the relay waiting for the pool instead
+			// of the lock.
+			mon, err := sql.Open("pgx", testdb.PostgresDSN(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mon.Close()
+			lock, err := mon.BeginTx(b.ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Rollback() //nolint:errcheck // released below
+			if _, err := lock.Exec("LOCK TABLE " + e.Table + "_meta IN ACCESS EXCLUSIVE MODE"); err != nil {
+				t.Fatal(err)
+			}
+			ctx := outbox.NewContext(b.ctx)
+			tx, err := e.DB.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO "+e.Table+" (message_id, aggregate_type, aggregate_id, event_type, partition_key, content_type, payload) "+
+				"VALUES ('R-1', 'acct', 'R', 't', 0, 'application/json', convert_to('1', 'UTF8'))"); err != nil {
+				t.Fatal(err)
+			}
+			for i := 1; i <= 3; i++ {
+				if err := outbox.Emit(ctx, event("A", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			waiting := func() int {
+				var n int
+				if err := mon.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_visible_in_snapshot%'").Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			eventually(t, b.ctx, "the check waits on the lock", func() bool { return waiting() > 0 })
+			eventually(t, b.ctx, "the check gave up (QueryTimeout)", func() bool { return waiting() == 0 })
+			if err := lock.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			b.emit(t, event("A", 4))
+			eventually(t, b.ctx, "R-1 and A-1..A-4 delivered", func() bool {
+				d := delivered()
+				for _, id := range []string{"R-1", "A-1", "A-2", "A-3", "A-4"} {
+					if !slices.Contains(d, id) {
+						return false
+					}
+				}
+				return true
+			})
+			var got []string
+			for _, id := range delivered() {
+				if strings.HasPrefix(id, "A-") {
+					got = append(got, id)
+				}
+			}
+			if fmt.Sprint(got) != "[A-1 A-2 A-3 A-4]" {
+				t.Errorf("A delivered as %v", got)
+			}
+		})
+	}
+}
+
+// TestWALSkippedDeadLetterKeepsOrder: a dead letter A-1 holds its
+// aggregate, and A-2, committed after it, waits in the table behind it.
+// An operator skips the dead letter, which releases the aggregate, and
+// A-3 is committed. Before, the skip left the floor epoch as it was: the
+// relay, on the stream, published A-3 at once and A-2 only at the next
+// fallback poll. Now the skip raises the epoch (as a retry does), so the
+// relay claims A-2 from the table before it takes A-3 from the stream.
+func TestWALSkippedDeadLetterKeepsOrder(t *testing.T) {
+	t.Parallel()
+	e, wal := logEnv(t)
+	b := walSetup(t, e, wal, nil)
+	var broken atomic.Bool
+	broken.Store(true)
+	b.pub.FailWith(func(m relay.Message) error {
+		if m.MessageID == "A-1" && broken.Load() {
+			return fmt.Errorf("%w: refused", relay.ErrPermanent)
+		}
+		return nil
+	})
+	waitStreaming(t, b, wal.Slot)
+	b.emit(t, event("A", 1))
+	eventually(t, b.ctx, "A-1 dead", func() bool {
+		var n int
+		if err := e.RelayDB.QueryRow("SELECT count(*) FROM " + e.Table + " WHERE message_id = 'A-1' AND status = 2").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	b.emit(t, event("A", 2), event("B", 1))
+	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "B")) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := b.status(t, "A-2"); s != 0 {
+		t.Fatalf("A-2 in state %d, want pending in the table behind the dead letter", s)
+	}
+	dl, err := relay.NewDeadLetters(e.Outbox, e.RelayDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := dl.Skip(b.ctx, relay.Selector{MessageID: "A-1"}); err != nil || n != 1 {
+		t.Fatalf("Skip: %d, %v", n, err)
+	}
+	b.emit(t, event("A", 3))
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := order(msgs, "A"); fmt.Sprint(got) != "[A-2 A-3]" {
+		t.Errorf("A delivered as %v, want [A-2 A-3]", got)
+	}
+}
+
+// TestWALLogOnlyExactlyOnceReadAgain: an exactly-once relay with log-only
+// writers stops after it published events and before the slot's position
+// passed them (made here by putting back a copy of the slot taken before
+// the events, as if the relay had died before its status update). The
+// next relay reads the events again: their rows are in the table, so none
+// is written or published a second time, and the slot moves past them.
+// With DeleteOnPublish the rows would be gone and each event published
+// twice, so New refuses that pair.
+func TestWALLogOnlyExactlyOnceReadAgain(t *testing.T) {
+	t.Parallel()
+	e, wal := logEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	broker := newTxnBroker()
+	if _, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: broker, Source: relay.SourceWAL, WAL: wal, DeleteOnPublish: true}); !errors.Is(err, relay.ErrInvalidConfig) {
+		t.Fatalf("New with DeleteOnPublish: %v, want ErrInvalidConfig", err)
+	}
+	if _, err := relay.CreateWAL(ctx, e.Outbox, e.RelayDB, wal); err != nil {
+		t.Fatal(err)
+	}
+	copied := wal.Slot + "_before"
+	if _, err := e.RelayDB.ExecContext(ctx, "SELECT pg_copy_logical_replication_slot($1, $2)", wal.Slot, copied); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = e.RelayDB.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", copied)
+	})
+	start := func() (*relay.Relay, func()) {
+		r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{Publisher: broker, Source: relay.SourceWAL, WAL: wal,
+			PollInterval: 30 * time.Second, Logger: quiet(), Observer: outboxtest.WatchOrder(t, nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(context.Background()) }()
+		var once sync.Once
+		stop := func() {
+			once.Do(func() {
+				sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
+				defer c()
+				if err := r.Stop(sctx); err != nil {
+					t.Errorf("stop: %v", err)
+				}
+				if err := <-done; err != nil {
+					t.Errorf("run: %v", err)
+				}
+			})
+		}
+		t.Cleanup(stop)
+		eventually(t, ctx, "the relay reads the slot", r.OnStream)
+		return r, stop
+	}
+	_, stop := start()
+	b := &bundle{e: e, ctx: ctx}
+	const n = 5
+	for i := 1; i <= n; i++ {
+		b.emit(t, event("A", i))
+	}
+	var after string
+	if err := e.RelayDB.QueryRowContext(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "every event published and marked sent", func() bool {
+		d, _, _ := broker.get()
+		st, err := relay.ReadStats(ctx, e.Outbox, e.RelayDB)
+		return len(d) == n && err == nil && st.Pending == 0 && st.Sent == n
+	})
+	stop()
+	eventually(t, ctx, "the slot put back as it was before the events", func() bool {
+		if _, err := e.RelayDB.ExecContext(ctx, "SELECT pg_drop_replication_slot($1)", wal.Slot); err != nil {
+			return false // the stopped relay's walsender may hold it a moment
+		}
+		_, err := e.RelayDB.ExecContext(ctx, "SELECT pg_copy_logical_replication_slot($1, $2)", copied, wal.Slot)
+		return err == nil
+	})
+	start()
+	eventually(t, ctx, "the second relay read the events again and the slot passed them", func() bool {
+		var past bool
+		err := e.RelayDB.QueryRowContext(ctx, "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, after).Scan(&past)
+		return err == nil && past
+	})
+	delivered, early, _ := broker.get()
+	if dup := duplicates(delivered); len(dup) > 0 || len(delivered) != n {
+		t.Errorf("delivered %v (duplicates %v); want A-1..A-%d once", delivered, dup, n)
+	}
+	if len(early) > 0 {
+		t.Errorf("published before reconciling: %v", early)
+	}
+	if got := rows(t, e); got != n {
+		t.Errorf("%d rows in the table, want %d (an event read again written twice?)", got, n)
+	}
 }

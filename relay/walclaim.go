@@ -282,6 +282,15 @@ func (r *Relay) next(ctx context.Context, set leaseSet) ([]Message, error) {
 // those the database accepts (see the comment at the top of this file).
 // It sets r.tableDue when the rows cannot be vouched for.
 func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
+	for p := range r.walLeases {
+		if _, ok := set.epochs[p]; !ok {
+			// Out of this cycle's set (given up, lost, or left out by the
+			// exactly-once mode's reconcile for now): its events of this
+			// cycle go to the table; when it is back, even under the same
+			// epoch, the table is claimed first (below).
+			delete(r.walLeases, p)
+		}
+	}
 	for p, e := range set.epochs {
 		if r.walLeases[p] != e {
 			// A partition taken since the last claim: rows of it the
@@ -381,9 +390,18 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 	r.walChecked.Add(int64(len(ids)))
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
+	failed := func(err error) ([]Message, error) {
+		// Nothing of the batch is judged: the rows are left to the table
+		// claim, the events of messages go back to the buffer (until
+		// then the reader confirms nothing past them), so that none is
+		// dropped and no later row of an aggregate goes out before them.
+		giveBack()
+		r.claimTable("the check of rows from the WAL failed")
+		return nil, err
+	}
 	res, err := r.walAccept(qctx, dialect.IDArray(ids), dialect.TextArray(types), dialect.TextArray(aggs), dialect.IDArray(xids))
 	if err != nil {
-		return nil, fmt.Errorf("checking %d rows from the WAL against %s: %w", len(ids), r.table, err)
+		return failed(fmt.Errorf("checking %d rows from the WAL against %s: %w", len(ids), r.table, err))
 	}
 	defer res.Close()
 	verdict := make(map[int64]int, len(ids))
@@ -392,12 +410,12 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 		var id int64
 		var v int
 		if err := res.Scan(&id, &v, &epoch); err != nil {
-			return nil, fmt.Errorf("checking rows from the WAL: %w", err)
+			return failed(fmt.Errorf("checking rows from the WAL: %w", err))
 		}
 		verdict[id] = v
 	}
 	if err := res.Err(); err != nil {
-		return nil, fmt.Errorf("checking rows from the WAL: %w", err)
+		return failed(fmt.Errorf("checking rows from the WAL: %w", err))
 	}
 	if epoch != r.walEpoch {
 		// Rows were made pending again below the stream (a dead letter
@@ -595,6 +613,14 @@ func (r *Relay) walLog(ctx context.Context, set leaseSet, rows []walRow, held ma
 // claims next), not from this batch. The rows come back through the
 // stream as inserts, where the check finds them sent or being marked.
 func (r *Relay) walLogRows(ctx context.Context, set leaseSet, msgs []Message, held map[aggregateKey]bool) ([]Message, error) {
+	if r.cfg.DeleteOnPublish {
+		// An event read again (the slot's position not yet past it when a
+		// relay stopped) is recognised by its row; deleted rows would let
+		// it be written and published a second time. New refuses the
+		// pair when the relay's Outbox is log-only; this is a relay whose
+		// Outbox is not, beside log-only writers.
+		return nil, fmt.Errorf("%w: events of logical decoding messages (log-only writers) with the exactly-once mode and DeleteOnPublish: an event read again after a restart would be published twice; turn DeleteOnPublish off", ErrInvalidConfig)
+	}
 	idx := make([]int, len(msgs))
 	for i := range idx {
 		idx[i] = i
