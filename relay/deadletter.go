@@ -320,7 +320,8 @@ func (dl *DeadLetters) ListPending(ctx context.Context, sel Selector, limit int)
 // marked failed with reason as their last error (at most 2,000 bytes
 // kept) and their attempt count unchanged; under HoldAggregate they hold
 // their aggregate's later events like any dead letter, under SkipDead
-// they do not. They can then be retried or skipped with Retry and Skip.
+// they do not (on PostgreSQL the floor epoch is raised then, as by Skip).
+// They can then be retried or skipped with Retry and Skip.
 //
 // Only rows still pending change: an id the relay has marked sent
 // meanwhile, or that is already dead, is left alone (and not counted).
@@ -378,6 +379,14 @@ func (dl *DeadLetters) DeadLetterPending(ctx context.Context, ids []int64, polic
 		return 0, fmt.Errorf("outbox: dead-lettering pending events: %w", err)
 	}
 	n, _ := res.RowsAffected()
+	if policy == SkipDead && n > 0 && dl.d.HasClaimFloor() {
+		// Released aggregates: the rows they held go out next (as after
+		// Skip), so a relay on the WAL source claims them from the table
+		// before later events of theirs from the stream.
+		if _, err := tx.ExecContext(ctx, dl.d.Query("floor_bump")); err != nil {
+			return 0, fmt.Errorf("outbox: dead-lettering pending events: raising the floor epoch: %w", err)
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("outbox: dead-lettering pending events: %w", err)
 	}

@@ -1565,6 +1565,12 @@ func (r *Relay) markFailed(ctx context.Context, m Message, perr error) error {
 		if _, err := r.db.ExecContext(qctx, r.d.Fenced(q, true), errText(perr), m.ID, r.cfg.InstanceID); err != nil {
 			return fmt.Errorf("dead-lettering message %s: %w", m.MessageID, err)
 		}
+		if r.cfg.DeadLetterPolicy == SkipDead {
+			// Its aggregate is released: the rows it held go out next,
+			// from the table, before later events of the aggregate from
+			// the WAL source's stream.
+			r.claimTable("a dead letter released its aggregate")
+		}
 		r.log.Error("message dead-lettered", "held", r.cfg.DeadLetterPolicy == HoldAggregate, "message_id", m.MessageID, "outbox_id", m.ID,
 			"aggregate_type", m.AggregateType, "aggregate_id", m.AggregateID, "attempts", attempt, "error", perr)
 		r.cfg.Observer.DeadLettered(m, perr)

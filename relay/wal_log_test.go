@@ -1082,3 +1082,95 @@ func TestWALLogOnlyExactlyOnceReadAgain(t *testing.T) {
 		t.Errorf("%d rows in the table, want %d (an event read again written twice?)", got, n)
 	}
 }
+
+// TestWALReleasedAggregateKeepsOrder: the other two ways an aggregate held
+// in the table is released while the WAL source reads the stream, as
+// TestWALSkippedDeadLetterKeepsOrder for Skip. Each time A-2 waits in the
+// table behind A-1 when A-1 stops holding A, and A-3 is committed after:
+//   - an operator dead-letters the retrying A-1 with DeadLetterPending and
+//     SkipDead (before, no floor epoch was raised);
+//   - the relay's own SkipDead policy dead-letters A-1 at its last attempt
+//     (before, the loop stayed on the stream).
+//
+// Before, A-3 went out from the stream and A-2 only at the fallback poll.
+func TestWALReleasedAggregateKeepsOrder(t *testing.T) {
+	t.Parallel()
+	t.Run("DeadLetterPending with SkipDead", func(t *testing.T) {
+		t.Parallel()
+		for _, logOnly := range []bool{false, true} {
+			t.Run(fmt.Sprintf("log-only=%v", logOnly), func(t *testing.T) {
+				t.Parallel()
+				e, wal := walEnv(t)
+				if logOnly {
+					e, wal = logEnv(t)
+				}
+				b := walSetup(t, e, wal, func(c *relay.Config) { c.RetryInitial, c.RetryMax = time.Minute, time.Minute })
+				b.pub.FailWith(func(m relay.Message) error {
+					if m.MessageID == "A-1" {
+						return errors.New("outbox/test: transient")
+					}
+					return nil
+				})
+				waitStreaming(t, b, wal.Slot)
+				b.emit(t, event("A", 1))
+				var a1 int64
+				eventually(t, b.ctx, "A-1 waiting for its retry", func() bool {
+					var n int
+					err := e.RelayDB.QueryRow("SELECT id, attempts FROM "+e.Table+" WHERE message_id = 'A-1'").Scan(&a1, &n)
+					return err == nil && n == 1
+				})
+				b.emit(t, event("A", 2), event("B", 1))
+				if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "B")) == 1 }); err != nil {
+					t.Fatal(err)
+				}
+				eventually(t, b.ctx, "the relay back on the stream", b.r.OnStream)
+				if s, _ := b.status(t, "A-2"); s != 0 {
+					t.Fatalf("A-2 in state %d, want pending behind A-1", s)
+				}
+				dl, err := relay.NewDeadLetters(e.Outbox, e.RelayDB)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n, err := dl.DeadLetterPending(b.ctx, []int64{a1}, relay.SkipDead, "skipped by the test"); err != nil || n != 1 {
+					t.Fatalf("DeadLetterPending: %d, %v", n, err)
+				}
+				b.emit(t, event("A", 3))
+				msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := order(msgs, "A"); fmt.Sprint(got) != "[A-2 A-3]" {
+					t.Errorf("A delivered as %v, want [A-2 A-3]", got)
+				}
+			})
+		}
+	})
+	t.Run("SkipDead policy", func(t *testing.T) {
+		t.Parallel()
+		e, wal := walEnv(t)
+		b := walSetup(t, e, wal, func(c *relay.Config) {
+			c.RetryInitial, c.RetryMax = time.Second, time.Second
+			c.MaxAttempts, c.DeadLetterPolicy = 2, relay.SkipDead
+			c.PollInterval = 2 * time.Second // the fallback poll claims A-1 when its retry is due
+		})
+		b.pub.FailWith(func(m relay.Message) error {
+			if m.MessageID == "A-1" {
+				return errors.New("outbox/test: transient")
+			}
+			return nil
+		})
+		waitStreaming(t, b, wal.Slot)
+		b.emit(t, event("A", 1))
+		eventually(t, b.ctx, "A-1 waiting for its retry", func() bool { _, n := b.status(t, "A-1"); return n == 1 })
+		b.emit(t, event("A", 2))
+		eventually(t, b.ctx, "A-1 dead", func() bool { s, _ := b.status(t, "A-1"); return s == 2 })
+		b.emit(t, event("A", 3))
+		msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := order(msgs, "A"); fmt.Sprint(got) != "[A-2 A-3]" {
+			t.Errorf("A delivered as %v, want [A-2 A-3]", got)
+		}
+	})
+}

@@ -394,7 +394,9 @@ func (r *Relay) walClaim(ctx context.Context, set leaseSet) ([]Message, error) {
 		// Nothing of the batch is judged: the rows are left to the table
 		// claim, the events of messages go back to the buffer (until
 		// then the reader confirms nothing past them), so that none is
-		// dropped and no later row of an aggregate goes out before them.
+		// dropped. (An aggregate written both as rows and as messages may
+		// then go out of commit order, as after any gap: docs/wal.md,
+		// "Switching writers between the modes".)
 		giveBack()
 		r.claimTable("the check of rows from the WAL failed")
 		return nil, err
