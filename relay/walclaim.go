@@ -659,7 +659,8 @@ func (r *Relay) walLogRows(ctx context.Context, set leaseSet, msgs []Message, he
 }
 
 // spill writes msgs[idx] (events of logical decoding messages, in commit
-// order) to the table as pending rows (log_spill) and sets their IDs; an
+// order) to the table as pending rows (log_spill_fresh, or log_spill when
+// a message ID is in the table already) and sets their IDs; an
 // event whose message ID is in the table already (read again after the
 // stream restarted, or an ID reused) keeps ID 0 and is logged. If one of
 // them is in a relay partition another relay holds, that relay is woken
@@ -687,23 +688,15 @@ func (r *Relay) spill(ctx context.Context, set leaseSet, msgs []Message, idx []i
 	}
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	res, err := r.db.QueryContext(qctx, r.d.Query("log_spill"), dialect.TextArray(mids), dialect.TextArray(types), dialect.TextArray(aids),
-		dialect.TextArray(etypes), dialect.TextArray(topics), dialect.IDArray(parts), dialect.TextArray(ctypes), dialect.TextArray(payloads), dialect.TextArray(headers))
-	if err != nil {
-		return fmt.Errorf("writing %d events from the WAL to %s: %w", n, r.table, err)
+	args := []any{dialect.TextArray(mids), dialect.TextArray(types), dialect.TextArray(aids),
+		dialect.TextArray(etypes), dialect.TextArray(topics), dialect.IDArray(parts), dialect.TextArray(ctypes), dialect.TextArray(payloads), dialect.TextArray(headers)}
+	// Without ON CONFLICT first (a third cheaper: queries.sql); a message
+	// ID already in the table (an event read again) fails it as a whole,
+	// and log_spill leaves such events out.
+	got, err := r.spillRows(qctx, "log_spill_fresh", n, args)
+	if err != nil && sqlerr.UniqueViolation(err) {
+		got, err = r.spillRows(qctx, "log_spill", n, args)
 	}
-	got := make(map[string]int64, n)
-	for res.Next() {
-		var id int64
-		var mid string
-		if err := res.Scan(&id, &mid); err != nil {
-			res.Close()
-			return fmt.Errorf("writing events from the WAL to %s: %w", r.table, err)
-		}
-		got[mid] = id
-	}
-	err = res.Err()
-	res.Close()
 	if err != nil {
 		return fmt.Errorf("writing %d events from the WAL to %s: %w", n, r.table, err)
 	}
@@ -722,6 +715,26 @@ func (r *Relay) spill(ctx context.Context, set leaseSet, msgs []Message, idx []i
 		}
 	}
 	return nil
+}
+
+// spillRows runs the spill statement query with args and returns the
+// message ID to outbox id of each row it wrote (n events asked).
+func (r *Relay) spillRows(ctx context.Context, query string, n int, args []any) (map[string]int64, error) {
+	res, err := r.db.QueryContext(ctx, r.d.Query(query), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Close()
+	got := make(map[string]int64, n)
+	for res.Next() {
+		var id int64
+		var mid string
+		if err := res.Scan(&id, &mid); err != nil {
+			return nil, err
+		}
+		got[mid] = id
+	}
+	return got, res.Err()
 }
 
 // spillStream moves what the stream has buffered to the table while the
