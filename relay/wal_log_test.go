@@ -25,7 +25,13 @@ import (
 // decoding messages instead of rows (driver.Config.LogOnly).
 func logEnv(t *testing.T) (*testdb.Env, relay.WALConfig) {
 	t.Helper()
-	e := testdb.New(t, walTarget, driver.Config{LogOnly: true})
+	return logEnvOn(t, walTarget)
+}
+
+// logEnvOn is logEnv on target tg (a PostgreSQL driver).
+func logEnvOn(t *testing.T, tg testdb.Target) (*testdb.Env, relay.WALConfig) {
+	t.Helper()
+	e := testdb.New(t, tg, driver.Config{LogOnly: true})
 	testdb.RequireLogicalWAL(t, e.RelayDB)
 	cfg := relay.WALConfig{DSN: e.DSN, Slot: strings.ToLower(testdb.RandomName("outbox_test_"))}
 	dropWAL(t, e, cfg)
@@ -262,54 +268,6 @@ func TestWALLogOnlyFailuresGoToTheTable(t *testing.T) {
 	}
 	if inTable != 0 {
 		t.Errorf("%d events of B in the table, want none: nothing of B failed", inTable)
-	}
-}
-
-// TestWALLogOnlyDeadLetterHoldsAndRetries: A-1 is dead-lettered (written
-// to the table) and holds A: A-2 read from the stream waits in the table
-// behind it while B flows; retried, A-1 goes out before,
-// written after the retry, after both.
-func TestWALLogOnlyDeadLetterHoldsAndRetries(t *testing.T) {
-	t.Parallel()
-	e, wal := logEnv(t)
-	var broken atomic.Bool
-	broken.Store(true)
-	b := walSetup(t, e, wal, nil)
-	b.pub.FailWith(func(m relay.Message) error {
-		if m.MessageID == "A-1" && broken.Load() {
-			return fmt.Errorf("%w: refused", relay.ErrPermanent)
-		}
-		return nil
-	})
-	waitStreaming(t, b, wal.Slot)
-	b.emit(t, event("A", 1))
-	eventually(t, b.ctx, "A-1 dead", func() bool {
-		var n int
-		_ = e.RelayDB.QueryRow("SELECT count(*) FROM " + e.Table + " WHERE message_id = 'A-1' AND status = 2").Scan(&n)
-		return n == 1
-	})
-	b.emit(t, event("A", 2), event("B", 1))
-	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "B")) == 1 }); err != nil {
-		t.Fatal(err)
-	}
-	if s, _ := b.status(t, "A-2"); s != 0 {
-		t.Fatalf("A-2 status %d, want pending in the table behind the dead letter", s)
-	}
-	broken.Store(false)
-	dl, err := relay.NewDeadLetters(e.Outbox, e.RelayDB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, err := dl.Retry(b.ctx, relay.Selector{MessageID: "A-1"}); err != nil || n != 1 {
-		t.Fatalf("retry: %d, %v", n, err)
-	}
-	b.emit(t, event("A", 3))
-	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 3 })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := order(msgs, "A"); fmt.Sprint(got) != "[A-1 A-2 A-3]" {
-		t.Errorf("A delivered as %v", got)
 	}
 }
 
@@ -938,58 +896,6 @@ func TestWALCheckFailureKeepsLogEvents(t *testing.T) {
 	}
 }
 
-// TestWALSkippedDeadLetterKeepsOrder: a dead letter A-1 holds its
-// aggregate, and A-2, committed after it, waits in the table behind it.
-// An operator skips the dead letter, which releases the aggregate, and
-// A-3 is committed. Before, the skip left the floor epoch as it was: the
-// relay, on the stream, published A-3 at once and A-2 only at the next
-// fallback poll. Now the skip raises the epoch (as a retry does), so the
-// relay claims A-2 from the table before it takes A-3 from the stream.
-func TestWALSkippedDeadLetterKeepsOrder(t *testing.T) {
-	t.Parallel()
-	e, wal := logEnv(t)
-	b := walSetup(t, e, wal, nil)
-	var broken atomic.Bool
-	broken.Store(true)
-	b.pub.FailWith(func(m relay.Message) error {
-		if m.MessageID == "A-1" && broken.Load() {
-			return fmt.Errorf("%w: refused", relay.ErrPermanent)
-		}
-		return nil
-	})
-	waitStreaming(t, b, wal.Slot)
-	b.emit(t, event("A", 1))
-	eventually(t, b.ctx, "A-1 dead", func() bool {
-		var n int
-		if err := e.RelayDB.QueryRow("SELECT count(*) FROM " + e.Table + " WHERE message_id = 'A-1' AND status = 2").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 1
-	})
-	b.emit(t, event("A", 2), event("B", 1))
-	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "B")) == 1 }); err != nil {
-		t.Fatal(err)
-	}
-	if s, _ := b.status(t, "A-2"); s != 0 {
-		t.Fatalf("A-2 in state %d, want pending in the table behind the dead letter", s)
-	}
-	dl, err := relay.NewDeadLetters(e.Outbox, e.RelayDB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, err := dl.Skip(b.ctx, relay.Selector{MessageID: "A-1"}); err != nil || n != 1 {
-		t.Fatalf("Skip: %d, %v", n, err)
-	}
-	b.emit(t, event("A", 3))
-	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := order(msgs, "A"); fmt.Sprint(got) != "[A-2 A-3]" {
-		t.Errorf("A delivered as %v, want [A-2 A-3]", got)
-	}
-}
-
 // TestWALLogOnlyExactlyOnceReadAgain: an exactly-once relay with log-only
 // writers stops after it published events and before the slot's position
 // passed them (made here by putting back a copy of the slot taken before
@@ -997,10 +903,20 @@ func TestWALSkippedDeadLetterKeepsOrder(t *testing.T) {
 // next relay reads the events again: their rows are in the table, so none
 // is written or published a second time, and the slot moves past them.
 // With DeleteOnPublish the rows would be gone and each event published
-// twice, so New refuses that pair.
+// twice, so New refuses that pair. On lib/pq and pgx: the relay's spill
+// runs without ON CONFLICT first and must recognise the unique violation.
 func TestWALLogOnlyExactlyOnceReadAgain(t *testing.T) {
 	t.Parallel()
-	e, wal := logEnv(t)
+	for _, tg := range testdb.All[:2] { // lib/pq and pgx: the unique violation that sends the spill to log_spill
+		t.Run(tg.Name, func(t *testing.T) {
+			t.Parallel()
+			readAgain(t, tg)
+		})
+	}
+}
+
+func readAgain(t *testing.T, tg testdb.Target) {
+	e, wal := logEnvOn(t, tg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	broker := newTxnBroker()
@@ -1083,41 +999,63 @@ func TestWALLogOnlyExactlyOnceReadAgain(t *testing.T) {
 	}
 }
 
-// TestWALReleasedAggregateKeepsOrder: the other two ways an aggregate held
-// in the table is released while the WAL source reads the stream, as
-// TestWALSkippedDeadLetterKeepsOrder for Skip. Each time A-2 waits in the
-// table behind A-1 when A-1 stops holding A, and A-3 is committed after:
-//   - an operator dead-letters the retrying A-1 with DeadLetterPending and
-//     SkipDead (before, no floor epoch was raised);
-//   - the relay's own SkipDead policy dead-letters A-1 at its last attempt
-//     (before, the loop stayed on the stream).
-//
-// Before, A-3 went out from the stream and A-2 only at the fallback poll.
+// TestWALReleasedAggregateKeepsOrder: an aggregate held in the table is
+// released while the relay reads the stream. Each time A-1 holds A (dead,
+// or waiting a minute for its retry), A-2, committed after it, waits in
+// the table behind it while B flows, the relay is back on the stream, an
+// operator releases A, and A-3 is committed: A-2 must go out before A-3
+// (and a retried A-1 before both), in table mode and with log-only
+// writers. Retry raised the floor epoch, which sends the relay to the
+// table first; before this change Skip and DeadLetterPending with SkipDead
+// did not, and A-3 went out from the stream while A-2 waited for the
+// fallback poll. The relay's own SkipDead policy, which dead-letters A-1
+// at its last attempt, stayed on the stream the same way; it now claims
+// from the table.
 func TestWALReleasedAggregateKeepsOrder(t *testing.T) {
 	t.Parallel()
-	t.Run("DeadLetterPending with SkipDead", func(t *testing.T) {
-		t.Parallel()
+	permanent := fmt.Errorf("%w: refused", relay.ErrPermanent)
+	retry := func(ctx context.Context, dl *relay.DeadLetters, _ int64) (int64, error) {
+		return dl.Retry(ctx, relay.Selector{MessageID: "A-1"})
+	}
+	skip := func(ctx context.Context, dl *relay.DeadLetters, _ int64) (int64, error) {
+		return dl.Skip(ctx, relay.Selector{MessageID: "A-1"})
+	}
+	deadLetterPending := func(ctx context.Context, dl *relay.DeadLetters, id int64) (int64, error) {
+		return dl.DeadLetterPending(ctx, []int64{id}, relay.SkipDead, "skipped by the test")
+	}
+	for _, tc := range []struct {
+		name    string
+		fail    error // A-1's failure: permanent (dead) or transient (a retry in a minute)
+		release func(context.Context, *relay.DeadLetters, int64) (int64, error)
+		want    string
+	}{
+		{"Retry", permanent, retry, "[A-1 A-2 A-3]"},
+		{"Skip", permanent, skip, "[A-2 A-3]"},
+		{"DeadLetterPending with SkipDead", errors.New("outbox/test: transient"), deadLetterPending, "[A-2 A-3]"},
+	} {
 		for _, logOnly := range []bool{false, true} {
-			t.Run(fmt.Sprintf("log-only=%v", logOnly), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/log-only=%v", tc.name, logOnly), func(t *testing.T) {
 				t.Parallel()
 				e, wal := walEnv(t)
 				if logOnly {
 					e, wal = logEnv(t)
 				}
 				b := walSetup(t, e, wal, func(c *relay.Config) { c.RetryInitial, c.RetryMax = time.Minute, time.Minute })
+				var broken atomic.Bool
+				broken.Store(true)
 				b.pub.FailWith(func(m relay.Message) error {
-					if m.MessageID == "A-1" {
-						return errors.New("outbox/test: transient")
+					if m.MessageID == "A-1" && broken.Load() {
+						return tc.fail
 					}
 					return nil
 				})
 				waitStreaming(t, b, wal.Slot)
 				b.emit(t, event("A", 1))
 				var a1 int64
-				eventually(t, b.ctx, "A-1 waiting for its retry", func() bool {
-					var n int
-					err := e.RelayDB.QueryRow("SELECT id, attempts FROM "+e.Table+" WHERE message_id = 'A-1'").Scan(&a1, &n)
-					return err == nil && n == 1
+				eventually(t, b.ctx, "A-1 holding A", func() bool {
+					var status, attempts int
+					err := e.RelayDB.QueryRow("SELECT id, status, attempts FROM "+e.Table+" WHERE message_id = 'A-1'").Scan(&a1, &status, &attempts)
+					return err == nil && (status == 2 || attempts == 1)
 				})
 				b.emit(t, event("A", 2), event("B", 1))
 				if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "B")) == 1 }); err != nil {
@@ -1127,24 +1065,26 @@ func TestWALReleasedAggregateKeepsOrder(t *testing.T) {
 				if s, _ := b.status(t, "A-2"); s != 0 {
 					t.Fatalf("A-2 in state %d, want pending behind A-1", s)
 				}
+				broken.Store(false)
 				dl, err := relay.NewDeadLetters(e.Outbox, e.RelayDB)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if n, err := dl.DeadLetterPending(b.ctx, []int64{a1}, relay.SkipDead, "skipped by the test"); err != nil || n != 1 {
-					t.Fatalf("DeadLetterPending: %d, %v", n, err)
+				if n, err := tc.release(b.ctx, dl, a1); err != nil || n != 1 {
+					t.Fatalf("%s: %d, %v", tc.name, n, err)
 				}
 				b.emit(t, event("A", 3))
-				msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
+				want := strings.Count(tc.want, "A-")
+				msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= want })
 				if err != nil {
 					t.Fatal(err)
 				}
-				if got := order(msgs, "A"); fmt.Sprint(got) != "[A-2 A-3]" {
-					t.Errorf("A delivered as %v, want [A-2 A-3]", got)
+				if got := order(msgs, "A"); fmt.Sprint(got) != tc.want {
+					t.Errorf("A delivered as %v, want %s", got, tc.want)
 				}
 			})
 		}
-	})
+	}
 	t.Run("SkipDead policy", func(t *testing.T) {
 		t.Parallel()
 		e, wal := walEnv(t)
@@ -1173,4 +1113,77 @@ func TestWALReleasedAggregateKeepsOrder(t *testing.T) {
 			t.Errorf("A delivered as %v, want [A-2 A-3]", got)
 		}
 	})
+}
+
+// TestWALLogOnlyExactlyOnceBrokerFaults: the exactly-once mode with
+// log-only writers through the broker's per-message outcomes. The first
+// transactions that carry F-1 fail it (a retry counted) and abort the
+// rest (ErrAborted, no attempt), and the first that carries G-1 has an
+// unknown outcome though it committed (ErrOutcomeUnknown). Every event is
+// delivered once, in order per aggregate, each after its partition was
+// reconciled; F-1's failure held F-2 and F-3 behind it.
+func TestWALLogOnlyExactlyOnceBrokerFaults(t *testing.T) {
+	t.Parallel()
+	e, wal := logEnv(t)
+	broker := newTxnBroker()
+	var failedF, unknownG atomic.Bool
+	broker.answer = func(_ int, msgs []relay.Message) (bool, []error) {
+		for _, m := range msgs {
+			if m.MessageID == "F-1" && !failedF.Swap(true) {
+				errs := make([]error, len(msgs))
+				for i, o := range msgs {
+					errs[i] = fmt.Errorf("outbox/test: aborted: %w", relay.ErrAborted)
+					if o.MessageID == "F-1" {
+						errs[i] = errFailed
+					}
+				}
+				return false, errs
+			}
+			if m.MessageID == "G-1" && !unknownG.Swap(true) {
+				errs := make([]error, len(msgs))
+				for i := range errs {
+					errs[i] = fmt.Errorf("outbox/test: commit unanswered: %w", relay.ErrOutcomeUnknown)
+				}
+				return true, errs // committed, but the relay does not know
+			}
+		}
+		return true, nil
+	}
+	b := walSetup(t, e, wal, func(c *relay.Config) {
+		c.Publisher = broker
+		c.RetryInitial, c.RetryMax = 20*time.Millisecond, 50*time.Millisecond
+		c.PollInterval = 200 * time.Millisecond // F-1's retry is claimed from the table
+	})
+	waitStreaming(t, b, wal.Slot)
+	for i := 1; i <= 3; i++ {
+		b.emit(t, event("F", i), event("G", i), event("H", i))
+	}
+	eventually(t, b.ctx, "every event sent", func() bool {
+		st, err := relay.ReadStats(b.ctx, e.Outbox, e.RelayDB)
+		return err == nil && st.Pending == 0 && st.Sent == 9
+	})
+	delivered, early, _ := broker.get()
+	if dup := duplicates(delivered); len(dup) > 0 || len(delivered) != 9 {
+		t.Errorf("delivered %v (duplicates %v); want 9, each once", delivered, dup)
+	}
+	if len(early) > 0 {
+		t.Errorf("published before reconciling: %v", early)
+	}
+	for _, agg := range []string{"F", "G", "H"} {
+		var got []string
+		for _, id := range delivered {
+			if strings.HasPrefix(id, agg+"-") {
+				got = append(got, id)
+			}
+		}
+		if want := fmt.Sprintf("[%[1]s-1 %[1]s-2 %[1]s-3]", agg); fmt.Sprint(got) != want {
+			t.Errorf("aggregate %s delivered %v, want %s", agg, got, want)
+		}
+	}
+	if !failedF.Load() || !unknownG.Load() {
+		t.Errorf("faults injected: F-1 failed %v, G-1 unknown %v", failedF.Load(), unknownG.Load())
+	}
+	if _, a := b.status(t, "F-1"); a != 1 {
+		t.Errorf("F-1: %d attempts, want 1", a)
+	}
 }

@@ -155,17 +155,7 @@ func TestExactlyOnceKilledAtRandomMoments(t *testing.T) {
 			defer wg.Done()
 			ledger.WriteSerialized(t, ctx, e, 8, 50, total)
 		}()
-		for _, at := range []int{200, 900, 1700} {
-			c := eb.child(t, e, batch, "")
-			if _, err := eb.committed.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= at }); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			c.wait(t, ctx)
-		}
-		last := eb.child(t, e, batch, "")
+		last := killThrice(t, ctx, eb.committed, func() *child { return eb.child(t, e, batch, "") })
 		wg.Wait()
 		rows := eb.check(t, ctx, e, last)
 		raw := ledger.Check(rows, eb.uncommitted.Records())

@@ -264,19 +264,8 @@ func TestRelayKilledAtRandomMoments(t *testing.T) {
 			defer wg.Done()
 			ledger.WriteSerialized(t, ctx, e, 8, 50, total)
 		}()
-		kills := 0
-		for _, at := range []int{200, 900, 1700} {
-			c := startChild(t, e, kb.broker.Addrs(), batch, "")
-			if _, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= at }); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			c.wait(t, ctx)
-			kills++
-		}
-		last := startChild(t, e, kb.broker.Addrs(), batch, "")
+		kills := 3
+		last := killThrice(t, ctx, kb.cons, func() *child { return startChild(t, e, kb.broker.Addrs(), batch, "") })
 		wg.Wait()
 		rows := ledger.Wait(t, ctx, e, kb.cons)
 		last.terminate(t, ctx)
@@ -339,3 +328,21 @@ func TestRelaySIGTERMWithPublishesInFlight(t *testing.T) {
 }
 
 var _ = errors.New
+
+// killThrice starts a relay child with start, SIGKILLs it once cons has
+// delivered 200, then 900, then 1,700 records (a new child each time), and
+// returns a fourth child, left running to drain.
+func killThrice(t *testing.T, ctx context.Context, cons *kafkatest.Consumer, start func() *child) *child {
+	t.Helper()
+	for _, at := range []int{200, 900, 1700} {
+		c := start()
+		if _, err := cons.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= at }); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		c.wait(t, ctx)
+	}
+	return start()
+}

@@ -81,17 +81,7 @@ func TestWALSourceRelayKilledAtRandomMoments(t *testing.T) {
 			defer wg.Done()
 			ledger.WriteSerialized(t, ctx, e, 8, 50, total)
 		}()
-		for _, at := range []int{200, 900, 1700} {
-			c := startChildAs(t, e, kb.broker.Addrs(), batch, "", "", env...)
-			if _, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= at }); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			c.wait(t, ctx)
-		}
-		last := startChildAs(t, e, kb.broker.Addrs(), batch, "", "", env...)
+		last := killThrice(t, ctx, kb.cons, func() *child { return startChildAs(t, e, kb.broker.Addrs(), batch, "", "", env...) })
 		wg.Wait()
 		rows := ledger.Wait(t, ctx, e, kb.cons)
 		last.terminate(t, ctx)
@@ -124,31 +114,10 @@ func TestWALLogOnlyRelayKilledAtRandomMoments(t *testing.T) {
 		if _, err := relay.CreateWAL(ctx, e.Outbox, e.RelayDB, relay.WALConfig{Slot: slot}); err != nil {
 			t.Fatal(err)
 		}
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := (ledger.Writers{Writers: 8, Aggregates: 50, Total: total, SeqIDs: true}).Write(ctx, e); err != nil {
-				t.Error(err)
-			}
-		}()
-		for _, at := range []int{200, 900, 1700} {
-			c := startChildAs(t, e, kb.broker.Addrs(), batch, "", "", env...)
-			if _, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= at }); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			c.wait(t, ctx)
-		}
-		last := startChildAs(t, e, kb.broker.Addrs(), batch, "", "", env...)
-		wg.Wait()
-		rows := ledger.ReadSeq(t, e)
-		if len(rows) != total {
-			t.Fatalf("%d events committed, want %d", len(rows), total)
-		}
-		ledger.WaitFor(t, ctx, e, kb.cons, rows)
+		written := writeLogOnly(t, ctx, e, 50, total)
+		last := killThrice(t, ctx, kb.cons, func() *child { return startChildAs(t, e, kb.broker.Addrs(), batch, "", "", env...) })
+		written()
+		rows := waitLogOnly(t, ctx, e, kb.cons, total)
 		last.terminate(t, ctx)
 		recs := kb.cons.Records()
 		rep := ledger.Check(rows, recs)
@@ -271,28 +240,17 @@ func TestWALLogOnlyFrozenReader(t *testing.T) {
 		for _, id := range []string{"log-1", "log-2"} {
 			relays[id] = startChildAs(t, e, kb.broker.Addrs(), batch, "", id, env...)
 		}
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := (ledger.Writers{Writers: 8, Aggregates: aggregates, Total: total, SeqIDs: true}).Write(ctx, e); err != nil {
-				t.Error(err)
-			}
-		}()
+		written := writeLogOnly(t, ctx, e, aggregates, total)
 		freezeTheSlotReader(t, ctx, e, relays, slot, func() {
 			if _, err := kb.cons.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= total/5 }); err != nil {
 				t.Fatal(err)
 			}
 		})
-		wg.Wait()
+		written()
 		if t.Failed() {
 			return
 		}
-		rows := ledger.ReadSeq(t, e)
-		if len(rows) != total {
-			t.Fatalf("%d events committed, want %d", len(rows), total)
-		}
-		ledger.WaitFor(t, ctx, e, kb.cons, rows)
+		rows := waitLogOnly(t, ctx, e, kb.cons, total)
 		for _, c := range relays {
 			c.terminate(t, ctx)
 		}
@@ -327,26 +285,9 @@ func TestExactlyOnceLogOnlyKilledAtRandomMoments(t *testing.T) {
 		ctx := testCtx(t, 3*time.Minute)
 		eb := startEOS(t, ctx, e)
 		env := logOnlyChildEnv(t, ctx, e, eb)
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := (ledger.Writers{Writers: 8, Aggregates: 50, Total: total, SeqIDs: true}).Write(ctx, e); err != nil {
-				t.Error(err)
-			}
-		}()
-		for _, at := range []int{200, 900, 1700} {
-			c := startChildAs(t, e, eb.broker.Addrs(), batch, "", "", env...)
-			if _, err := eb.committed.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= at }); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			c.wait(t, ctx)
-		}
-		last := startChildAs(t, e, eb.broker.Addrs(), batch, "", "", env...)
-		wg.Wait()
+		written := writeLogOnly(t, ctx, e, 50, total)
+		last := killThrice(t, ctx, eb.committed, func() *child { return startChildAs(t, e, eb.broker.Addrs(), batch, "", "", env...) })
+		written()
 		if t.Failed() {
 			return
 		}
@@ -374,20 +315,13 @@ func TestExactlyOnceLogOnlyFrozenReader(t *testing.T) {
 		for _, id := range []string{"eos-log-1", "eos-log-2"} {
 			relays[id] = startChildAs(t, e, eb.broker.Addrs(), batch, "", id, env...)
 		}
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := (ledger.Writers{Writers: 8, Aggregates: aggregates, Total: total, SeqIDs: true}).Write(ctx, e); err != nil {
-				t.Error(err)
-			}
-		}()
+		written := writeLogOnly(t, ctx, e, aggregates, total)
 		holder, other := freezeTheSlotReader(t, ctx, e, relays, slot, func() {
 			if _, err := eb.committed.Wait(ctx, func(r []kafkatest.Record) bool { return len(r) >= total/5 }); err != nil {
 				t.Fatal(err)
 			}
 		})
-		wg.Wait()
+		written()
 		if t.Failed() {
 			return
 		}
@@ -417,16 +351,41 @@ func logOnlyChildEnv(t *testing.T, ctx context.Context, e *testdb.Env, eb *eosBu
 // duplicate, no order violation. It returns the rows.
 func checkLogOnlyEOS(t *testing.T, ctx context.Context, e *testdb.Env, eb *eosBundle, total int, last *child) []ledger.Row {
 	t.Helper()
-	rows := ledger.ReadSeq(t, e)
-	if len(rows) != total {
-		t.Fatalf("%d events committed, want %d", len(rows), total)
-	}
-	ledger.WaitFor(t, ctx, e, eb.committed, rows)
+	rows := waitLogOnly(t, ctx, e, eb.committed, total)
 	last.terminate(t, ctx)
 	recs := eb.committed.Records()
 	if rep := ledger.Check(rows, recs); !rep.OK() || rep.Duplicates != 0 {
 		ledger.Explain(t, e, rep, recs)
 		t.Fatalf("read_committed ledger %+v, want every event exactly once, in order", rep)
 	}
+	return rows
+}
+
+// writeLogOnly starts 8 log-only writers committing total events over
+// aggregates aggregates to e (their sequence in the writers' own table:
+// ledger.ReadSeq) and returns a function that waits for them; a writer's
+// error fails t.
+func writeLogOnly(t *testing.T, ctx context.Context, e *testdb.Env, aggregates, total int) (wait func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := (ledger.Writers{Writers: 8, Aggregates: aggregates, Total: total, SeqIDs: true}).Write(ctx, e); err != nil {
+			t.Error(err)
+		}
+	}()
+	return func() { <-done }
+}
+
+// waitLogOnly reads the events log-only writers committed to e (their
+// sequence table: ledger.ReadSeq), fails t unless there are total, and
+// waits until cons has delivered each; it returns them.
+func waitLogOnly(t *testing.T, ctx context.Context, e *testdb.Env, cons *kafkatest.Consumer, total int) []ledger.Row {
+	t.Helper()
+	rows := ledger.ReadSeq(t, e)
+	if len(rows) != total {
+		t.Fatalf("%d events committed, want %d", len(rows), total)
+	}
+	ledger.WaitFor(t, ctx, e, cons, rows)
 	return rows
 }
