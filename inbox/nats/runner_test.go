@@ -456,15 +456,37 @@ func TestRunnerAckWaitRedeliveryIsADuplicate(t *testing.T) {
 	var rec recorder
 	var r atomic.Pointer[inboxnats.Runner]
 	var target atomic.Uint64
+	// copies counts, per stream sequence, the deliveries the runner took
+	// from JetStream (ContextFor runs as a message arrives, before it is
+	// queued). The target's handler waits for a copy of its own message:
+	// the runner's Redelivered count is not enough, as under load another
+	// message's AckWait can run out first, and the target, released then,
+	// was acknowledged before its own AckWait ran out (a CI run waited 60 s
+	// for a copy that never came).
+	var copiesMu sync.Mutex
+	copies := map[uint64]int{}
+	deliveries := func(seq uint64) int {
+		copiesMu.Lock()
+		defer copiesMu.Unlock()
+		return copies[seq]
+	}
 	r.Store(newRunner(t, s, c, func(cfg *inboxnats.Config) {
 		cfg.AckWait = time.Second
 		cfg.Observer = &rec
+		cfg.ContextFor = func(ctx context.Context, msg jetstream.Msg) context.Context {
+			if meta, err := msg.Metadata(); err == nil {
+				copiesMu.Lock()
+				copies[meta.Sequence.Stream]++
+				copiesMu.Unlock()
+			}
+			return ctx
+		}
 		cfg.Handler = func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
 			if m.AggregateID == "agg-000" && target.CompareAndSwap(0, uint64(m.Offset)) {
 				// Hold the first delivery until JetStream delivered it again.
 				tick := time.NewTicker(5 * time.Millisecond)
 				defer tick.Stop()
-				for r.Load().Stats().Redelivered == 0 {
+				for deliveries(uint64(m.Offset)) < 2 {
 					select {
 					case <-ctx.Done():
 						return ctx.Err()
