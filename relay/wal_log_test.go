@@ -1187,3 +1187,156 @@ func TestWALLogOnlyExactlyOnceBrokerFaults(t *testing.T) {
 		t.Errorf("F-1: %d attempts, want 1", a)
 	}
 }
+
+// TestWALLogOnlyHeldBehindARetryBeingMarked: an event held in the table
+// goes out before its aggregate's next event from the stream, although
+// nothing holds the aggregate by then. A-1 fails once; its retry is
+// published from the table, and its mark-sent (which clears its retry
+// time) waits on a row lock of the test's. A-2 comes from the stream:
+// held behind A-1 (the probe sees A-1's retry time), it is written to the
+// table, and that write waits too (the test's uncommitted row with the
+// same message ID). A-3 commits meanwhile; then A-1's mark goes through,
+// and then A-2's write. A-3 is next in the stream, before A-2's row
+// comes back through it, and nothing holds A any more. Before the fix the
+// relay published A-3 from the stream at once and A-2 after it ([A-1 A-3
+// A-2]); the broker-fault matrix on the WAL source (integration/kafkafaults)
+// found it, at least once and exactly once. Now holding an event sends
+// the loop to the table first.
+func TestWALLogOnlyHeldBehindARetryBeingMarked(t *testing.T) {
+	t.Parallel()
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) {
+			t.Parallel()
+			e, wal := logEnv(t)
+			// Its own pool: a lock held on one of the relay's 4
+			// connections would leave it waiting for the pool.
+			mon, err := sql.Open("pgx", testdb.PostgresDSN(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mon.Close()
+			begin := func() *sql.Tx {
+				tx, err := mon.BeginTx(t.Context(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = tx.Rollback() })
+				return tx
+			}
+			markLock, spillLock := begin(), begin()
+			// hook sees each publish of A-1: it fails the first, and locks
+			// A-1's row before the second (its retry) is acknowledged, so
+			// that the mark that follows waits.
+			var a1 atomic.Int64
+			var lockErr atomic.Pointer[error]
+			hook := func() error {
+				switch a1.Add(1) {
+				case 1:
+					return errFailed
+				case 2:
+					if _, err := markLock.Exec("SELECT 1 FROM " + e.Table + " WHERE message_id = 'A-1' FOR UPDATE"); err != nil {
+						lockErr.Store(&err)
+					}
+				}
+				return nil
+			}
+			broker := &pipeBroker{txnBroker: newTxnBroker()}
+			broker.answer = func(_ int, msgs []relay.Message) (bool, []error) {
+				errs := make([]error, len(msgs))
+				failed := false
+				for i, m := range msgs {
+					if m.MessageID == "A-1" {
+						errs[i] = hook()
+						failed = errs[i] != nil
+					}
+				}
+				if !failed {
+					return true, nil
+				}
+				for i := range errs {
+					if errs[i] == nil {
+						errs[i] = fmt.Errorf("outbox/test: aborted: %w", relay.ErrAborted)
+					}
+				}
+				return false, errs
+			}
+			b := walSetup(t, e, wal, func(c *relay.Config) {
+				c.RetryInitial, c.RetryMax = 10*time.Millisecond, 10*time.Millisecond
+				// A-1's retry is claimed at a poll. A poll after it and
+				// before A-3 is read would claim A-2 first and hide the
+				// defect: the steps from the retry to A-3 take a small
+				// fraction of a second.
+				c.PollInterval = time.Second
+				if eos {
+					c.Publisher = broker
+				}
+			})
+			if !eos {
+				b.pub.FailWith(func(m relay.Message) error {
+					if m.MessageID == "A-1" {
+						return hook()
+					}
+					return nil
+				})
+			}
+			delivered := func() []string {
+				if eos {
+					d, _, _ := broker.get()
+					return d
+				}
+				var out []string
+				for _, m := range b.pub.Messages() {
+					out = append(out, m.MessageID)
+				}
+				return out
+			}
+			// waiting waits until a statement on this test's table whose
+			// text is like like waits on a lock (the server's other tests
+			// run the same statements on their tables).
+			schema, _, _ := strings.Cut(e.Table, ".") // the test's own, in each statement's text
+			waiting := func(what, like string) {
+				eventually(t, b.ctx, what, func() bool {
+					var n int
+					if err := mon.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1 AND strpos(query, $2) > 0",
+						like, schema).Scan(&n); err != nil {
+						t.Fatal(err)
+					}
+					return n > 0
+				})
+			}
+			waitStreaming(t, b, wal.Slot)
+			b.emit(t, event("A", 1))
+			waiting("A-1's retry published, its mark waiting", "%next_retry_at = NULL%")
+			if p := lockErr.Load(); p != nil || a1.Load() != 2 {
+				t.Fatalf("A-1 published %d times, want 2 (locking its row: %v)", a1.Load(), p)
+			}
+			if _, err := spillLock.Exec("INSERT INTO " + e.Table + " (message_id, aggregate_type, aggregate_id, event_type, partition_key, content_type, payload) " +
+				"VALUES ('A-2', 'acct', 'A', 't', 0, 'application/json', '\\x00')"); err != nil {
+				t.Fatal(err)
+			}
+			b.emit(t, event("A", 2))
+			waiting("A-2's write to the table waiting", "%unnest%")
+			b.emit(t, event("A", 3))
+			if err := markLock.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, b.ctx, "A-1 marked sent", func() bool {
+				s, _ := b.status(t, "A-1")
+				return s == 1
+			})
+			if err := spillLock.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, b.ctx, "A-1..A-3 delivered", func() bool { return len(delivered()) >= 3 })
+			var got []string
+			for _, id := range delivered() {
+				if !slices.Contains(got, id) {
+					got = append(got, id)
+				}
+			}
+			if fmt.Sprint(got) != "[A-1 A-2 A-3]" {
+				t.Fatalf("first deliveries %v, want [A-1 A-2 A-3]", got)
+			}
+		})
+	}
+}

@@ -573,6 +573,14 @@ func (r *Relay) walLog(ctx context.Context, set leaseSet, rows []walRow, held ma
 		if _, ok := set.epochs[msgs[i].Partition]; !ok || held[k] {
 			spill = append(spill, i)
 		}
+		if held[k] {
+			// Its rows wait in the table, behind the failed one. The table
+			// is claimed next, so that they go out before the stream's next
+			// events of the aggregate: the probe above sees only events
+			// that failed, not these, and the failed one may be sent (its
+			// retry published, its mark in flight) by the next batch.
+			r.claimTable("aggregate held")
+		}
 	}
 	out := msgs
 	if len(spill) > 0 {
@@ -649,6 +657,12 @@ func (r *Relay) walLogRows(ctx context.Context, set leaseSet, msgs []Message, he
 		k := aggregateKey{m.AggregateType, m.AggregateID}
 		if _, ok := set.epochs[m.Partition]; ok && !held[k] && !again[k] {
 			out = append(out, m)
+		}
+		if held[k] {
+			// Left in the table behind the failed event: claimed next,
+			// before the stream's later events of the aggregate (see
+			// walLog).
+			r.claimTable("aggregate held")
 		}
 	}
 	r.walPublished.Add(int64(len(out)))

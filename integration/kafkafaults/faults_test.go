@@ -4,7 +4,9 @@
 // leadership away for longer than the publish deadline, revokes
 // authorization mid-batch, resets connections mid-request or goes away,
 // while serialized writers commit. Every case runs on every database
-// target and is judged on the ledger of first deliveries: nothing lost,
+// target, in the exactly-once mode on pgx, and on pgx with the relay
+// reading PostgreSQL's log (table mode, log-only writers, log-only
+// writers exactly once), and is judged on the ledger of first deliveries: nothing lost,
 // no ghost, per aggregate in commit order, duplicates bounded, and no
 // order violation reported by the relay (relay.OrderObserver).
 //
@@ -14,6 +16,7 @@ package kafkafaults
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -100,7 +103,20 @@ type faultCase struct {
 	// eos runs the publisher in its exactly-once mode, judged by a
 	// read_committed consumer.
 	eos bool
+	// source is how the relay learns of committed events (see source).
+	source source
 }
+
+// source is how a run's relay learns of committed events.
+type source int
+
+const (
+	claim   source = iota // the table claim (the default relay)
+	walRows               // the WAL source, writers writing rows (table mode)
+	walLog                // the WAL source, log-only writers (driver.Config.LogOnly)
+)
+
+func (s source) String() string { return [...]string{"claim", "wal", "wal-log-only"}[s] }
 
 // produceErrors fails count produce requests in a row that carry records
 // of one partition with err, the first of them in the middle of a batch
@@ -289,6 +305,35 @@ func TestBrokerFaultsExactlyOnce(t *testing.T) {
 	}
 }
 
+// TestBrokerFaultsWALSource runs the matrix with the relay reading
+// PostgreSQL's log (relay.SourceWAL, docs/wal.md), on pgx (the WAL source
+// is PostgreSQL's): in table mode at least once, and with log-only writers
+// at least once and in the exactly-once mode (where the relay writes each
+// event it takes from the stream to the table and publishes the row).
+// Each run has a slot of its own, dropped when it ends.
+func TestBrokerFaultsWALSource(t *testing.T) {
+	t.Parallel()
+	for _, v := range []struct {
+		source source
+		eos    bool
+	}{{walRows, false}, {walLog, false}, {walLog, true}} {
+		name := v.source.String()
+		if v.eos {
+			name += "/exactly-once"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			for _, fc := range matrix() {
+				fc.source, fc.eos = v.source, v.eos
+				t.Run(fc.name, func(t *testing.T) {
+					t.Parallel()
+					run(t, testdb.Target{Name: "pgx", Dialect: driver.Postgres}, fc)
+				})
+			}
+		})
+	}
+}
+
 // TestBrokerFaults runs the matrix on every database target.
 func TestBrokerFaults(t *testing.T) {
 	t.Parallel()
@@ -324,11 +369,12 @@ type harness struct {
 	// struckID the highest outbox id of its batch, so that the next one
 	// strikes another partition in a batch of later rows, not the same
 	// rows re-sent; only the relay's loop uses them.
-	struck   int32
-	struckID int64
-	cfg      relay.Config
-	logs     testdb.SyncBuffer
-	start    time.Time
+	struck     int32
+	struckID   int64
+	struckMsgs map[string]bool // the message IDs of every struck batch
+	cfg        relay.Config
+	logs       testdb.SyncBuffer
+	start      time.Time
 
 	mu    sync.Mutex
 	notes []string
@@ -415,8 +461,11 @@ func (h *harness) strike(t *testing.T, ctx context.Context, i int, install func(
 	h.note("injection %d: armed; %d events committed, %d records consumed", i, h.committed.Load(), len(h.cons.Records()))
 	fired := make(chan int32, 1)
 	h.striker.set(func(msgs []relay.Message) bool {
-		if msgs[0].ID <= h.struckID {
-			return false // the relay has not moved past the last struck batch yet
+		if msgs[0].ID != 0 && msgs[0].ID <= h.struckID || h.struckMsgs[msgs[0].MessageID] {
+			// The relay has not moved past the last struck batch yet (by
+			// outbox id; by message ID for events of the log-only mode
+			// published from the stream, which have none).
+			return false
 		}
 		agg, first, last, ok := pairedAggregate(msgs, h.struck)
 		if !ok {
@@ -424,6 +473,9 @@ func (h *harness) strike(t *testing.T, ctx context.Context, i int, install func(
 		}
 		p := partition.KafkaPartition([]byte(agg), partitions)
 		h.struck, h.struckID = p, msgs[len(msgs)-1].ID
+		for _, m := range msgs {
+			h.struckMsgs[m.MessageID] = true
+		}
 		install(p)
 		h.note("injection %d: struck a batch of %d on partition %d, aggregate %s at positions %d and %d (outbox ids %d and %d)",
 			i, len(msgs), p, agg, first, last, msgs[first].ID, msgs[last].ID)
@@ -480,7 +532,7 @@ func pairedAggregate(msgs []relay.Message, avoid int32) (agg string, first, last
 
 func newHarness(t *testing.T, tg testdb.Target, fc faultCase) *harness {
 	t.Helper()
-	h := &harness{start: time.Now(), striker: &striker{}, struck: -1}
+	h := &harness{start: time.Now(), striker: &striker{}, struck: -1, struckMsgs: map[string]bool{}}
 	opts := []kafkatest.Option{kafkatest.Topics(partitions, topic)}
 	switch fc.wiring {
 	case viaKafkaProxy:
@@ -502,7 +554,11 @@ func newHarness(t *testing.T, tg testdb.Target, fc faultCase) *harness {
 			h.tproxy.Close()
 		}
 	})
-	h.e = testdb.New(t, tg, driver.Config{})
+	h.e = testdb.New(t, tg, driver.Config{LogOnly: fc.source == walLog})
+	var wal relay.WALConfig
+	if fc.source != claim {
+		wal = walSlot(t, h.e)
+	}
 	kcfg := kafka.Config{Brokers: b.Addrs()}
 	var consOpts []kgo.Opt
 	if fc.eos {
@@ -542,6 +598,11 @@ func newHarness(t *testing.T, tg testdb.Target, fc faultCase) *harness {
 		Observer:       h.watch,
 		Logger:         slog.New(slog.NewTextHandler(&h.logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
+	if fc.source != claim {
+		// The fallback poll less often: what is published comes from the
+		// stream, mostly; retries come due at the polls.
+		h.cfg.Source, h.cfg.WAL, h.cfg.PollInterval = relay.SourceWAL, wal, 250*time.Millisecond
+	}
 	r, err := relay.New(h.e.Outbox, h.e.RelayDB, h.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -559,6 +620,39 @@ func newHarness(t *testing.T, tg testdb.Target, fc faultCase) *harness {
 		}
 	})
 	return h
+}
+
+// walSlot creates a slot of t's own for e's table (log-only writers
+// refuse to commit without one), dropped when t ends (registered before
+// the relay starts, so it runs after the relay stopped). It fails t if the
+// server's wal_level is not logical (skips it without
+// OUTBOX_TEST_REQUIRE).
+func walSlot(t *testing.T, e *testdb.Env) relay.WALConfig {
+	t.Helper()
+	testdb.RequireLogicalWAL(t, e.RelayDB)
+	cfg := relay.WALConfig{DSN: e.DSN, Slot: strings.ToLower(testdb.RandomName("outbox_test_"))}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for {
+			err := relay.DropWAL(ctx, e.Outbox, e.RelayDB, cfg)
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, relay.ErrWALUnavailable) || ctx.Err() != nil {
+				t.Errorf("dropping the test's slot %s: %v", cfg.Slot, err)
+				return
+			}
+			// The walsender of the relay that just stopped is exiting.
+			_, _ = e.RelayDB.ExecContext(ctx, "SELECT pg_sleep(0.05)")
+		}
+	})
+	if _, err := relay.CreateWAL(ctx, e.Outbox, e.RelayDB, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 // closePublisher closes pub, failing t if Close does not return within
@@ -599,7 +693,8 @@ func run(t *testing.T, tg testdb.Target, fc faultCase) {
 	h.gate = ledger.NewGate(h.step)
 	written := make(chan error, 1)
 	go func() {
-		written <- ledger.Writers{Writers: writers, Aggregates: aggregates, Total: int(h.ceiling), Gate: h.gate, Committed: &h.committed}.Write(ctx, h.e)
+		written <- ledger.Writers{Writers: writers, Aggregates: aggregates, Total: int(h.ceiling), Gate: h.gate, Committed: &h.committed,
+			SeqIDs: fc.source == walLog}.Write(ctx, h.e)
 	}()
 	testdb.Eventually(t, ctx, "the first events committed", func() bool { return h.committed.Load() >= h.step })
 	for i := 0; i < injections; i++ {
@@ -614,7 +709,12 @@ func run(t *testing.T, tg testdb.Target, fc faultCase) {
 		t.Fatalf("writers: %v", err)
 	}
 	h.note("all %d events committed", total)
-	rows := ledger.Read(t, h.e)
+	var rows []ledger.Row
+	if fc.source == walLog {
+		rows = ledger.ReadSeq(t, h.e) // the writers wrote no rows
+	} else {
+		rows = ledger.Read(t, h.e)
+	}
 	if len(rows) != total {
 		t.Fatalf("%d rows committed, want %d", len(rows), total)
 	}
