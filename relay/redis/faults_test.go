@@ -15,8 +15,9 @@ import (
 
 // TestBrokerFaults is issue 21's fault matrix against Redis Streams: a
 // relay publishing through this publisher while writers serialized per
-// aggregate commit, on each database (lib/pq, pgx, MariaDB, SQLite), hit
-// by a server fault in the middle (e2e.RunFaults):
+// aggregate commit, on each database (lib/pq, pgx, MariaDB, SQLite; on pgx
+// also with the relay reading the WAL, in table mode and log-only), hit by
+// a server fault in the middle (e2e.RunFaults):
 //
 //   - ResetMidPublish: the connection cut four times in one run while
 //     publishes are in flight, alternately right after an XADD to the

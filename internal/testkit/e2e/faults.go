@@ -85,6 +85,36 @@ type FaultConfig[R any] struct {
 	Pace                        time.Duration
 	// PublishTimeout is the relay's (DefaultPublishTimeout if 0).
 	PublishTimeout time.Duration
+	// Source is how the relay learns of committed events: the table
+	// claim (the zero value), or PostgreSQL's log (SourceWAL,
+	// SourceWALLogOnly: PostgreSQL targets only). [RunFaults] sets it.
+	Source Source
+}
+
+// Source is how a fault run's relay learns of committed events.
+type Source int
+
+const (
+	// SourceClaim: the relay claims from the table (the default relay).
+	SourceClaim Source = iota
+	// SourceWAL: the relay reads the table's inserts from a replication
+	// slot of the run's own (relay.SourceWAL, table mode).
+	SourceWAL
+	// SourceWALLogOnly: SourceWAL with log-only writers
+	// (driver.Config.LogOnly): the events are in no table, and the
+	// committed ones are read from the writers' sequence table.
+	SourceWALLogOnly
+)
+
+// String names the source in a subtest's name.
+func (s Source) String() string {
+	switch s {
+	case SourceWAL:
+		return "wal"
+	case SourceWALLogOnly:
+		return "wal-log-only"
+	}
+	return "claim"
 }
 
 // FaultReport is what [RunFault] saw: the ledger of the consumer's
@@ -164,8 +194,11 @@ func (r FaultReport) String() string {
 
 // RunFaults runs every case on each of its targets, each run a parallel
 // subtest "case/target" of its own (its own tables, publisher, proxy and
-// consumer), and fails a run whose [FaultReport.Err] is not nil. Each run
-// is bounded by 3 minutes.
+// consumer), and fails a run whose [FaultReport.Err] is not nil. On pgx
+// (when among the targets) each case runs twice more with the relay
+// reading PostgreSQL's log, "case/pgx-wal" ([SourceWAL]) and
+// "case/pgx-wal-log-only" ([SourceWALLogOnly]). Each run is bounded by 3
+// minutes.
 func RunFaults[R any](t *testing.T, cases ...FaultCase[R]) {
 	t.Helper()
 	for _, c := range cases {
@@ -175,12 +208,27 @@ func RunFaults[R any](t *testing.T, cases ...FaultCase[R]) {
 			if targets == nil {
 				targets = testdb.All
 			}
+			type run struct {
+				name string
+				tg   testdb.Target
+				src  Source
+			}
+			var runs []run
 			for _, tg := range targets {
-				t.Run(tg.Name, func(t *testing.T) {
+				runs = append(runs, run{tg.Name, tg, SourceClaim})
+				if tg.Name == "pgx" {
+					runs = append(runs, run{tg.Name + "-" + SourceWAL.String(), tg, SourceWAL},
+						run{tg.Name + "-" + SourceWALLogOnly.String(), tg, SourceWALLogOnly})
+				}
+			}
+			for _, rn := range runs {
+				tg := rn.tg
+				t.Run(rn.name, func(t *testing.T) {
 					t.Parallel()
 					ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 					defer cancel()
 					cfg := c.Setup(t)
+					cfg.Source = rn.src
 					rep := RunFault(ctx, t, tg, cfg)
 					t.Log(rep)
 					if err := rep.Err(); err != nil {
@@ -226,8 +274,14 @@ func RunFault[R any](ctx context.Context, t *testing.T, target testdb.Target, cf
 		timeout = DefaultPublishTimeout
 	}
 
-	e := testdb.New(t, target, driver.Config{})
+	logOnly := cfg.Source == SourceWALLogOnly
+	e := testdb.New(t, target, driver.Config{LogOnly: logOnly})
+	var wal relay.WALConfig
+	if cfg.Source != SourceClaim {
+		wal = walSlot(t, ctx, e)
+	}
 	w := newWriters(t, e, aggs)
+	w.seqIDs = logOnly
 	probe := &Probe{timeout: timeout}
 	var logs testdb.SyncBuffer
 	t.Cleanup(func() {
@@ -235,13 +289,19 @@ func RunFault[R any](ctx context.Context, t *testing.T, target testdb.Target, cf
 			t.Logf("relay log:\n%s", logs.String())
 		}
 	})
-	r, err := relay.New(e.Outbox, e.RelayDB, relay.Config{
+	rcfg := relay.Config{
 		Publisher: withHealth(&probed{Publisher: cfg.Publisher, p: probe}, cfg.Publisher), Observer: observer{p: probe},
 		PublishTimeout: timeout, BatchSize: 16, MaxBatchSize: 64,
 		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		PollInterval: 100 * time.Millisecond, HealthInterval: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
-	})
+	}
+	if cfg.Source != SourceClaim {
+		// The fallback poll less often: what is published comes from the
+		// stream, mostly; retries come due at the polls.
+		rcfg.Source, rcfg.WAL, rcfg.PollInterval = relay.SourceWAL, wal, 250*time.Millisecond
+	}
+	r, err := relay.New(e.Outbox, e.RelayDB, rcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +362,17 @@ func RunFault[R any](ctx context.Context, t *testing.T, target testdb.Target, cf
 		return err == nil && n == 0
 	}, func() string { return "the relay to publish or dead-letter every row: " + probe.String() })
 	rows, premise := w.readBack(t, ctx)
-	sent := testdb.Column(t, ctx, e.RelayDB, "SELECT message_id FROM "+e.Table+" WHERE "+e.IsSent())
+	var sent []string
+	if logOnly {
+		// Nothing is left in the table, and nothing says what was
+		// published: every event committed must arrive (one that never
+		// does is lost, and fails the wait).
+		for _, r := range rows {
+			sent = append(sent, r.MessageID)
+		}
+	} else {
+		sent = testdb.Column(t, ctx, e.RelayDB, "SELECT message_id FROM "+e.Table+" WHERE "+e.IsSent())
+	}
 	recs, err := cfg.WaitForAll(ctx, sent...)
 	if err != nil {
 		t.Fatalf("waiting for the %d events sent of %d committed: %v (%s)", len(sent), len(rows), err, probe.report(cfg.Check(rows, recs), cfg.Dedupes, premise))
@@ -540,9 +610,13 @@ func Revoked(d time.Duration, revoke, restore func(t *testing.T)) func(context.C
 // aggregate's row in a table of their own, increments its seq and emits
 // an event carrying it.
 type writers struct {
-	e         *testdb.Env
-	aggs      int
-	seqTable  string
+	e        *testdb.Env
+	aggs     int
+	seqTable string
+	// seqIDs: each event's message ID is seqID(aggregate, seq), and
+	// readBack lists the events from seqTable (log-only writers write no
+	// rows).
+	seqIDs    bool
 	committed atomic.Int64
 	stopAt    atomic.Int64 // -1: not known yet
 }
@@ -619,8 +693,12 @@ func (w *writers) commit(ctx context.Context, agg, lock, bump string) error {
 	if _, err := tx.ExecContext(ctx, bump, seq, agg); err != nil {
 		return err
 	}
-	if err := outbox.Emit(ctx, outbox.Event{AggregateType: AggregateType, AggregateID: agg, Type: AggregateType + ".updated",
-		Payload: fmt.Appendf(nil, `{"seq":%d}`, seq)}); err != nil {
+	ev := outbox.Event{AggregateType: AggregateType, AggregateID: agg, Type: AggregateType + ".updated",
+		Payload: fmt.Appendf(nil, `{"seq":%d}`, seq)}
+	if w.seqIDs {
+		ev.ID = seqID(agg, seq)
+	}
+	if err := outbox.Emit(ctx, ev); err != nil {
 		return err
 	}
 	return tx.Commit()
@@ -642,6 +720,9 @@ func lockConflict(err error) bool {
 // ... in that order.
 func (w *writers) readBack(t *testing.T, ctx context.Context) ([]outboxtest.Row, []string) {
 	t.Helper()
+	if w.seqIDs {
+		return w.readSeq(t, ctx), nil
+	}
 	q, err := w.e.RelayDB.QueryContext(ctx, "SELECT id, message_id, aggregate_type, aggregate_id, payload FROM "+w.e.Table+" ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
@@ -673,3 +754,67 @@ func (w *writers) readBack(t *testing.T, ctx context.Context) ([]outboxtest.Row,
 }
 
 var _ relay.OrderObserver = observer{}
+
+// seqID is the message ID of aggregate agg's event seq when the writers'
+// events are listed from their sequence table (writers.seqIDs).
+func seqID(agg string, seq int) string {
+	return fmt.Sprintf("%x-%d", agg, seq)
+}
+
+// readSeq lists the events the writers committed from their sequence
+// table (aggregate agg at seq n committed seqs 1 to n), with the seq as
+// the row's ID: order is judged per aggregate, and an aggregate's seqs
+// are its commit order.
+func (w *writers) readSeq(t *testing.T, ctx context.Context) []outboxtest.Row {
+	t.Helper()
+	q, err := w.e.RelayDB.QueryContext(ctx, "SELECT id, seq FROM "+w.seqTable+" ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	var rows []outboxtest.Row
+	for q.Next() {
+		var agg string
+		var n int
+		if err := q.Scan(&agg, &n); err != nil {
+			t.Fatal(err)
+		}
+		for seq := 1; seq <= n; seq++ {
+			rows = append(rows, outboxtest.Row{ID: int64(seq), MessageID: seqID(agg, seq), AggregateType: AggregateType, AggregateID: agg})
+		}
+	}
+	if err := q.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+// walSlot creates a replication slot of t's own for e's table (log-only
+// writers refuse to commit without one), dropped when t ends (after the
+// relay stopped: it is registered first). It fails t unless the server
+// runs with wal_level = logical (skips it without OUTBOX_TEST_REQUIRE).
+func walSlot(t *testing.T, ctx context.Context, e *testdb.Env) relay.WALConfig {
+	t.Helper()
+	testdb.RequireLogicalWAL(t, e.RelayDB)
+	cfg := relay.WALConfig{DSN: e.DSN, Slot: strings.ToLower(testdb.RandomName("outbox_test_"))}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for {
+			err := relay.DropWAL(ctx, e.Outbox, e.RelayDB, cfg)
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, relay.ErrWALUnavailable) || ctx.Err() != nil {
+				t.Errorf("dropping the test's slot %s: %v", cfg.Slot, err)
+				return
+			}
+			// The walsender of the relay that just stopped is exiting.
+			_, _ = e.RelayDB.ExecContext(ctx, "SELECT pg_sleep(0.05)")
+		}
+	})
+	if _, err := relay.CreateWAL(ctx, e.Outbox, e.RelayDB, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
