@@ -825,6 +825,14 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	// instance must not publish for partitions it may have lost.
 	budget := min(r.cfg.PublishTimeout, time.Until(set.trustedUntil))
 	if budget <= 0 {
+		// The batch is dropped unpublished, its rows pending in the table.
+		// With the WAL source the stream has moved past them (or, in the
+		// exactly-once log-only mode, they were written to the table just
+		// now): the table is claimed next, before the stream's later
+		// events of their aggregates; and this cycle's claim, unpublished,
+		// releases no refused route (claimedAll).
+		r.claimedAll = false
+		r.claimTable("the leases' trust window passed before publishing")
 		return 0, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, budget)

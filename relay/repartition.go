@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/logmsg"
 	"github.com/sqloutbox/outbox/partition"
 )
 
@@ -31,7 +32,13 @@ var ErrNotDrained = errors.New("outbox: repartition needs a drained table and no
 //     table (an Outbox caches the count it read; one whose
 //     driver.Config.Partitions is set must be set to n, or to 0).
 //
-// Repartition checks 2 and 3 itself and returns ErrNotDrained otherwise.
+// In the log-only mode (driver.Config.LogOnly) step 2 includes the
+// replication slot: events committed while no relay reads it are in no
+// table, and they carry the partition of the count they were written
+// with. Repartition checks 2 and 3 itself, the slots recorded for the
+// table included (it peeks each one for the table's logical decoding
+// messages; that needs the REPLICATION attribute and the slot released by
+// its reader), and returns ErrNotDrained otherwise.
 // In one transaction it re-hashes dead letters (so a later retry lands in
 // the right partition), resizes the lease table and stores n. Then it
 // reads the count back through ob (driver.Outbox.PartitionCount), so ob's
@@ -49,6 +56,11 @@ func Repartition(ctx context.Context, ob *driver.Outbox, db *sql.DB, n int) (err
 	}
 	if err := partition.Validate(n); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if ob.Config().Dialect == driver.Postgres { // the only dialect with the WAL source
+		if err := slotsDrained(ctx, db, ob.Config().Table, dd.WALLogTable(), dd.QuotedTable()); err != nil {
+			return err
+		}
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -118,4 +130,70 @@ func Repartition(ctx context.Context, ob *driver.Outbox, db *sql.DB, n int) (err
 		return fmt.Errorf("outbox: repartitioned %s to %d partitions, but: %w", ob.Config().Table, n, err)
 	}
 	return nil
+}
+
+// slotsDrained returns nil unless a replication slot recorded in the
+// log-only mode's state table (walLog, if it exists) still holds a logical
+// decoding message of table's events past its confirmed position:
+// ErrNotDrained then (wrapped), or when a slot cannot be peeked (in use by
+// a reader; no REPLICATION attribute; no publication of the table, which
+// pgoutput needs). quoted is the table's quoted name.
+func slotsDrained(ctx context.Context, db *sql.DB, table, walLog, quoted string) error {
+	var exists bool
+	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", walLog).Scan(&exists); err != nil {
+		return fmt.Errorf("outbox: looking for %s: %w", walLog, err)
+	}
+	if !exists {
+		return nil // the log-only mode never ran on this table
+	}
+	slots, err := queryStrings(ctx, db, "SELECT w.slot_name FROM "+walLog+" w JOIN pg_replication_slots s ON s.slot_name = w.slot_name AND s.database = current_database() ORDER BY 1")
+	if err != nil || len(slots) == 0 {
+		if err != nil {
+			err = fmt.Errorf("outbox: reading the slots recorded in %s: %w", walLog, err)
+		}
+		return err
+	}
+	pubs, err := queryStrings(ctx, db, `SELECT p.pubname FROM pg_publication p
+		WHERE p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = $1::regclass)
+		ORDER BY p.puballtables, 1 LIMIT 1`, quoted)
+	if err != nil {
+		return fmt.Errorf("outbox: looking for a publication of %s: %w", table, err)
+	}
+	if len(pubs) == 0 {
+		return fmt.Errorf("%w: slots %v may hold log-only events of %s, and without a publication of the table they cannot be read to check (a relay with the WAL source creates it)", ErrNotDrained, slots, table)
+	}
+	// A pgoutput message: 'M', flags (1 byte), LSN (8), the prefix ending
+	// in a zero byte, the content's length and the content.
+	prefix := append([]byte(logmsg.Prefix(table)), 0)
+	for _, slot := range slots {
+		var n int64
+		err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+				'proto_version', '1', 'publication_names', $2, 'messages', 'true') c
+			WHERE get_byte(c.data, 0) = 77 AND substring(c.data FROM 11 FOR $3) = $4`, slot, pubs[0], len(prefix), prefix).Scan(&n)
+		if err != nil {
+			return fmt.Errorf("%w: reading slot %s for log-only events not yet published (stop its relays; the role needs REPLICATION): %w", ErrNotDrained, slot, err)
+		}
+		if n > 0 {
+			return fmt.Errorf("%w: slot %s holds %d transactions of log-only events not yet published: run a relay until it has caught up, then stop it", ErrNotDrained, slot, n)
+		}
+	}
+	return nil
+}
+
+// queryStrings returns the first column of query's rows.
+func queryStrings(ctx context.Context, db *sql.DB, query string, args ...any) ([]string, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
 }

@@ -3,6 +3,8 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,4 +152,61 @@ func TestFenceRejectsStaleOwner(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestRepartitionWaitsForTheSlot: with log-only writers, events committed
+// while no relay reads the slot are in no table, and carry the partition
+// of the count they were written with. Repartition refuses
+// (ErrNotDrained) while the slot holds them; once a relay has published
+// them and stopped, it succeeds. Before the check it counted only pending
+// rows and live relays: a shrink from 32 to 4 partitions left 15 of 16
+// such events, in partitions 4 and above, written to the table where no
+// relay could own them, and the slot confirmed past them (found by a
+// helper trying to break the WAL source).
+func TestRepartitionWaitsForTheSlot(t *testing.T) {
+	t.Parallel()
+	e, wal := logEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	if _, err := relay.CreateWAL(ctx, e.Outbox, e.RelayDB, wal); err != nil {
+		t.Fatal(err)
+	}
+	const n = 16
+	b0 := &bundle{e: e, ctx: ctx} // no relay runs
+	for i := range n {
+		b0.emit(t, event(fmt.Sprintf("G%d", i), 1))
+	}
+	var written string
+	if err := e.RelayDB.QueryRow("SELECT pg_current_wal_lsn()::text").Scan(&written); err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.Repartition(ctx, e.Outbox, e.RelayDB, 4); !errors.Is(err, relay.ErrNotDrained) || !strings.Contains(err.Error(), wal.Slot) {
+		t.Fatalf("Repartition with %d events in slot %s = %v, want ErrNotDrained naming the slot", n, wal.Slot, err)
+	}
+	b := walSetup(t, e, wal, nil)
+	if _, err := b.pub.WaitForCount(b.ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "the slot confirmed past the events (WALConfig.StatusInterval)", func() bool {
+		var past bool
+		if err := e.RelayDB.QueryRow("SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, written).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		return past
+	})
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	defer scancel()
+	if err := b.r.Stop(sctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "Repartition once the relay's walsender has released the slot", func() bool {
+		err := relay.Repartition(ctx, e.Outbox, e.RelayDB, 4)
+		if err != nil && !strings.Contains(err.Error(), "is active") {
+			t.Fatalf("Repartition after the drain: %v", err)
+		}
+		return err == nil
+	})
+	if got, err := e.Outbox.PartitionCount(ctx, e.RelayDB); err != nil || got != 4 {
+		t.Fatalf("stored count = %d, %v; want 4", got, err)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1017,5 +1018,116 @@ func TestLogHeldCostFlat(t *testing.T) {
 		if pages > 250 {
 			t.Errorf("%s: log_held read %d pages for 100 aggregates; want at most 250 (the table has %d rows)", tc.state, pages, sent)
 		}
+	}
+}
+
+// TestWALTrustWindowPassedBeforePublishing: a batch taken from the stream
+// whose check outlasts the leases' trust window is not published (a
+// paused relay must not publish for partitions it may have lost); its
+// rows are pending in the table, and the loop claims them before it reads
+// the stream on, so the aggregate's next event does not overtake them.
+// The test holds the check with a lock (the _meta table that wal_accept
+// reads, or, with log-only writers, the outbox table that log_held reads)
+// and the lease heartbeat with another (the membership table), until the
+// trust window has passed but the leases have not expired; A-2 commits
+// meanwhile. Before the fix the cycle dropped the batch and stayed on the
+// stream; the loop claimed from the table only if the heartbeat's "trusted
+// again" reached it before the stream's next rows: the exactly-once mode
+// with log-only writers delivered [A-0 A-2 A-1] in each of 2 runs here
+// (found by a helper trying to break the WAL source; it saw table mode
+// break too, 3 runs of 4, with a lock timing of its own). Log-only at
+// least once rewinds the stream, and was in order already.
+func TestWALTrustWindowPassedBeforePublishing(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"table", "log-only", "log-only-exactly-once"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			var e *testdb.Env
+			var wal relay.WALConfig
+			check := "_meta" // what the check reads that writers do not write
+			if mode == "table" {
+				e, wal = walEnv(t)
+			} else {
+				e, wal = logEnv(t)
+				check = ""
+			}
+			// Its own pool: locks held on the relay's 4 connections would
+			// leave it waiting for the pool.
+			mon, err := sql.Open("pgx", testdb.PostgresDSN(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mon.Close()
+			// The leases' trust window ends 0.8 TTL after a renewal began,
+			// the leases 1 TTL after it: the test has 0.2 TTL to release
+			// the locks once the window has passed (a renewal that comes
+			// later finds the leases expired; the relay acquires them
+			// again under new epochs and claims from the table anyway).
+			const ttl = 5 * time.Second
+			broker := newTxnBroker()
+			b := walSetup(t, e, wal, func(c *relay.Config) {
+				c.LeaseTTL = ttl
+				if mode == "log-only-exactly-once" {
+					c.Publisher = broker
+				}
+			})
+			delivered := func() []string {
+				if mode == "log-only-exactly-once" {
+					d, _, _ := broker.get()
+					return d
+				}
+				var out []string
+				for _, m := range b.pub.Messages() {
+					out = append(out, m.MessageID)
+				}
+				return out
+			}
+			waitStreaming(t, b, wal.Slot)
+			b.emit(t, event("A", 0)) // the check prepared, a first batch out
+			eventually(t, b.ctx, "A-0 delivered", func() bool { return len(delivered()) >= 1 })
+			lock, err := mon.BeginTx(b.ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Rollback() //nolint:errcheck // released below
+			if _, err := lock.Exec("LOCK TABLE " + e.Table + "_relay, " + e.Table + check + " IN ACCESS EXCLUSIVE MODE"); err != nil {
+				t.Fatal(err)
+			}
+			b.emit(t, event("A", 1))
+			schema, _, _ := strings.Cut(e.Table, ".")
+			eventually(t, b.ctx, "the check of A-1 waiting on the lock", func() bool {
+				var n int
+				if err := mon.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0 AND query LIKE '%floor_epoch%'", schema).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n > 0
+			})
+			b.emit(t, event("A", 2))
+			// Past the trust window: less than 0.2 TTL to the leases'
+			// expiry (the database's clock).
+			eventually(t, b.ctx, "the trust window passed, the leases not expired", func() bool {
+				var us int64
+				if err := mon.QueryRow("SELECT (EXTRACT(EPOCH FROM min(expires_at) - clock_timestamp()) * 1000000)::bigint FROM " + e.Table + "_lease").Scan(&us); err != nil {
+					t.Fatal(err)
+				}
+				return time.Duration(us)*time.Microsecond < ttl*19/100
+			})
+			if err := lock.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, b.ctx, "A-1 and A-2 delivered", func() bool {
+				d := delivered()
+				return slices.Contains(d, "A-1") && slices.Contains(d, "A-2")
+			})
+			var got []string
+			for _, id := range delivered() {
+				if !slices.Contains(got, id) {
+					got = append(got, id)
+				}
+			}
+			if fmt.Sprint(got) != "[A-0 A-1 A-2]" {
+				t.Fatalf("first deliveries %v, want [A-0 A-1 A-2]", got)
+			}
+		})
 	}
 }
