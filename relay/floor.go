@@ -64,7 +64,13 @@ type floorReport struct {
 
 // cover makes the floor valid for the partitions (and lease epochs) the
 // claim is about to read: any partition it did not cover, or covered at
-// another lease epoch, resets it to 0. Fewer partitions keep it.
+// another lease epoch, resets it to 0. Fewer partitions keep it, and the
+// ones left out are no longer covered: a floor proven while a partition
+// was left out says nothing about that partition's rows (the proof's
+// lowest pending id is of the partitions claimed), so when it comes back,
+// even under the same lease epoch (the exactly-once mode's reconcile
+// leaves partitions out of a cycle when the trust window runs short; a
+// failed release is renewed by the next heartbeat), the floor starts over.
 func (f *claimFloor) cover(epochs map[int]int64) {
 	for p, e := range epochs {
 		if ce, ok := f.covered[p]; !ok || ce != e {
@@ -74,6 +80,11 @@ func (f *claimFloor) cover(epochs map[int]int64) {
 				f.covered[p] = e
 			}
 			return
+		}
+	}
+	for p := range f.covered {
+		if _, ok := epochs[p]; !ok {
+			delete(f.covered, p)
 		}
 	}
 }
