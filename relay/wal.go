@@ -826,12 +826,56 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	if err != nil {
 		return fmt.Errorf("%w: slot %s created at %q: %v", ErrWALUnavailable, w.cfg.Slot, created.ConsistentPoint, err)
 	}
+	if err := waitCommitsVisible(ctx, conn); err != nil {
+		return fmt.Errorf("%w: slot %s created: %v", ErrWALUnavailable, w.cfg.Slot, err)
+	}
 	w.startAt(lsn)
 	w.log.Info("replication slot created", "slot", w.cfg.Slot)
 	if w.logState != nil {
 		return w.logState.slotCreated(ctx, conn, w.cfg.Slot, reason, lsn)
 	}
 	return nil
+}
+
+// commitsInvisible counts the transactions that have committed (the
+// commit log says so) but that snapshots still show running: the backend
+// writes its commit record and sets the commit log before it leaves the
+// process array.
+const commitsInvisible = "SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid) WHERE pg_xact_status(x.xid) = 'committed'"
+
+// waitCommitsVisible returns once no transaction that has committed is
+// still invisible to new snapshots. A new slot streams the transactions
+// that commit after its consistent point, and the claim that follows
+// (the stream starts with a gap) must see every one that committed
+// before it; the consistent point is reached when the decoder reads the
+// last running transaction's commit record, which can be a moment before
+// that transaction becomes visible. Without this wait the claim could
+// miss such a row and the loop go back to the stream, which does not
+// carry it: it waited for the next poll while later events of its
+// aggregate went out (TestWALSourceRelayKilledAtRandomMoments, once,
+// on a loaded machine: the first relay created the slot while the
+// writers committed). It polls every millisecond; the wait is
+// microseconds unless the machine is saturated.
+func waitCommitsVisible(ctx context.Context, conn *pgconn.PgConn) error {
+	for {
+		res, err := conn.Exec(ctx, commitsInvisible).ReadAll()
+		if err != nil {
+			return fmt.Errorf("waiting for commits before the consistent point to be visible: %w", err)
+		}
+		if len(res) != 1 || len(res[0].Rows) != 1 {
+			return errors.New("waiting for commits before the consistent point to be visible: no answer")
+		}
+		if string(res[0].Rows[0][0]) == "0" {
+			return nil
+		}
+		t := time.NewTimer(time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // publicationCheck is the query for publicationProblem: whether
