@@ -519,9 +519,13 @@ func redactPgError(err error) error {
 	return err
 }
 
-// stream opens the slot and reads it until an error or ctx's end.
-func (w *walReader) stream(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+// stream opens the slot and reads it until an error or ctx's end; at
+// ctx's end it reports the position the loop settled last, so that the
+// next reader does not read again what this relay published since the
+// last report (a graceful stop causes no duplicates, log-only mode
+// included).
+func (w *walReader) stream(parent context.Context) error {
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	w.mu.Lock()
 	gen := w.gen
@@ -546,6 +550,19 @@ func (w *walReader) stream(ctx context.Context) error {
 	if err := pglogrepl.StartReplication(ctx, conn, w.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		return fmt.Errorf("%w: starting replication from slot %s: %w", ErrWALUnavailable, w.cfg.Slot, err)
 	}
+	defer func() {
+		if parent.Err() == nil {
+			return // the stream failed: the connection may be broken
+		}
+		w.mu.Lock()
+		pos := w.confirmed
+		w.mu.Unlock()
+		fctx, fcancel := context.WithTimeout(context.Background(), time.Second)
+		defer fcancel()
+		if err := pglogrepl.SendStandbyStatusUpdate(fctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos}); err != nil {
+			w.log.Debug("WAL source: the last position report at stop failed; the next reader may read again what was published since the one before", "error", err)
+		}
+	}()
 	w.mu.Lock()
 	if gen != w.gen {
 		w.mu.Unlock()

@@ -1340,3 +1340,38 @@ func TestWALLogOnlyHeldBehindARetryBeingMarked(t *testing.T) {
 		})
 	}
 }
+
+// TestWALLogOnlyGracefulStopNoDuplicates: a relay stopped gracefully
+// reports the slot position it settled last, so the next reader of the
+// slot does not publish again what it published (relay/doc.go: a graceful
+// stop causes no duplicates). Before the fix the stream ended without a
+// last report; the slot's position was the one reported up to 100 ms
+// before (log-only mode), and the next relay published A-1..A-5 again
+// (found by a helper trying to break the WAL source).
+func TestWALLogOnlyGracefulStopNoDuplicates(t *testing.T) {
+	t.Parallel()
+	e, wal := logEnv(t)
+	first := walSetup(t, e, wal, nil)
+	waitStreaming(t, first, wal.Slot)
+	for i := 1; i <= 5; i++ {
+		first.emit(t, event("A", i))
+	}
+	if _, err := first.pub.Wait(first.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 5 }); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(first.ctx, 10*time.Second)
+	defer cancel()
+	if err := first.r.Stop(sctx); err != nil {
+		t.Fatal(err)
+	}
+	second := walSetup(t, e, wal, nil)
+	waitStreaming(t, second, wal.Slot)
+	second.emit(t, event("B", 1))
+	msgs, err := second.pub.Wait(second.ctx, func(m []relay.Message) bool { return len(order(m, "B")) == 1 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again := order(msgs, "A"); len(again) > 0 {
+		t.Fatalf("the next relay published %v again after a graceful stop", again)
+	}
+}
