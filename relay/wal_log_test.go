@@ -813,17 +813,7 @@ func TestWALCheckFailureKeepsLogEvents(t *testing.T) {
 					c.Publisher = broker
 				}
 			})
-			delivered := func() []string {
-				if eos {
-					d, _, _ := broker.get()
-					return d
-				}
-				var out []string
-				for _, m := range b.pub.Messages() {
-					out = append(out, m.MessageID)
-				}
-				return out
-			}
+			delivered := deliveredIDs(b, broker, eos)
 			waitStreaming(t, b, wal.Slot)
 			b.emit(t, event("W", 1))
 			eventually(t, b.ctx, "W-1 delivered", func() bool { return slices.Contains(delivered(), "W-1") })
@@ -861,13 +851,7 @@ func TestWALCheckFailureKeepsLogEvents(t *testing.T) {
 			if err := tx.Commit(); err != nil {
 				t.Fatal(err)
 			}
-			waiting := func() int {
-				var n int
-				if err := mon.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_visible_in_snapshot%'").Scan(&n); err != nil {
-					t.Fatal(err)
-				}
-				return n
-			}
+			waiting := func() int { return lockWaiters(t, mon, e, "%pg_visible_in_snapshot%") }
 			eventually(t, b.ctx, "the check waits on the lock", func() bool { return waiting() > 0 })
 			eventually(t, b.ctx, "the check gave up (QueryTimeout)", func() bool { return waiting() == 0 })
 			if err := lock.Rollback(); err != nil {
@@ -1279,30 +1263,9 @@ func TestWALLogOnlyHeldBehindARetryBeingMarked(t *testing.T) {
 					return nil
 				})
 			}
-			delivered := func() []string {
-				if eos {
-					d, _, _ := broker.get()
-					return d
-				}
-				var out []string
-				for _, m := range b.pub.Messages() {
-					out = append(out, m.MessageID)
-				}
-				return out
-			}
-			// waiting waits until a statement on this test's table whose
-			// text is like like waits on a lock (the server's other tests
-			// run the same statements on their tables).
-			schema, _, _ := strings.Cut(e.Table, ".") // the test's own, in each statement's text
+			delivered := deliveredIDs(b, broker.txnBroker, eos)
 			waiting := func(what, like string) {
-				eventually(t, b.ctx, what, func() bool {
-					var n int
-					if err := mon.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1 AND strpos(query, $2) > 0",
-						like, schema).Scan(&n); err != nil {
-						t.Fatal(err)
-					}
-					return n > 0
-				})
+				eventually(t, b.ctx, what, func() bool { return lockWaiters(t, mon, e, like) > 0 })
 			}
 			waitStreaming(t, b, wal.Slot)
 			b.emit(t, event("A", 1))
@@ -1328,13 +1291,7 @@ func TestWALLogOnlyHeldBehindARetryBeingMarked(t *testing.T) {
 				t.Fatal(err)
 			}
 			eventually(t, b.ctx, "A-1..A-3 delivered", func() bool { return len(delivered()) >= 3 })
-			var got []string
-			for _, id := range delivered() {
-				if !slices.Contains(got, id) {
-					got = append(got, id)
-				}
-			}
-			if fmt.Sprint(got) != "[A-1 A-2 A-3]" {
+			if got := firstDeliveries(delivered()); fmt.Sprint(got) != "[A-1 A-2 A-3]" {
 				t.Fatalf("first deliveries %v, want [A-1 A-2 A-3]", got)
 			}
 		})
@@ -1374,4 +1331,47 @@ func TestWALLogOnlyGracefulStopNoDuplicates(t *testing.T) {
 	if again := order(msgs, "A"); len(again) > 0 {
 		t.Fatalf("the next relay published %v again after a graceful stop", again)
 	}
+}
+
+// deliveredIDs returns a function that lists the message IDs delivered so
+// far, in order, repeats included: those broker committed in the
+// exactly-once mode (eos), else those b's publisher acknowledged.
+func deliveredIDs(b *bundle, broker *txnBroker, eos bool) func() []string {
+	return func() []string {
+		if eos {
+			d, _, _ := broker.get()
+			return d
+		}
+		var out []string
+		for _, m := range b.pub.Messages() {
+			out = append(out, m.MessageID)
+		}
+		return out
+	}
+}
+
+// firstDeliveries returns ids without repeats, in the order of their
+// first delivery.
+func firstDeliveries(ids []string) []string {
+	var out []string
+	for _, id := range ids {
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// lockWaiters counts, as mon sees them, the statements that wait on a
+// lock, whose text is like like and names e's schema (the server's other
+// tests run the same statements on tables of their own).
+func lockWaiters(t *testing.T, mon *sql.DB, e *testdb.Env, like string) int {
+	t.Helper()
+	schema, _, _ := strings.Cut(e.Table, ".")
+	var n int
+	if err := mon.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1 AND strpos(query, $2) > 0",
+		like, schema).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

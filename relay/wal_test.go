@@ -21,6 +21,7 @@ import (
 	"github.com/sqloutbox/outbox"
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/internal/dialect"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
 	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
 	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
@@ -46,25 +47,7 @@ func walEnv(t *testing.T) (*testdb.Env, relay.WALConfig) {
 
 // dropWAL drops cfg's slot and publication when t ends (registered before
 // the relays, so it runs after they stopped).
-func dropWAL(t *testing.T, e *testdb.Env, cfg relay.WALConfig) {
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		for {
-			err := relay.DropWAL(ctx, e.Outbox, e.RelayDB, cfg)
-			if err == nil {
-				return
-			}
-			if !errors.Is(err, relay.ErrWALUnavailable) || ctx.Err() != nil {
-				t.Errorf("dropping the test's slot %s: %v", cfg.Slot, err)
-				return
-			}
-			// The walsender of a relay that just stopped is still
-			// exiting: wait for the slot to be released.
-			_, _ = e.RelayDB.ExecContext(ctx, "SELECT pg_sleep(0.05)")
-		}
-	})
-}
+func dropWAL(t *testing.T, e *testdb.Env, cfg relay.WALConfig) { e2e.DropWALAtCleanup(t, e, cfg) }
 
 // walSetup starts a relay with the WAL source on e.
 func walSetup(t *testing.T, e *testdb.Env, wal relay.WALConfig, mod func(*relay.Config)) *bundle {
@@ -1071,17 +1054,7 @@ func TestWALTrustWindowPassedBeforePublishing(t *testing.T) {
 					c.Publisher = broker
 				}
 			})
-			delivered := func() []string {
-				if mode == "log-only-exactly-once" {
-					d, _, _ := broker.get()
-					return d
-				}
-				var out []string
-				for _, m := range b.pub.Messages() {
-					out = append(out, m.MessageID)
-				}
-				return out
-			}
+			delivered := deliveredIDs(b, broker, mode == "log-only-exactly-once")
 			waitStreaming(t, b, wal.Slot)
 			b.emit(t, event("A", 0)) // the check prepared, a first batch out
 			eventually(t, b.ctx, "A-0 delivered", func() bool { return len(delivered()) >= 1 })
@@ -1094,14 +1067,7 @@ func TestWALTrustWindowPassedBeforePublishing(t *testing.T) {
 				t.Fatal(err)
 			}
 			b.emit(t, event("A", 1))
-			schema, _, _ := strings.Cut(e.Table, ".")
-			eventually(t, b.ctx, "the check of A-1 waiting on the lock", func() bool {
-				var n int
-				if err := mon.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0 AND query LIKE '%floor_epoch%'", schema).Scan(&n); err != nil {
-					t.Fatal(err)
-				}
-				return n > 0
-			})
+			eventually(t, b.ctx, "the check of A-1 waiting on the lock", func() bool { return lockWaiters(t, mon, e, "%floor_epoch%") > 0 })
 			b.emit(t, event("A", 2))
 			// Past the trust window: less than 0.2 TTL to the leases'
 			// expiry (the database's clock).
@@ -1119,13 +1085,7 @@ func TestWALTrustWindowPassedBeforePublishing(t *testing.T) {
 				d := delivered()
 				return slices.Contains(d, "A-1") && slices.Contains(d, "A-2")
 			})
-			var got []string
-			for _, id := range delivered() {
-				if !slices.Contains(got, id) {
-					got = append(got, id)
-				}
-			}
-			if fmt.Sprint(got) != "[A-0 A-1 A-2]" {
+			if got := firstDeliveries(delivered()); fmt.Sprint(got) != "[A-0 A-1 A-2]" {
 				t.Fatalf("first deliveries %v, want [A-0 A-1 A-2]", got)
 			}
 		})

@@ -16,7 +16,6 @@ package kafkafaults
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -32,6 +31,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/integration/internal/ledger"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
 	"github.com/sqloutbox/outbox/internal/testkit/faultproxy"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest"
@@ -557,7 +557,9 @@ func newHarness(t *testing.T, tg testdb.Target, fc faultCase) *harness {
 	h.e = testdb.New(t, tg, driver.Config{LogOnly: fc.source == walLog})
 	var wal relay.WALConfig
 	if fc.source != claim {
-		wal = walSlot(t, h.e)
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		wal = e2e.WALSlot(t, ctx, h.e)
+		cancel()
 	}
 	kcfg := kafka.Config{Brokers: b.Addrs()}
 	var consOpts []kgo.Opt
@@ -620,39 +622,6 @@ func newHarness(t *testing.T, tg testdb.Target, fc faultCase) *harness {
 		}
 	})
 	return h
-}
-
-// walSlot creates a slot of t's own for e's table (log-only writers
-// refuse to commit without one), dropped when t ends (registered before
-// the relay starts, so it runs after the relay stopped). It fails t if the
-// server's wal_level is not logical (skips it without
-// OUTBOX_TEST_REQUIRE).
-func walSlot(t *testing.T, e *testdb.Env) relay.WALConfig {
-	t.Helper()
-	testdb.RequireLogicalWAL(t, e.RelayDB)
-	cfg := relay.WALConfig{DSN: e.DSN, Slot: strings.ToLower(testdb.RandomName("outbox_test_"))}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		for {
-			err := relay.DropWAL(ctx, e.Outbox, e.RelayDB, cfg)
-			if err == nil {
-				return
-			}
-			if !errors.Is(err, relay.ErrWALUnavailable) || ctx.Err() != nil {
-				t.Errorf("dropping the test's slot %s: %v", cfg.Slot, err)
-				return
-			}
-			// The walsender of the relay that just stopped is exiting.
-			_, _ = e.RelayDB.ExecContext(ctx, "SELECT pg_sleep(0.05)")
-		}
-	})
-	if _, err := relay.CreateWAL(ctx, e.Outbox, e.RelayDB, cfg); err != nil {
-		t.Fatal(err)
-	}
-	return cfg
 }
 
 // closePublisher closes pub, failing t if Close does not return within

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync"
 	"syscall"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/sqloutbox/outbox/driver"
 	"github.com/sqloutbox/outbox/integration/internal/ledger"
+	"github.com/sqloutbox/outbox/internal/testkit/e2e"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/outboxtest/kafkatest"
 	"github.com/sqloutbox/outbox/relay"
@@ -28,22 +28,7 @@ func walChild(t *testing.T, e *testdb.Env) (slot string, env []string) {
 	t.Helper()
 	testdb.RequireLogicalWAL(t, e.RelayDB)
 	slot = strings.ToLower(testdb.RandomName("outbox_test_"))
-	cfg := relay.WALConfig{Slot: slot}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		for {
-			err := relay.DropWAL(ctx, e.Outbox, e.RelayDB, cfg)
-			if err == nil {
-				return
-			}
-			if !errors.Is(err, relay.ErrWALUnavailable) || ctx.Err() != nil {
-				t.Errorf("dropping the test's slot %s: %v", slot, err)
-				return
-			}
-			_, _ = e.RelayDB.ExecContext(ctx, "SELECT pg_sleep(0.05)") // a killed child's walsender is exiting
-		}
-	})
+	e2e.DropWALAtCleanup(t, e, relay.WALConfig{Slot: slot}) // after the children stopped
 	// The fallback poll every 500 ms, not the children's 20 ms: what is
 	// published comes from the stream, mostly.
 	return slot, []string{"OUTBOX_CHILD_WAL_SLOT=" + slot, "OUTBOX_CHILD_POLL=500ms"}

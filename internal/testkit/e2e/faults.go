@@ -278,7 +278,7 @@ func RunFault[R any](ctx context.Context, t *testing.T, target testdb.Target, cf
 	e := testdb.New(t, target, driver.Config{LogOnly: logOnly})
 	var wal relay.WALConfig
 	if cfg.Source != SourceClaim {
-		wal = walSlot(t, ctx, e)
+		wal = WALSlot(t, ctx, e)
 	}
 	w := newWriters(t, e, aggs)
 	w.seqIDs = logOnly
@@ -787,34 +787,4 @@ func (w *writers) readSeq(t *testing.T, ctx context.Context) []outboxtest.Row {
 		t.Fatal(err)
 	}
 	return rows
-}
-
-// walSlot creates a replication slot of t's own for e's table (log-only
-// writers refuse to commit without one), dropped when t ends (after the
-// relay stopped: it is registered first). It fails t unless the server
-// runs with wal_level = logical (skips it without OUTBOX_TEST_REQUIRE).
-func walSlot(t *testing.T, ctx context.Context, e *testdb.Env) relay.WALConfig {
-	t.Helper()
-	testdb.RequireLogicalWAL(t, e.RelayDB)
-	cfg := relay.WALConfig{DSN: e.DSN, Slot: strings.ToLower(testdb.RandomName("outbox_test_"))}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		for {
-			err := relay.DropWAL(ctx, e.Outbox, e.RelayDB, cfg)
-			if err == nil {
-				return
-			}
-			if !errors.Is(err, relay.ErrWALUnavailable) || ctx.Err() != nil {
-				t.Errorf("dropping the test's slot %s: %v", cfg.Slot, err)
-				return
-			}
-			// The walsender of the relay that just stopped is exiting.
-			_, _ = e.RelayDB.ExecContext(ctx, "SELECT pg_sleep(0.05)")
-		}
-	})
-	if _, err := relay.CreateWAL(ctx, e.Outbox, e.RelayDB, cfg); err != nil {
-		t.Fatal(err)
-	}
-	return cfg
 }
