@@ -239,7 +239,9 @@ func (r *Relay) walLossErr() error {
 // cannot be): relays are ready again at their next health probe. It
 // returns the window acknowledged, or nil if none was recorded. Errors:
 // ErrInvalidConfig for an Outbox of another dialect or a bad name;
-// database errors wrapped with context.
+// ErrWALLoss (wrapped) when a relay recorded a new loss while the window
+// was being acknowledged (the window grew): nothing is acknowledged, and
+// the error names the new window; database errors wrapped with context.
 func AckWALLoss(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig) (*WALLoss, error) {
 	slot, _, err := walNames(ctx, ob, db, cfg)
 	if err != nil {
@@ -253,8 +255,19 @@ func AckWALLoss(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfi
 	if err != nil || loss == nil {
 		return nil, err
 	}
-	if _, err := db.ExecContext(ctx, "UPDATE "+d.WALLogTable()+" SET loss_from = NULL, loss_to = NULL, loss_at = NULL, loss_reason = NULL WHERE slot_name = $1", slot); err != nil {
+	// Only the window read: a relay that records a new loss meanwhile
+	// widens it (its loss_to moves), and that must not be cleared unread.
+	res, err := db.ExecContext(ctx, "UPDATE "+d.WALLogTable()+" SET loss_from = NULL, loss_to = NULL, loss_at = NULL, loss_reason = NULL "+
+		"WHERE slot_name = $1 AND loss_from = $2::pg_lsn AND loss_to = $3::pg_lsn", slot, loss.From, loss.To)
+	if err != nil {
 		return nil, fmt.Errorf("outbox: acknowledging the loss window of slot %s: %w", slot, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		now, rerr := readWALLoss(ctx, db, d.WALLogTable(), slot)
+		if rerr == nil && now != nil {
+			return nil, fmt.Errorf("%w: the loss window of slot %s changed while it was acknowledged (read %s to %s, now %s to %s): nothing acknowledged; review the new window and acknowledge it again",
+				ErrWALLoss, slot, loss.From, loss.To, now.From, now.To)
+		}
 	}
 	return loss, nil
 }
