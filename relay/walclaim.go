@@ -1007,7 +1007,12 @@ func DropWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig) 
 // default; pgoutput). A relay with SourceWAL creates both at its first
 // start; CreateWAL lets an operator whose role owns the table create them
 // ahead, so that the relays' role needs only REPLICATION and the table's
-// privileges. It returns the state afterwards (ReadWALStatus). Errors:
+// privileges. A slot it creates where the log-only mode's state table
+// (<table>_wal_log) has a record of one (the slot was dropped or lost
+// since) is a loss window, recorded as a relay records one (relays are
+// not ready until `outbox wal ack-loss`; ReadWALStatus shows it); a slot
+// retired with DropWAL has no record. It returns the state afterwards
+// (ReadWALStatus). Errors:
 // ErrInvalidConfig for an Outbox of another dialect, a bad name, a slot of
 // that name that is not a pgoutput slot of this database, or a publication
 // of that name that does not publish the table's inserts; ErrWALUnavailable
@@ -1042,11 +1047,14 @@ func CreateWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig
 	var plugin string
 	var here bool
 	err = db.QueryRowContext(ctx, "SELECT COALESCE(plugin, ''), database IS NOT DISTINCT FROM current_database() FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &here)
+	created := false
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		if _, err := db.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil && sqlerr.PostgresCode(err) != "42710" {
+		_, err := db.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+		if err != nil && sqlerr.PostgresCode(err) != "42710" {
 			return WALStatus{}, fmt.Errorf("%w: creating slot %s: %w", ErrWALUnavailable, slot, err)
 		}
+		created = err == nil
 	case err != nil:
 		return WALStatus{}, fmt.Errorf("outbox: reading slot %s: %w", slot, err)
 	case plugin != "pgoutput" || !here:
@@ -1057,8 +1065,20 @@ func CreateWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig
 	if _, err := db.ExecContext(ctx, walLogTableDDL(d.WALLogTable())); err != nil {
 		return WALStatus{}, fmt.Errorf("%w: creating %s: %w", ErrWALUnavailable, d.WALLogTable(), err)
 	}
-	if _, err := db.ExecContext(ctx, "INSERT INTO "+d.WALLogTable()+" (slot_name, confirmed_lsn) SELECT slot_name, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn IS NOT NULL ON CONFLICT (slot_name) DO NOTHING", slot); err != nil {
+	res, err := db.ExecContext(ctx, "INSERT INTO "+d.WALLogTable()+" (slot_name, confirmed_lsn) SELECT slot_name, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn IS NOT NULL ON CONFLICT (slot_name) DO NOTHING", slot)
+	if err != nil {
 		return WALStatus{}, fmt.Errorf("outbox: recording slot %s in %s: %w", slot, d.WALLogTable(), err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 && created {
+		// The slot had a record, so it existed and held events from its
+		// recorded position on; it was missing, and this one starts now:
+		// the window between is a loss, recorded as a relay that finds
+		// its slot missing records it (walLogState.slotCreated).
+		if _, err := db.ExecContext(ctx, "UPDATE "+d.WALLogTable()+" w SET loss_from = COALESCE(w.loss_from, w.confirmed_lsn), loss_to = s.confirmed_flush_lsn, "+
+			"loss_at = COALESCE(w.loss_at, clock_timestamp()), loss_reason = COALESCE(w.loss_reason, 'missing (dropped)'), confirmed_lsn = s.confirmed_flush_lsn, updated_at = clock_timestamp() "+
+			"FROM pg_replication_slots s WHERE w.slot_name = $1 AND s.slot_name = $1 AND s.confirmed_flush_lsn IS NOT NULL", slot); err != nil {
+			return WALStatus{}, fmt.Errorf("outbox: recording the loss window of slot %s in %s: %w", slot, d.WALLogTable(), err)
+		}
 	}
 	return ReadWALStatus(ctx, ob, db, WALConfig{Slot: slot, Publication: pub})
 }

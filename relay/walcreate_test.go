@@ -2,21 +2,24 @@ package relay_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/sqloutbox/outbox/relay"
 )
 
-// TestHunt3CreateWALHidesALostSlot: in log-only mode the slot is lost
+// TestWALCreateRecordsALostSlot: in log-only mode the slot is lost
 // (dropped by hand, or a failover to a replica without it) while it holds
-// an event no relay has confirmed; before any relay starts again, the
+// an event no relay has read, and before any relay starts again the
 // operator runs `outbox wal create` (relay.CreateWAL), as ErrNoSlot's text
-// tells a writer's operator to. CreateWAL creates a new slot and leaves
-// the state table's row as it was (INSERT ... ON CONFLICT DO NOTHING); the
-// next relay finds the slot present (slotFound: no loss) and never reports
-// the window. The event is lost and every relay is ready.
-func TestHunt3CreateWALHidesALostSlot(t *testing.T) {
+// tells a writer's operator to. The window must be recorded, as when a
+// relay finds its slot missing: before the fix CreateWAL left the state
+// table's row as it was, the next relay found the slot present, A-2 was
+// lost and every relay was ready (found by a helper trying to break the
+// WAL source).
+func TestWALCreateRecordsALostSlot(t *testing.T) {
 	t.Parallel()
 	e, wal := logEnv(t)
 	first := walSetup(t, e, wal, nil)
@@ -54,14 +57,11 @@ func TestHunt3CreateWALHidesALostSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := order(msgs, "A")
-	lost := true
-	for _, id := range got {
-		if id == "A-2" {
-			lost = false
-		}
+	if got := order(msgs, "A"); fmt.Sprint(got) != "[A-3]" {
+		t.Fatalf("the second relay published %v, want [A-3] (A-2 was in the slot that was dropped)", got)
 	}
-	if lost && st.Loss == nil {
-		t.Fatalf("A-2 was never delivered (second relay published %v) and no loss is recorded: status loss %v, Ready %v", got, st.Loss, second.r.Ready())
+	if st.Loss == nil || st.Loss.Reason != "missing (dropped)" {
+		t.Fatalf("status loss %+v, want the window of the dropped slot", st.Loss)
 	}
+	eventually(t, second.ctx, "the relay reports the loss", func() bool { return errors.Is(second.r.Ready(), relay.ErrWALLoss) })
 }
