@@ -586,8 +586,21 @@ func (w *walReader) stream(parent context.Context) error {
 	var xid uint32
 	nextStatus := time.Now()
 	var sent pglogrepl.LSN
+	// heard is when the server last sent something. An idle walsender
+	// sends nothing while the relay reports its position, so a status
+	// update asks for a reply once the stream has been silent for a
+	// StatusInterval; a connection silent for silenceLimit despite that
+	// (a network path that drops everything without closing: a NAT or a
+	// firewall that lost the flow) is ended, and the stream reconnects.
+	// Without it the relay kept a dead stream until the kernel gave up on
+	// the socket, and log-only events, in no table, waited that long.
+	heard := time.Now()
+	silenceLimit := max(silenceFloor, silenceFactor*w.statusInt)
 	for {
 		now := time.Now()
+		if silent := now.Sub(heard); silent > silenceLimit {
+			return fmt.Errorf("%w: nothing from the server on the replication connection for %v (a reply was asked for every %v): presumed dead", ErrWALUnavailable, silent.Round(time.Millisecond), w.statusInt)
+		}
 		w.mu.Lock()
 		pos := w.confirmed
 		w.mu.Unlock()
@@ -596,13 +609,15 @@ func (w *walReader) stream(parent context.Context) error {
 		// logStatusInterval, not StatusInterval.
 		early := w.logPrefix != "" && pos > sent && now.Add(w.statusInt-logStatusInterval).After(nextStatus)
 		if !now.Before(nextStatus) || early {
-			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos}); err != nil {
+			ask := now.Sub(heard) >= w.statusInt
+			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos, ReplyRequested: ask}); err != nil {
 				return fmt.Errorf("sending the slot position: %w", err)
 			}
 			sent = pos
 			nextStatus = now.Add(w.statusInt)
 		}
 		if w.full() {
+			heard = time.Now() // not reading: the server's silence means nothing
 			// Backpressure: the server's walsender waits on the socket
 			// until the loop takes rows; the position is still reported
 			// every StatusInterval, so the server does not time the
@@ -628,6 +643,7 @@ func (w *walReader) stream(parent context.Context) error {
 			}
 			return err
 		}
+		heard = time.Now()
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("%w: %v", ErrWALUnavailable, pgconn.ErrorResponseToPgError(m))
@@ -853,6 +869,16 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	}
 	return nil
 }
+
+// silenceFloor and silenceFactor bound how long the replication
+// connection may be silent before the stream is ended: the larger of 5 s
+// and 5 StatusIntervals. The server answers a status update that asks for
+// a reply at once; the margin is for a loaded server (a stream ended
+// wrongly costs a reconnection and a claim from the table, nothing else).
+const (
+	silenceFloor  = 5 * time.Second
+	silenceFactor = 5
+)
 
 // commitsInvisible counts the transactions that have committed (the
 // commit log says so) but that snapshots still show running: the backend

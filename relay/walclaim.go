@@ -175,7 +175,11 @@ func (r *Relay) readWALLag(ctx context.Context, slot string) (WALLag, error) {
 // for a lease TTL, so its leases have expired too and it publishes
 // nothing (its trust window ended), but a frozen process keeps its
 // replication connection open until the server's wal_sender_timeout. It
-// returns the terminated reader's application_name, or "". The role needs
+// also terminates a walsender of this relay's own instance: the relay
+// calls it when its stream could not open the slot, so such a reader is a
+// connection of its own that it gave up as dead (a silent network path)
+// and that the server has not noticed yet. It returns the terminated
+// reader's application_name, or "". The role needs
 // pg_signal_backend (or to be the reader's role, or superuser).
 func (r *Relay) fenceSlotReader(ctx context.Context, slot string) (string, error) {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
@@ -188,9 +192,10 @@ func (r *Relay) fenceSlotReader(ctx context.Context, slot string) (string, error
 		    SELECT a.pid, a.application_name FROM pg_replication_slots s
 		    JOIN pg_stat_activity a ON a.pid = s.active_pid
 		    WHERE s.slot_name = $1 AND a.application_name LIKE 'outbox-relay %'
-		      AND NOT EXISTS (SELECT 1 FROM `+r.d.MembersTable()+` m
-		                      WHERE left('outbox-relay ' || m.instance_id, 63) = a.application_name AND m.expires_at > clock_timestamp()))
-		SELECT application_name FROM expired WHERE pg_terminate_backend(pid)`, slot).Scan(&who)
+		      AND (a.application_name = left('outbox-relay ' || $2, 63)
+		           OR NOT EXISTS (SELECT 1 FROM `+r.d.MembersTable()+` m
+		                          WHERE left('outbox-relay ' || m.instance_id, 63) = a.application_name AND m.expires_at > clock_timestamp())))
+		SELECT application_name FROM expired WHERE pg_terminate_backend(pid)`, slot, r.cfg.InstanceID).Scan(&who)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil
 	}
