@@ -22,7 +22,7 @@ import (
 // TestBrokerFaults is issue 21's fault matrix against JetStream: a relay
 // publishing through this publisher while writers serialized per
 // aggregate commit, on each database (lib/pq, pgx, MariaDB, SQLite; on pgx
-// also with the relay reading the WAL, in table mode and log-only), hit by
+// also with the relay reading the WAL, table mode), hit by
 // a broker fault in the middle (e2e.RunFaults):
 //
 //   - ResetMidPublish: the connection cut four times in one run while

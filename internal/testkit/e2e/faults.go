@@ -195,9 +195,9 @@ func (r FaultReport) String() string {
 // RunFaults runs every case on each of its targets, each run a parallel
 // subtest "case/target" of its own (its own tables, publisher, proxy and
 // consumer), and fails a run whose [FaultReport.Err] is not nil. On pgx
-// (when among the targets) each case runs twice more with the relay
-// reading PostgreSQL's log, "case/pgx-wal" ([SourceWAL]) and
-// "case/pgx-wal-log-only" ([SourceWALLogOnly]). Each run is bounded by 3
+// (when among the targets) each case runs once more with the relay
+// reading PostgreSQL's log, "case/pgx-wal" ([SourceWAL], table mode;
+// [RunFault] also takes [SourceWALLogOnly]). Each run is bounded by 3
 // minutes.
 func RunFaults[R any](t *testing.T, cases ...FaultCase[R]) {
 	t.Helper()
@@ -217,8 +217,12 @@ func RunFaults[R any](t *testing.T, cases ...FaultCase[R]) {
 			for _, tg := range targets {
 				runs = append(runs, run{tg.Name, tg, SourceClaim})
 				if tg.Name == "pgx" {
-					runs = append(runs, run{tg.Name + "-" + SourceWAL.String(), tg, SourceWAL},
-						run{tg.Name + "-" + SourceWALLogOnly.String(), tg, SourceWALLogOnly})
+					// Table mode only: a log-only run's events are only
+					// in the slot, and one CI run saw the server fail to
+					// decode a slot for good ("could not map filenode";
+					// docs/testing.md): the log-only mode meets these
+					// faults in integration/kafkafaults instead.
+					runs = append(runs, run{tg.Name + "-" + SourceWAL.String(), tg, SourceWAL})
 				}
 			}
 			for _, rn := range runs {
