@@ -303,6 +303,9 @@ func (c Config) withDefaults() Config {
 		if c.WAL.SpillAfter == 0 {
 			c.WAL.SpillAfter = DefaultWALSpillAfter
 		}
+		if c.WAL.ReceiveTimeout == 0 {
+			c.WAL.ReceiveTimeout = DefaultWALReceiveTimeout
+		}
 	}
 	return c
 }

@@ -107,6 +107,20 @@ type WALConfig struct {
 	// server (standby status update). Default 1 s; it must be below the
 	// server's wal_sender_timeout (default 60 s).
 	StatusInterval time.Duration
+	// ReceiveTimeout is how long the replication connection may stay
+	// silent before the relay ends the stream and reconnects: a network
+	// path that drops every byte without closing the connection (a NAT or
+	// a firewall that lost the flow) is otherwise noticed only when the
+	// kernel gives up on the socket, about 15 minutes, while log-only
+	// events wait. Once the stream has been quiet for a StatusInterval,
+	// the relay's status updates ask the server for a reply, so a live
+	// server is never silent that long unless it is busy decoding (a
+	// large transaction of other tables: PostgreSQL's walsender then
+	// sends a keepalive every wal_sender_timeout/2). Default
+	// DefaultWALReceiveTimeout, as PostgreSQL's own wal_receiver_timeout
+	// for its subscribers; it must exceed the server's
+	// wal_sender_timeout/2. Negative: never.
+	ReceiveTimeout time.Duration
 	// SpillAfter (log-only mode, driver.Config.LogOnly) is how long the
 	// relay's cycles must have been failing (a broker outage) before it
 	// moves the events of logical decoding messages from the stream to
@@ -117,6 +131,10 @@ type WALConfig struct {
 	// (the events wait in the WAL).
 	SpillAfter time.Duration
 }
+
+// DefaultWALReceiveTimeout is WALConfig.ReceiveTimeout's default: 60 s,
+// PostgreSQL's wal_receiver_timeout default.
+const DefaultWALReceiveTimeout = 60 * time.Second
 
 // DefaultWALSpillAfter is WALConfig.SpillAfter's default.
 const DefaultWALSpillAfter = 5 * time.Second
@@ -227,6 +245,8 @@ type walReader struct {
 	observer  SourceObserver // nil if the Observer is not one
 	buffer    int
 	statusInt time.Duration
+	// receiveTimeout is WALConfig.ReceiveTimeout (<= 0: none).
+	receiveTimeout time.Duration
 
 	// fence terminates the slot's reader if it is a relay whose
 	// membership expired (a frozen or partitioned holder), and returns its
@@ -322,7 +342,7 @@ func (w *walReader) lagState() (time.Duration, string, bool) {
 
 func newWALReader(cfg WALConfig, table, quoted, instance string, log *slog.Logger) *walReader {
 	return &walReader{cfg: cfg, table: table, quoted: quoted, instance: instance, log: log,
-		buffer: cfg.Buffer, statusInt: cfg.StatusInterval, signal: make(chan struct{}, 1), space: make(chan struct{}, 1), gap: true}
+		buffer: cfg.Buffer, statusInt: cfg.StatusInterval, receiveTimeout: cfg.ReceiveTimeout, signal: make(chan struct{}, 1), space: make(chan struct{}, 1), gap: true}
 }
 
 func (w *walReader) wake() {
@@ -591,14 +611,14 @@ func (w *walReader) stream(parent context.Context) error {
 	// update asks for a reply once the stream has been silent for a
 	// StatusInterval; a connection silent for silenceLimit despite that
 	// (a network path that drops everything without closing: a NAT or a
-	// firewall that lost the flow) is ended, and the stream reconnects.
+	// firewall that lost the flow) is ended after WALConfig.ReceiveTimeout,
+	// and the stream reconnects.
 	// Without it the relay kept a dead stream until the kernel gave up on
 	// the socket, and log-only events, in no table, waited that long.
 	heard := time.Now()
-	silenceLimit := max(silenceFloor, silenceFactor*w.statusInt)
 	for {
 		now := time.Now()
-		if silent := now.Sub(heard); silent > silenceLimit {
+		if silent := now.Sub(heard); w.receiveTimeout > 0 && silent > w.receiveTimeout {
 			return fmt.Errorf("%w: nothing from the server on the replication connection for %v (a reply was asked for every %v): presumed dead", ErrWALUnavailable, silent.Round(time.Millisecond), w.statusInt)
 		}
 		w.mu.Lock()
@@ -869,16 +889,6 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	}
 	return nil
 }
-
-// silenceFloor and silenceFactor bound how long the replication
-// connection may be silent before the stream is ended: the larger of 5 s
-// and 5 StatusIntervals. The server answers a status update that asks for
-// a reply at once; the margin is for a loaded server (a stream ended
-// wrongly costs a reconnection and a claim from the table, nothing else).
-const (
-	silenceFloor  = 5 * time.Second
-	silenceFactor = 5
-)
 
 // commitsInvisible counts the transactions that have committed (the
 // commit log says so) but that snapshots still show running: the backend

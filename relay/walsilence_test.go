@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -94,7 +95,7 @@ func (p *blackholeProxy) blackhole() {
 // (a NAT or firewall drops the flow without closing it) while new
 // connections work. The reader asks the server for a reply with its status
 // updates once the stream is quiet, and ends a stream that stays silent
-// past the limit (5 s here); it reconnects, and when the server has not
+// past WALConfig.ReceiveTimeout (3 s here); it reconnects, and when the server has not
 // noticed the dead connection yet (its wal_sender_timeout, 60 s by
 // default), the slot is still held by the relay's own old walsender, which
 // the relay terminates. A-2, committed after the cut, is published. Before
@@ -124,6 +125,7 @@ func TestWALSilentStreamReconnects(t *testing.T) {
 				u.RawQuery = q.Encode()
 			}
 			wal.DSN = u.String()
+			wal.ReceiveTimeout = 3 * time.Second
 			b := walSetup(t, e, wal, nil)
 			waitStreaming(t, b, wal.Slot)
 			b.emit(t, event("A", 1))
