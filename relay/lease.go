@@ -446,7 +446,7 @@ func (l *leases) acquire(ctx context.Context, ps []int) (int, error) {
 		return 0, fmt.Errorf("acquiring partitions %v: %w", ps, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // no-op after Commit
-	locked, err := scanInts(tx.QueryContext(ctx, lock, parts...))
+	locked, err := scanColumn[int](tx.QueryContext(ctx, lock, parts...))
 	if err != nil {
 		return 0, fmt.Errorf("acquiring partitions %v: locking the free ones: %w", ps, err)
 	}
@@ -471,15 +471,16 @@ func (l *leases) acquire(ctx context.Context, ps []int) (int, error) {
 	return int(n), nil
 }
 
-// scanInts reads a one-column integer result.
-func scanInts(rows *sql.Rows, err error) ([]int, error) {
+// scanColumn reads a one-column result (a query's rows and error, as
+// QueryContext returns them).
+func scanColumn[T any](rows *sql.Rows, err error) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []int
+	var out []T
 	for rows.Next() {
-		var v int
+		var v T
 		if err := rows.Scan(&v); err != nil {
 			return nil, err
 		}
@@ -507,7 +508,7 @@ func (l *leases) mine(ctx context.Context) (map[int]int64, error) {
 }
 
 func (l *leases) free(ctx context.Context) ([]int, error) {
-	ps, err := scanInts(l.r.db.QueryContext(ctx, l.r.d.Lease("lease_free")))
+	ps, err := scanColumn[int](l.r.db.QueryContext(ctx, l.r.d.Lease("lease_free")))
 	if err != nil {
 		return nil, fmt.Errorf("reading free leases: %w", err)
 	}

@@ -146,16 +146,16 @@ func slotsDrained(ctx context.Context, db *sql.DB, table, walLog, quoted string)
 	if !exists {
 		return nil // the log-only mode never ran on this table
 	}
-	slots, err := queryStrings(ctx, db, "SELECT w.slot_name FROM "+walLog+" w JOIN pg_replication_slots s ON s.slot_name = w.slot_name AND s.database = current_database() ORDER BY 1")
+	slots, err := scanColumn[string](db.QueryContext(ctx, "SELECT w.slot_name FROM "+walLog+" w JOIN pg_replication_slots s ON s.slot_name = w.slot_name AND s.database = current_database() ORDER BY 1"))
 	if err != nil || len(slots) == 0 {
 		if err != nil {
 			err = fmt.Errorf("outbox: reading the slots recorded in %s: %w", walLog, err)
 		}
 		return err
 	}
-	pubs, err := queryStrings(ctx, db, `SELECT p.pubname FROM pg_publication p
+	pubs, err := scanColumn[string](db.QueryContext(ctx, `SELECT p.pubname FROM pg_publication p
 		WHERE p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = $1::regclass)
-		ORDER BY p.puballtables, 1 LIMIT 1`, quoted)
+		ORDER BY p.puballtables, 1 LIMIT 1`, quoted))
 	if err != nil {
 		return fmt.Errorf("outbox: looking for a publication of %s: %w", table, err)
 	}
@@ -178,22 +178,4 @@ func slotsDrained(ctx context.Context, db *sql.DB, table, walLog, quoted string)
 		}
 	}
 	return nil
-}
-
-// queryStrings returns the first column of query's rows.
-func queryStrings(ctx context.Context, db *sql.DB, query string, args ...any) ([]string, error) {
-	rows, err := db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var v string
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
 }
