@@ -60,3 +60,13 @@ func (r *Relay) OnClaimed(fn func()) { r.claimedHook = fn }
 // LateRows is how many rows the MySQL/MariaDB claims' late-rows
 // statements added.
 func (r *Relay) LateRows() int64 { return r.lateRows.Load() }
+
+// OnSlotCheck makes the WAL source call fn before it reads a slot it just
+// created; an error of fn with SQLSTATE XX000 stands for the server's
+// decoder failing on the slot. Call it before Run.
+func (r *Relay) OnSlotCheck(fn func(slot string) error) { r.slotCheckHook = fn }
+
+// RecreateUnreadableAfter sets how long the WAL source's streams must
+// fail with a decoder error at one position before it recreates the slot
+// (default 30 s). Call it before Run.
+func (r *Relay) RecreateUnreadableAfter(d time.Duration) { r.unreadableAfter = d }

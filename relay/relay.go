@@ -343,6 +343,11 @@ type Relay struct {
 	aheadHook   func(int)    // tests: called with the rows of each claim ahead, on its goroutine
 	claimedHook func()       // tests: called before each look of the MySQL claim (claimLate)
 	lateRows    atomic.Int64 // rows the MySQL claims' late-rows statements added (claimLate)
+	// tests: slotCheckHook runs before each check of a slot the WAL
+	// source created (its error stands for the decoder's), and
+	// unreadableAfter replaces the constant of that name (walslot.go).
+	slotCheckHook   func(slot string) error
+	unreadableAfter time.Duration
 	// wal is the WAL source's reader (Config.Source SourceWAL), set by
 	// Run; tableDue and walEpoch are owned by the Run goroutine
 	// (walclaim.go).

@@ -258,6 +258,13 @@ type walReader struct {
 	// opened is called when a stream opens (run's repeat log: the
 	// failures before it are over).
 	opened func()
+	// check reads a slot just created once (checkSlot; tests replace it).
+	check func(ctx context.Context, q queryOne, slot, pub string) error
+	// unreadable and recreate belong to the run goroutine: streams that
+	// keep failing with a decoder error (walslot.go) set recreate, the
+	// error's text, and the next ensureSlot drops and recreates the slot.
+	unreadable unreadableWatch
+	recreate   string
 
 	signal chan struct{} // rows were buffered, or the stream's state changed
 	space  chan struct{} // the loop took rows: a full buffer has room again
@@ -342,7 +349,8 @@ func (w *walReader) lagState() (time.Duration, string, bool) {
 
 func newWALReader(cfg WALConfig, table, quoted, instance string, log *slog.Logger) *walReader {
 	return &walReader{cfg: cfg, table: table, quoted: quoted, instance: instance, log: log,
-		buffer: cfg.Buffer, statusInt: cfg.StatusInterval, receiveTimeout: cfg.ReceiveTimeout, signal: make(chan struct{}, 1), space: make(chan struct{}, 1), gap: true}
+		buffer: cfg.Buffer, statusInt: cfg.StatusInterval, receiveTimeout: cfg.ReceiveTimeout, signal: make(chan struct{}, 1), space: make(chan struct{}, 1), gap: true,
+		check: checkSlot, unreadable: unreadableWatch{after: unreadableAfter}}
 }
 
 func (w *walReader) wake() {
@@ -434,6 +442,9 @@ func (w *walReader) run(ctx context.Context) {
 	bo.MaxInterval = 5 * time.Second
 	bo.MaxElapsedTime = 0
 	unavailable := newRepeatLog(w.log, slog.LevelWarn, "WAL source unavailable; claiming from the table")
+	// Not ended by a stream that opens: an unreadable slot's streams
+	// open, then fail at the same record.
+	undecodable := newRepeatLog(w.log, slog.LevelWarn, "WAL source: PostgreSQL's decoder cannot read the slot; claiming from the table meanwhile (a slot that keeps failing at one position is dropped and created again)")
 	w.opened = unavailable.ok
 	for ctx.Err() == nil {
 		started := time.Now()
@@ -450,8 +461,18 @@ func (w *walReader) run(ctx context.Context) {
 			w.observer.WALStreaming(false, err)
 		}
 		wait := bo.NextBackOff()
+		w.mu.Lock()
+		pos := w.confirmed
+		w.mu.Unlock()
+		if w.unreadable.failed(err, pos, time.Now()) {
+			w.recreate = decoderError(err)
+			w.unreadable = unreadableWatch{after: w.unreadable.after}
+			wait = 0
+		}
 		var pe *pgconn.PgError
 		switch {
+		case errors.Is(err, ErrSlotUnreadable):
+			undecodable.failed(err, "slot", w.cfg.Slot, "position", pos.String(), "recreate_after", w.unreadable.after.String())
 		case errors.As(err, &pe) && pe.Code == "55006":
 			// Another reader holds the slot: stand by. A relay holder
 			// whose membership expired (frozen, or cut off from the
@@ -666,7 +687,9 @@ func (w *walReader) stream(parent context.Context) error {
 		heard = time.Now()
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("%w: %v", ErrWALUnavailable, pgconn.ErrorResponseToPgError(m))
+			// A decoder error (XX000) wraps ErrSlotUnreadable: run
+			// recreates a slot that keeps failing so (walslot.go).
+			return unreadable(fmt.Errorf("%w: %w", ErrWALUnavailable, pgconn.ErrorResponseToPgError(m)))
 		case *pgproto3.CopyData:
 			if len(m.Data) == 0 {
 				continue
@@ -838,6 +861,9 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		}
 	}
 	reason := "missing (dropped)"
+	if w.recreate != "" {
+		reason = "unreadable by the server (" + w.recreate + ")" // dropped below, or dropped already
+	}
 	res, err = conn.Exec(ctx, "SELECT COALESCE(wal_status, ''), plugin, database = current_database(), COALESCE(confirmed_flush_lsn, '0/0') FROM pg_replication_slots WHERE slot_name = '"+w.cfg.Slot+"'").ReadAll()
 	if err != nil {
 		return fmt.Errorf("%w: reading slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
@@ -847,7 +873,26 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		if string(row[1]) != "pgoutput" || string(row[2]) != "t" {
 			return fmt.Errorf("%w: slot %s exists but is not a pgoutput slot of this database: name another WALConfig.Slot", ErrInvalidConfig, w.cfg.Slot)
 		}
-		if string(row[0]) != "lost" {
+		switch {
+		case string(row[0]) == "lost":
+			reason = "invalidated (wal_status lost)"
+			w.log.Warn("replication slot invalidated by the server (wal_status lost); recreating it and claiming from the table meanwhile (nothing is lost: the table holds every row)", "slot", w.cfg.Slot)
+			if err := pglogrepl.DropReplicationSlot(ctx, conn, w.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+				return fmt.Errorf("%w: dropping the invalidated slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
+			}
+		case w.recreate != "":
+			// Its streams failed with a decoder error at the same
+			// position for unreadableAfter (walslot.go). WAIT: the
+			// walsender of the last stream may still be exiting.
+			w.log.Error("replication slot unreadable: PostgreSQL's decoder fails on it at the same position every time; dropping it and creating another (table mode loses nothing; log-only mode records the window as a loss)",
+				"slot", w.cfg.Slot, "error", w.recreate)
+			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := pglogrepl.DropReplicationSlot(dctx, conn, w.cfg.Slot, pglogrepl.DropReplicationSlotOptions{Wait: true})
+			cancel()
+			if err != nil {
+				return fmt.Errorf("%w: dropping the unreadable slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
+			}
+		default:
 			// The stream starts at the slot's confirmed position: report
 			// that until the loop takes more.
 			lsn, err := pglogrepl.ParseLSN(string(row[3]))
@@ -860,34 +905,62 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 			}
 			return nil
 		}
-		reason = "invalidated (wal_status lost)"
-		w.log.Warn("replication slot invalidated by the server (wal_status lost); recreating it and claiming from the table meanwhile (nothing is lost: the table holds every row)", "slot", w.cfg.Slot)
-		if err := pglogrepl.DropReplicationSlot(ctx, conn, w.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
-			return fmt.Errorf("%w: dropping the invalidated slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
-		}
 	}
+	for attempt := 1; ; attempt++ {
+		lsn, err := w.createSlot(ctx, conn)
+		if err != nil {
+			return err
+		}
+		w.recreate = ""
+		if w.logState != nil {
+			// Writers may emit into the slot from now on: a slot
+			// dropped below as unreadable leaves a loss window.
+			if err := w.logState.slotCreated(ctx, conn, w.cfg.Slot, reason, lsn); err != nil {
+				return err
+			}
+		}
+		err = w.check(ctx, pgconnQuery(conn), w.cfg.Slot, w.cfg.Publication)
+		switch {
+		case err == nil:
+			w.startAt(lsn)
+			w.log.Info("replication slot created", "slot", w.cfg.Slot)
+			return nil
+		case !errors.Is(err, ErrSlotUnreadable):
+			// The check could not run: the slot stays, and a stream
+			// that fails on it for unreadableAfter recreates it.
+			return fmt.Errorf("%w: slot %s created: %w", ErrWALUnavailable, w.cfg.Slot, err)
+		case attempt == slotCreateAttempts:
+			return fmt.Errorf("%w: slot %s created %d times, unreadable each time: %w", ErrWALUnavailable, w.cfg.Slot, attempt, err)
+		}
+		w.log.Warn("replication slot created unreadable (PostgreSQL's decoder fails on it; other sessions dropped tables while it was created); dropping it and creating another",
+			"slot", w.cfg.Slot, "attempt", attempt, "error", err)
+		if err := pglogrepl.DropReplicationSlot(ctx, conn, w.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+			return fmt.Errorf("%w: dropping the unreadable slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
+		}
+		reason = WALLossUnreadableAtCreation
+	}
+}
+
+// createSlot creates the slot and returns its consistent point, once the
+// commits before it are visible (waitCommitsVisible).
+func (w *walReader) createSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, error) {
 	created, err := pglogrepl.CreateReplicationSlot(ctx, conn, w.cfg.Slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
 	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "42710" { // another relay created it meanwhile
-			return fmt.Errorf("%w: slot %s was created by another relay meanwhile", ErrWALUnavailable, w.cfg.Slot)
+			return 0, fmt.Errorf("%w: slot %s was created by another relay meanwhile", ErrWALUnavailable, w.cfg.Slot)
 		}
-		return fmt.Errorf("%w: creating slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
+		return 0, fmt.Errorf("%w: creating slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
 	}
 	lsn, err := pglogrepl.ParseLSN(created.ConsistentPoint)
 	if err != nil {
-		return fmt.Errorf("%w: slot %s created at %q: %v", ErrWALUnavailable, w.cfg.Slot, created.ConsistentPoint, err)
+		return 0, fmt.Errorf("%w: slot %s created at %q: %v", ErrWALUnavailable, w.cfg.Slot, created.ConsistentPoint, err)
 	}
 	if err := waitCommitsVisible(ctx, conn); err != nil {
-		return fmt.Errorf("%w: slot %s created: %v", ErrWALUnavailable, w.cfg.Slot, err)
+		return 0, fmt.Errorf("%w: slot %s created: %v", ErrWALUnavailable, w.cfg.Slot, err)
 	}
-	w.startAt(lsn)
-	w.log.Info("replication slot created", "slot", w.cfg.Slot)
-	if w.logState != nil {
-		return w.logState.slotCreated(ctx, conn, w.cfg.Slot, reason, lsn)
-	}
-	return nil
+	return lsn, nil
 }
 
 // commitsInvisible counts the transactions that have committed (the

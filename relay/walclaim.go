@@ -107,6 +107,17 @@ func (r *Relay) startWAL(ctx context.Context) (<-chan struct{}, func()) {
 	r.wal.fence = r.fenceSlotReader
 	r.wal.observer, _ = r.cfg.Observer.(SourceObserver)
 	r.wal.standbyWait = r.cfg.LeaseHeartbeat
+	if hook := r.slotCheckHook; hook != nil {
+		r.wal.check = func(ctx context.Context, q queryOne, slot, pub string) error {
+			if err := hook(slot); err != nil {
+				return unreadable(err)
+			}
+			return checkSlot(ctx, q, slot, pub)
+		}
+	}
+	if r.unreadableAfter > 0 {
+		r.wal.unreadable.after = r.unreadableAfter
+	}
 	r.tableDue = true
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -1016,13 +1027,21 @@ func DropWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig) 
 // (<table>_wal_log) has a record of one (the slot was dropped or lost
 // since) is a loss window, recorded as a relay records one (relays are
 // not ready until `outbox wal ack-loss`; ReadWALStatus shows it); a slot
-// retired with DropWAL has no record. It returns the state afterwards
-// (ReadWALStatus). Errors:
+// retired with DropWAL has no record. A slot it creates is read once
+// (once the transactions running at its creation ended, up to 5 s) and
+// created again, up to 3 slots in all, while PostgreSQL's decoder cannot
+// read it (ErrSlotUnreadable; docs/wal.md, "A slot the server cannot
+// read"); the window from the first such slot's start is then recorded
+// as a loss with Reason WALLossUnreadableAtCreation, since log-only
+// writers may have emitted into it: acknowledge it (AckWALLoss) if none
+// ran. It returns the state afterwards (ReadWALStatus). Errors:
 // ErrInvalidConfig for an Outbox of another dialect, a bad name, a slot of
 // that name that is not a pgoutput slot of this database, or a publication
 // of that name that does not publish the table's inserts; ErrWALUnavailable
 // when the server refuses (wal_level is not logical, the role lacks
-// REPLICATION or ownership of the table), with the server's error.
+// REPLICATION or ownership of the table), with the server's error, and
+// with ErrSlotUnreadable too when 3 slots in a row could not be read (the
+// last is left in place: a relay recreates it if it still cannot read it).
 func CreateWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig) (WALStatus, error) {
 	slot, pub, err := walNames(ctx, ob, db, cfg)
 	if err != nil {
@@ -1052,14 +1071,13 @@ func CreateWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig
 	var plugin string
 	var here bool
 	err = db.QueryRowContext(ctx, "SELECT COALESCE(plugin, ''), database IS NOT DISTINCT FROM current_database() FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &here)
-	created := false
+	created, unreadableFrom := false, ""
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		_, err := db.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
-		if err != nil && sqlerr.PostgresCode(err) != "42710" {
-			return WALStatus{}, fmt.Errorf("%w: creating slot %s: %w", ErrWALUnavailable, slot, err)
+		created, unreadableFrom, err = createCheckedSlot(ctx, db, slot, pub)
+		if err != nil {
+			return WALStatus{}, err
 		}
-		created = err == nil
 	case err != nil:
 		return WALStatus{}, fmt.Errorf("outbox: reading slot %s: %w", slot, err)
 	case plugin != "pgoutput" || !here:
@@ -1085,5 +1103,51 @@ func CreateWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig
 			return WALStatus{}, fmt.Errorf("outbox: recording the loss window of slot %s in %s: %w", slot, d.WALLogTable(), err)
 		}
 	}
+	if unreadableFrom != "" {
+		// Log-only writers may have emitted into the unreadable slots
+		// dropped meanwhile: their events from the first one's start to
+		// this one's cannot be read (walslot.go).
+		if _, err := db.ExecContext(ctx, "UPDATE "+d.WALLogTable()+" w SET loss_from = COALESCE(w.loss_from, $2::pg_lsn), loss_to = s.confirmed_flush_lsn, "+
+			"loss_at = COALESCE(w.loss_at, clock_timestamp()), loss_reason = COALESCE(w.loss_reason, $3), confirmed_lsn = s.confirmed_flush_lsn, updated_at = clock_timestamp() "+
+			"FROM pg_replication_slots s WHERE w.slot_name = $1 AND s.slot_name = $1 AND s.confirmed_flush_lsn IS NOT NULL", slot, unreadableFrom, WALLossUnreadableAtCreation); err != nil {
+			return WALStatus{}, fmt.Errorf("outbox: recording the loss window of slot %s in %s: %w", slot, d.WALLogTable(), err)
+		}
+	}
 	return ReadWALStatus(ctx, ob, db, WALConfig{Slot: slot, Publication: pub})
+}
+
+// createCheckedSlot creates slot (pgoutput) and reads it once (checkSlot),
+// creating it again while the server's decoder cannot read it, up to
+// slotCreateAttempts slots. It returns whether it created the slot
+// (false: another process created it meanwhile), and the start of the
+// first slot it dropped as unreadable ("" if none). Errors wrap
+// ErrWALUnavailable (and ErrSlotUnreadable after slotCreateAttempts
+// unreadable slots, the last one left in place).
+func createCheckedSlot(ctx context.Context, db *sql.DB, slot, pub string) (created bool, unreadableFrom string, err error) {
+	for attempt := 1; ; attempt++ {
+		var start string
+		err := db.QueryRowContext(ctx, "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", slot).Scan(&start)
+		switch {
+		case sqlerr.PostgresCode(err) == "42710": // created meanwhile
+			return created, unreadableFrom, nil
+		case err != nil:
+			return created, unreadableFrom, fmt.Errorf("%w: creating slot %s: %w", ErrWALUnavailable, slot, err)
+		}
+		created = true
+		err = checkSlot(ctx, dbQuery(db), slot, pub)
+		switch {
+		case err == nil:
+			return created, unreadableFrom, nil
+		case !errors.Is(err, ErrSlotUnreadable):
+			return created, unreadableFrom, fmt.Errorf("%w: slot %s created: %w", ErrWALUnavailable, slot, err)
+		case attempt == slotCreateAttempts:
+			return created, unreadableFrom, fmt.Errorf("slot %s created %d times, unreadable each time: %w", slot, attempt, err)
+		}
+		if unreadableFrom == "" {
+			unreadableFrom = start
+		}
+		if _, err := db.ExecContext(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+			return created, unreadableFrom, fmt.Errorf("%w: dropping the unreadable slot %s: %w", ErrWALUnavailable, slot, err)
+		}
+	}
 }

@@ -53,9 +53,20 @@ type WALLoss struct {
 	Slot     string
 	From, To string // LSNs, PostgreSQL's text form (0/16B3748)
 	At       time.Time
-	// Reason is "slot missing (dropped)" or "slot invalidated (wal_status lost)".
+	// Reason is "missing (dropped)", "invalidated (wal_status lost)",
+	// WALLossUnreadableAtCreation, or "unreadable by the server (<the
+	// decoder's error>)" for a slot whose reads kept failing (walslot.go).
 	Reason string
 }
+
+// WALLossUnreadableAtCreation is the WALLoss.Reason of a window recorded
+// because a slot just created could not be read by the server's decoder
+// and was created again (ErrSlotUnreadable; docs/wal.md): log-only
+// writers may have emitted into the slot dropped in the moment between.
+// A process that knows no log-only writer ran meanwhile (an operator's
+// `outbox wal create` before the writers start) may acknowledge it at
+// once (AckWALLoss).
+const WALLossUnreadableAtCreation = "unreadable by the server when created"
 
 // WALLossObserver is an optional interface of an Observer (package
 // metrics' RelayMetrics implements it: outbox_relay_wal_loss). A relay

@@ -125,7 +125,10 @@ keeps WAL from now on: start a relay on it, or drop it with 'outbox wal
 drop'. It fails, naming the server's error, if wal_level is not logical
 (set it and restart the server), the role lacks a privilege, a slot of that
 name is not a pgoutput slot of this database, or a publication of that name
-does not publish the table's inserts.`,
+does not publish the table's inserts. A slot it creates is read once, and
+created again if the server's decoder cannot read it (PostgreSQL 15 can
+create such a slot while other sessions drop tables); that prints a LOSS
+line, since log-only writers could have emitted into the first slot.`,
 		Example: `  outbox wal create --dsn postgres://owner@db/app
   outbox wal create --wal-slot billing_outbox --wal-publication billing_outbox_pub`,
 		Args: cobra.NoArgs,
@@ -134,12 +137,20 @@ does not publish the table's inserts.`,
 			if err != nil {
 				return err
 			}
-			if _, err := relay.CreateWAL(ctx, ob, db, cfg); err != nil {
+			after, err := relay.CreateWAL(ctx, ob, db, cfg)
+			if err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "publication %s %s; slot %s %s\n",
 				before.Publication, map[bool]string{true: "existed", false: "created"}[before.PublicationExists],
 				before.Slot, map[bool]string{true: "existed", false: "created"}[before.SlotExists])
+			if after.Loss != nil {
+				hint := "acknowledge with 'outbox wal ack-loss' once its events are accounted for"
+				if after.Loss.Reason == relay.WALLossUnreadableAtCreation {
+					hint = "the server could not read the slot first created, so it was created again; if no log-only writer ran since this command started, nothing was lost: acknowledge with 'outbox wal ack-loss'"
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "LOSS: events committed between %s and %s may be lost (%s): %s\n", after.Loss.From, after.Loss.To, after.Loss.Reason, hint)
+			}
 			return nil
 		}),
 	}

@@ -165,6 +165,16 @@ func TestWALCreateCommand(t *testing.T) {
 	if !strings.Contains(r.stdout, "no loss window recorded") {
 		t.Errorf("second ack-loss: %q", r.stdout)
 	}
+	// A slot dropped by hand while recorded: create makes a new one and
+	// says what may have been lost.
+	if _, err := tg.plainDB(t).Exec("SELECT pg_drop_replication_slot($1)", slot); err != nil {
+		t.Fatal(err)
+	}
+	r = expect(t, cli(t, append(append([]string{}, global...), "wal", "create", "--wal-slot", slot)...), 0)
+	if !strings.Contains(r.stdout, "slot "+slot+" created") || !strings.Contains(r.stdout, "LOSS: events committed between") || !strings.Contains(r.stdout, "(missing (dropped))") {
+		t.Errorf("create after the slot was dropped by hand: %q", r.stdout)
+	}
+	expect(t, cli(t, append(append([]string{}, global...), "wal", "ack-loss", "--wal-slot", slot)...), 0)
 
 	other := randomTable()
 	tg.migrate(t, other)
