@@ -86,8 +86,8 @@ type FaultConfig[R any] struct {
 	// PublishTimeout is the relay's (DefaultPublishTimeout if 0).
 	PublishTimeout time.Duration
 	// Source is how the relay learns of committed events: the table
-	// claim (the zero value), or PostgreSQL's log (SourceWAL: PostgreSQL
-	// targets only). [RunFaults] sets it.
+	// claim (the zero value), or PostgreSQL's log (SourceWAL,
+	// SourceWALLogOnly: PostgreSQL targets only). [RunFaults] sets it.
 	Source Source
 }
 
@@ -100,6 +100,10 @@ const (
 	// SourceWAL: the relay reads the table's inserts from a replication
 	// slot of the run's own (relay.SourceWAL, table mode).
 	SourceWAL
+	// SourceWALLogOnly: SourceWAL with log-only writers
+	// (driver.Config.LogOnly): the events are in no table, and the
+	// committed ones are read from the writers' sequence table.
+	SourceWALLogOnly
 )
 
 // String names the source in a subtest's name.
@@ -107,6 +111,8 @@ func (s Source) String() string {
 	switch s {
 	case SourceWAL:
 		return "wal"
+	case SourceWALLogOnly:
+		return "wal-log-only"
 	}
 	return "claim"
 }
@@ -189,9 +195,10 @@ func (r FaultReport) String() string {
 // RunFaults runs every case on each of its targets, each run a parallel
 // subtest "case/target" of its own (its own tables, publisher, proxy and
 // consumer), and fails a run whose [FaultReport.Err] is not nil. On pgx
-// (when among the targets) each case runs once more with the relay
-// reading PostgreSQL's log, "case/pgx-wal" ([SourceWAL], table mode).
-// Each run is bounded by 3 minutes.
+// (when among the targets) each case runs twice more with the relay
+// reading PostgreSQL's log, "case/pgx-wal" ([SourceWAL]) and
+// "case/pgx-wal-log-only" ([SourceWALLogOnly]). Each run is bounded by 3
+// minutes.
 func RunFaults[R any](t *testing.T, cases ...FaultCase[R]) {
 	t.Helper()
 	for _, c := range cases {
@@ -210,12 +217,8 @@ func RunFaults[R any](t *testing.T, cases ...FaultCase[R]) {
 			for _, tg := range targets {
 				runs = append(runs, run{tg.Name, tg, SourceClaim})
 				if tg.Name == "pgx" {
-					// Table mode only: a log-only run's events are only
-					// in the slot, and one CI run saw the server fail to
-					// decode a slot for good ("could not map filenode";
-					// docs/testing.md): the log-only mode meets these
-					// faults in integration/kafkafaults instead.
-					runs = append(runs, run{tg.Name + "-" + SourceWAL.String(), tg, SourceWAL})
+					runs = append(runs, run{tg.Name + "-" + SourceWAL.String(), tg, SourceWAL},
+						run{tg.Name + "-" + SourceWALLogOnly.String(), tg, SourceWALLogOnly})
 				}
 			}
 			for _, rn := range runs {
@@ -271,12 +274,14 @@ func RunFault[R any](ctx context.Context, t *testing.T, target testdb.Target, cf
 		timeout = DefaultPublishTimeout
 	}
 
-	e := testdb.New(t, target, driver.Config{})
+	logOnly := cfg.Source == SourceWALLogOnly
+	e := testdb.New(t, target, driver.Config{LogOnly: logOnly})
 	var wal relay.WALConfig
 	if cfg.Source != SourceClaim {
 		wal = WALSlot(t, ctx, e)
 	}
 	w := newWriters(t, e, aggs)
+	w.seqIDs = logOnly
 	probe := &Probe{timeout: timeout}
 	var logs testdb.SyncBuffer
 	t.Cleanup(func() {
@@ -357,7 +362,17 @@ func RunFault[R any](ctx context.Context, t *testing.T, target testdb.Target, cf
 		return err == nil && n == 0
 	}, func() string { return "the relay to publish or dead-letter every row: " + probe.String() })
 	rows, premise := w.readBack(t, ctx)
-	sent := testdb.Column(t, ctx, e.RelayDB, "SELECT message_id FROM "+e.Table+" WHERE "+e.IsSent())
+	var sent []string
+	if logOnly {
+		// Nothing is left in the table, and nothing says what was
+		// published: every event committed must arrive (one that never
+		// does is lost, and fails the wait).
+		for _, r := range rows {
+			sent = append(sent, r.MessageID)
+		}
+	} else {
+		sent = testdb.Column(t, ctx, e.RelayDB, "SELECT message_id FROM "+e.Table+" WHERE "+e.IsSent())
+	}
 	recs, err := cfg.WaitForAll(ctx, sent...)
 	if err != nil {
 		t.Fatalf("waiting for the %d events sent of %d committed: %v (%s)", len(sent), len(rows), err, probe.report(cfg.Check(rows, recs), cfg.Dedupes, premise))
@@ -595,9 +610,13 @@ func Revoked(d time.Duration, revoke, restore func(t *testing.T)) func(context.C
 // aggregate's row in a table of their own, increments its seq and emits
 // an event carrying it.
 type writers struct {
-	e         *testdb.Env
-	aggs      int
-	seqTable  string
+	e        *testdb.Env
+	aggs     int
+	seqTable string
+	// seqIDs: each event's message ID is seqID(aggregate, seq), and
+	// readBack lists the events from seqTable (log-only writers write no
+	// rows).
+	seqIDs    bool
 	committed atomic.Int64
 	stopAt    atomic.Int64 // -1: not known yet
 }
@@ -674,8 +693,12 @@ func (w *writers) commit(ctx context.Context, agg, lock, bump string) error {
 	if _, err := tx.ExecContext(ctx, bump, seq, agg); err != nil {
 		return err
 	}
-	if err := outbox.Emit(ctx, outbox.Event{AggregateType: AggregateType, AggregateID: agg, Type: AggregateType + ".updated",
-		Payload: fmt.Appendf(nil, `{"seq":%d}`, seq)}); err != nil {
+	ev := outbox.Event{AggregateType: AggregateType, AggregateID: agg, Type: AggregateType + ".updated",
+		Payload: fmt.Appendf(nil, `{"seq":%d}`, seq)}
+	if w.seqIDs {
+		ev.ID = seqID(agg, seq)
+	}
+	if err := outbox.Emit(ctx, ev); err != nil {
 		return err
 	}
 	return tx.Commit()
@@ -697,6 +720,9 @@ func lockConflict(err error) bool {
 // ... in that order.
 func (w *writers) readBack(t *testing.T, ctx context.Context) ([]outboxtest.Row, []string) {
 	t.Helper()
+	if w.seqIDs {
+		return w.readSeq(t, ctx), nil
+	}
 	q, err := w.e.RelayDB.QueryContext(ctx, "SELECT id, message_id, aggregate_type, aggregate_id, payload FROM "+w.e.Table+" ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
@@ -728,3 +754,37 @@ func (w *writers) readBack(t *testing.T, ctx context.Context) ([]outboxtest.Row,
 }
 
 var _ relay.OrderObserver = observer{}
+
+// seqID is the message ID of aggregate agg's event seq when the writers'
+// events are listed from their sequence table (writers.seqIDs).
+func seqID(agg string, seq int) string {
+	return fmt.Sprintf("%x-%d", agg, seq)
+}
+
+// readSeq lists the events the writers committed from their sequence
+// table (aggregate agg at seq n committed seqs 1 to n), with the seq as
+// the row's ID: order is judged per aggregate, and an aggregate's seqs
+// are its commit order.
+func (w *writers) readSeq(t *testing.T, ctx context.Context) []outboxtest.Row {
+	t.Helper()
+	q, err := w.e.RelayDB.QueryContext(ctx, "SELECT id, seq FROM "+w.seqTable+" ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	var rows []outboxtest.Row
+	for q.Next() {
+		var agg string
+		var n int
+		if err := q.Scan(&agg, &n); err != nil {
+			t.Fatal(err)
+		}
+		for seq := 1; seq <= n; seq++ {
+			rows = append(rows, outboxtest.Row{ID: int64(seq), MessageID: seqID(agg, seq), AggregateType: AggregateType, AggregateID: agg})
+		}
+	}
+	if err := q.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
