@@ -70,3 +70,17 @@ func (r *Relay) OnSlotCheck(fn func(slot string) error) { r.slotCheckHook = fn }
 // fail with a decoder error at one position before it recreates the slot
 // (default 30 s). Call it before Run.
 func (r *Relay) RecreateUnreadableAfter(d time.Duration) { r.unreadableAfter = d }
+
+// OnRecreate makes the WAL source call fn before it reads again a slot
+// whose streams kept failing, to decide whether to recreate it. Call it
+// before Run.
+func (r *Relay) OnRecreate(fn func(slot string)) { r.recreateHook = fn }
+
+// OnCreateWALCheck makes CreateWAL call fn before it reads a slot it
+// created; an error of fn (SQLSTATE XX000: the server's decoder failing)
+// stands for the read's. It returns the function that removes fn; fn
+// sees the slots of every test, and must return nil for others'.
+func OnCreateWALCheck(fn func(slot string) error) (remove func()) {
+	createWALCheckHook.Store(&fn)
+	return func() { createWALCheckHook.Store(nil) }
+}

@@ -51,7 +51,12 @@ func dialectOf(ob *driver.Outbox) (*dialect.Dialect, error) {
 // relaying and after it returned; an error wrapping ErrUnhealthy while
 // the database pings, the broker checks (a HealthChecker Publisher) or the
 // relay's cycles have been failing, with no success in between, for
-// longer than UnhealthyAfter; and Live's error (wrapping ErrStalled)
+// longer than UnhealthyAfter, or, in the log-only mode (whose events are
+// in no table), while the WAL source's stream has not stayed open since
+// it failed more than UnhealthyAfter ago (not counting a relay standing
+// by while another reads the slot); an error wrapping ErrWALLoss while a
+// loss window of the log-only mode is recorded and not acknowledged;
+// and Live's error (wrapping ErrStalled)
 // while the loop is stuck. A readiness probe (the outbox command's
 // /readyz) serves it.
 func (r *Relay) Ready() error {
@@ -65,6 +70,9 @@ func (r *Relay) Ready() error {
 		return err // a stuck loop publishes nothing
 	}
 	if err := r.walLossErr(); err != nil {
+		return err
+	}
+	if err := r.walDownErr(time.Now()); err != nil {
 		return err
 	}
 	return r.health.verdict(time.Now(), r.cfg.UnhealthyAfter)

@@ -348,6 +348,7 @@ type Relay struct {
 	// unreadableAfter replaces the constant of that name (walslot.go).
 	slotCheckHook   func(slot string) error
 	unreadableAfter time.Duration
+	recreateHook    func(slot string) // tests: called before the reader reads a slot it decided to recreate
 	// wal is the WAL source's reader (Config.Source SourceWAL), set by
 	// Run; tableDue and walEpoch are owned by the Run goroutine
 	// (walclaim.go).
@@ -369,6 +370,9 @@ type Relay struct {
 	// walLoss is the log-only mode's recorded, unacknowledged loss window
 	// (walstate.go), or nil.
 	walLoss atomic.Pointer[WALLoss]
+	// walDown is the log-only mode's current outage of its stream (the
+	// reader reports it; nil while it streams or stands by), for Ready.
+	walDown atomic.Pointer[walOutage]
 	// logTaken is set by walClaim when it took events of logical decoding
 	// messages (log-only mode), and logDone by the cycle once each of them
 	// is published or written to the table: the cycle's end then settles

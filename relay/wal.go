@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -258,6 +259,10 @@ type walReader struct {
 	// opened is called when a stream opens (run's repeat log: the
 	// failures before it are over).
 	opened func()
+	// outage, if set (log-only mode), hears of the stream's outages: the
+	// first failure of a run of them, and nil once a stream has stayed
+	// open for streamHealthy or another reader holds the slot.
+	outage func(*walOutage)
 	// check reads a slot just created once (checkSlot; tests replace it).
 	check func(ctx context.Context, q queryOne, slot, pub string) error
 	// unreadable and recreate belong to the run goroutine: streams that
@@ -265,6 +270,10 @@ type walReader struct {
 	// error's text, and the next ensureSlot drops and recreates the slot.
 	unreadable unreadableWatch
 	recreate   string
+	healthy    atomic.Bool // the current stream has been open for streamHealthy
+	// recreateHook (tests) is called before a slot to recreate is read
+	// again.
+	recreateHook func(slot string)
 
 	signal chan struct{} // rows were buffered, or the stream's state changed
 	space  chan struct{} // the loop took rows: a full buffer has room again
@@ -446,9 +455,16 @@ func (w *walReader) run(ctx context.Context) {
 	// open, then fail at the same record.
 	undecodable := newRepeatLog(w.log, slog.LevelWarn, "WAL source: PostgreSQL's decoder cannot read the slot; claiming from the table meanwhile (a slot that keeps failing at one position is dropped and created again)")
 	w.opened = unavailable.ok
+	var down *walOutage
 	for ctx.Err() == nil {
 		started := time.Now()
 		err := w.stream(ctx)
+		if w.healthy.Swap(false) {
+			// The stream had been open for streamHealthy: a new outage,
+			// and a new count of decoder errors, if any.
+			down = nil
+			w.unreadable = unreadableWatch{after: w.unreadable.after}
+		}
 		if ctx.Err() != nil {
 			break
 		}
@@ -464,6 +480,18 @@ func (w *walReader) run(ctx context.Context) {
 		w.mu.Lock()
 		pos := w.confirmed
 		w.mu.Unlock()
+		if w.outage != nil {
+			var pe *pgconn.PgError
+			switch {
+			case errors.As(err, &pe) && pe.Code == "55006":
+				down = nil // another reader streams: its readiness tells
+			case down == nil:
+				down = &walOutage{since: time.Now(), err: err}
+			default:
+				down = &walOutage{since: down.since, err: err}
+			}
+			w.outage(down)
+		}
 		if w.unreadable.failed(err, pos, time.Now()) {
 			w.recreate = decoderError(err)
 			w.unreadable = unreadableWatch{after: w.unreadable.after}
@@ -637,8 +665,15 @@ func (w *walReader) stream(parent context.Context) error {
 	// Without it the relay kept a dead stream until the kernel gave up on
 	// the socket, and log-only events, in no table, waited that long.
 	heard := time.Now()
+	openedAt := heard
 	for {
 		now := time.Now()
+		if !w.healthy.Load() && now.Sub(openedAt) >= streamHealthy {
+			w.healthy.Store(true)
+			if w.outage != nil {
+				w.outage(nil)
+			}
+		}
 		if silent := now.Sub(heard); w.receiveTimeout > 0 && silent > w.receiveTimeout {
 			return fmt.Errorf("%w: nothing from the server on the replication connection for %v (a reply was asked for every %v): presumed dead", ErrWALUnavailable, silent.Round(time.Millisecond), w.statusInt)
 		}
@@ -781,6 +816,17 @@ func (w *walReader) stream(parent context.Context) error {
 	}
 }
 
+// walOutage is a run of failed streams of the log-only mode: since the
+// first failure, with the last error (Ready).
+type walOutage struct {
+	since time.Time
+	err   error
+}
+
+// streamHealthy is how long a stream must stay open to end an outage: an
+// unreadable slot's streams open, then fail at once.
+const streamHealthy = 2 * time.Second
+
 // logStatusInterval is how soon, at most, a relay reading logical
 // decoding messages (log-only mode) reports a position that moved: what
 // it has not reported is published again after a crash.
@@ -873,6 +919,23 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		if string(row[1]) != "pgoutput" || string(row[2]) != "t" {
 			return fmt.Errorf("%w: slot %s exists but is not a pgoutput slot of this database: name another WALConfig.Slot", ErrInvalidConfig, w.cfg.Slot)
 		}
+		if w.recreate != "" && string(row[0]) != "lost" {
+			if w.recreateHook != nil {
+				w.recreateHook(w.cfg.Slot)
+			}
+			still, release, err := w.stillUnreadable(ctx, conn)
+			if err != nil {
+				return err
+			}
+			if release != nil {
+				defer release() // after the new slot is created and checked
+			}
+			if !still {
+				w.log.Info("replication slot readable again (another relay recreated it, or the failure passed): keeping it", "slot", w.cfg.Slot)
+				w.recreate = ""
+				reason = "missing (dropped)"
+			}
+		}
 		switch {
 		case string(row[0]) == "lost":
 			reason = "invalidated (wal_status lost)"
@@ -882,14 +945,11 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 			}
 		case w.recreate != "":
 			// Its streams failed with a decoder error at the same
-			// position for unreadableAfter (walslot.go). WAIT: the
-			// walsender of the last stream may still be exiting.
+			// position for unreadableAfter, and it still fails
+			// (stillUnreadable, whose lock this relay holds).
 			w.log.Error("replication slot unreadable: PostgreSQL's decoder fails on it at the same position every time; dropping it and creating another (table mode loses nothing; log-only mode records the window as a loss)",
 				"slot", w.cfg.Slot, "error", w.recreate)
-			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			err := pglogrepl.DropReplicationSlot(dctx, conn, w.cfg.Slot, pglogrepl.DropReplicationSlotOptions{Wait: true})
-			cancel()
-			if err != nil {
+			if err := pglogrepl.DropReplicationSlot(ctx, conn, w.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
 				return fmt.Errorf("%w: dropping the unreadable slot %s: %v", ErrWALUnavailable, w.cfg.Slot, err)
 			}
 		default:

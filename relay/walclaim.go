@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -103,6 +104,7 @@ func (r *Relay) startWAL(ctx context.Context) (<-chan struct{}, func()) {
 	r.wal.logPrefix = logmsg.Prefix(r.table)
 	if r.ob.Config().LogOnly {
 		r.wal.logState = &walLogState{table: r.d.WALLogTable(), log: r.log}
+		r.wal.outage = func(o *walOutage) { r.walDown.Store(o) }
 	}
 	r.wal.fence = r.fenceSlotReader
 	r.wal.observer, _ = r.cfg.Observer.(SourceObserver)
@@ -118,6 +120,7 @@ func (r *Relay) startWAL(ctx context.Context) (<-chan struct{}, func()) {
 	if r.unreadableAfter > 0 {
 		r.wal.unreadable.after = r.unreadableAfter
 	}
+	r.wal.recreateHook = r.recreateHook
 	r.tableDue = true
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -1068,49 +1071,37 @@ func CreateWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig
 	if err := publicationProblem(pub, ob.Config().Table, inserts, hasTable); err != nil {
 		return WALStatus{}, err
 	}
+	// The log-only mode's record of the slot (walstate.go), from its
+	// creation on: writers may emit as soon as the slot exists.
+	// Looked for first: CREATE TABLE IF NOT EXISTS needs CREATE on the
+	// schema even when the table exists.
+	var logExists bool
+	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", d.WALLogTable()).Scan(&logExists); err != nil {
+		return WALStatus{}, fmt.Errorf("outbox: looking for %s: %w", d.WALLogTable(), err)
+	}
+	if !logExists {
+		if _, err := db.ExecContext(ctx, walLogTableDDL(d.WALLogTable())); err != nil {
+			return WALStatus{}, fmt.Errorf("%w: creating %s: %w", ErrWALUnavailable, d.WALLogTable(), err)
+		}
+	}
 	var plugin string
 	var here bool
 	err = db.QueryRowContext(ctx, "SELECT COALESCE(plugin, ''), database IS NOT DISTINCT FROM current_database() FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&plugin, &here)
-	created, unreadableFrom := false, ""
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		created, unreadableFrom, err = createCheckedSlot(ctx, db, slot, pub)
-		if err != nil {
+		if err := createCheckedSlot(ctx, db, d.WALLogTable(), slot, pub); err != nil {
 			return WALStatus{}, err
 		}
 	case err != nil:
 		return WALStatus{}, fmt.Errorf("outbox: reading slot %s: %w", slot, err)
 	case plugin != "pgoutput" || !here:
 		return WALStatus{}, fmt.Errorf("%w: slot %s exists but is not a pgoutput slot of this database: name another WALConfig.Slot", ErrInvalidConfig, slot)
-	}
-	// The log-only mode's record of the slot (walstate.go), from its
-	// creation on: writers may emit as soon as the slot exists.
-	if _, err := db.ExecContext(ctx, walLogTableDDL(d.WALLogTable())); err != nil {
-		return WALStatus{}, fmt.Errorf("%w: creating %s: %w", ErrWALUnavailable, d.WALLogTable(), err)
-	}
-	res, err := db.ExecContext(ctx, "INSERT INTO "+d.WALLogTable()+" (slot_name, confirmed_lsn) SELECT slot_name, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn IS NOT NULL ON CONFLICT (slot_name) DO NOTHING", slot)
-	if err != nil {
-		return WALStatus{}, fmt.Errorf("outbox: recording slot %s in %s: %w", slot, d.WALLogTable(), err)
-	}
-	if n, err := res.RowsAffected(); err == nil && n == 0 && created {
-		// The slot had a record, so it existed and held events from its
-		// recorded position on; it was missing, and this one starts now:
-		// the window between is a loss, recorded as a relay that finds
-		// its slot missing records it (walLogState.slotCreated).
-		if _, err := db.ExecContext(ctx, "UPDATE "+d.WALLogTable()+" w SET loss_from = COALESCE(w.loss_from, w.confirmed_lsn), loss_to = s.confirmed_flush_lsn, "+
-			"loss_at = COALESCE(w.loss_at, clock_timestamp()), loss_reason = COALESCE(w.loss_reason, 'missing (dropped)'), confirmed_lsn = s.confirmed_flush_lsn, updated_at = clock_timestamp() "+
-			"FROM pg_replication_slots s WHERE w.slot_name = $1 AND s.slot_name = $1 AND s.confirmed_flush_lsn IS NOT NULL", slot); err != nil {
-			return WALStatus{}, fmt.Errorf("outbox: recording the loss window of slot %s in %s: %w", slot, d.WALLogTable(), err)
-		}
-	}
-	if unreadableFrom != "" {
-		// Log-only writers may have emitted into the unreadable slots
-		// dropped meanwhile: their events from the first one's start to
-		// this one's cannot be read (walslot.go).
-		if _, err := db.ExecContext(ctx, "UPDATE "+d.WALLogTable()+" w SET loss_from = COALESCE(w.loss_from, $2::pg_lsn), loss_to = s.confirmed_flush_lsn, "+
-			"loss_at = COALESCE(w.loss_at, clock_timestamp()), loss_reason = COALESCE(w.loss_reason, $3), confirmed_lsn = s.confirmed_flush_lsn, updated_at = clock_timestamp() "+
-			"FROM pg_replication_slots s WHERE w.slot_name = $1 AND s.slot_name = $1 AND s.confirmed_flush_lsn IS NOT NULL", slot, unreadableFrom, WALLossUnreadableAtCreation); err != nil {
-			return WALStatus{}, fmt.Errorf("outbox: recording the loss window of slot %s in %s: %w", slot, d.WALLogTable(), err)
+	default:
+		// A slot that exists (made by a relay in table mode, say) gets
+		// a row if it has none.
+		if _, err := db.ExecContext(ctx, "INSERT INTO "+d.WALLogTable()+" (slot_name, confirmed_lsn) SELECT slot_name, confirmed_flush_lsn FROM pg_replication_slots "+
+			"WHERE slot_name = $1 AND confirmed_flush_lsn IS NOT NULL ON CONFLICT (slot_name) DO NOTHING", slot); err != nil {
+			return WALStatus{}, fmt.Errorf("outbox: recording slot %s in %s: %w", slot, d.WALLogTable(), err)
 		}
 	}
 	return ReadWALStatus(ctx, ob, db, WALConfig{Slot: slot, Publication: pub})
@@ -1118,36 +1109,66 @@ func CreateWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig
 
 // createCheckedSlot creates slot (pgoutput) and reads it once (checkSlot),
 // creating it again while the server's decoder cannot read it, up to
-// slotCreateAttempts slots. It returns whether it created the slot
-// (false: another process created it meanwhile), and the start of the
-// first slot it dropped as unreadable ("" if none). Errors wrap
-// ErrWALUnavailable (and ErrSlotUnreadable after slotCreateAttempts
-// unreadable slots, the last one left in place).
-func createCheckedSlot(ctx context.Context, db *sql.DB, slot, pub string) (created bool, unreadableFrom string, err error) {
+// slotCreateAttempts slots. Each slot it creates is recorded in walLog
+// (the log-only mode's state table) before it is read, as a relay
+// records the slot it creates (walLogState.slotCreated): where walLog has
+// a row for slot already (the slot existed and is gone), or for one
+// dropped here as unreadable (log-only writers may have emitted into it),
+// the window from the recorded position to the new start is recorded as
+// a loss, whatever happens next. Errors wrap ErrWALUnavailable (and
+// ErrSlotUnreadable after slotCreateAttempts unreadable slots, the last
+// one left in place); another process creating the slot meanwhile is no
+// error.
+func createCheckedSlot(ctx context.Context, db *sql.DB, walLog, slot, pub string) error {
+	reason := "missing (dropped)"
 	for attempt := 1; ; attempt++ {
 		var start string
 		err := db.QueryRowContext(ctx, "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", slot).Scan(&start)
 		switch {
 		case sqlerr.PostgresCode(err) == "42710": // created meanwhile
-			return created, unreadableFrom, nil
+			return nil
 		case err != nil:
-			return created, unreadableFrom, fmt.Errorf("%w: creating slot %s: %w", ErrWALUnavailable, slot, err)
+			return fmt.Errorf("%w: creating slot %s: %w", ErrWALUnavailable, slot, err)
 		}
-		created = true
-		err = checkSlot(ctx, dbQuery(db), slot, pub)
+		res, err := db.ExecContext(ctx, slotCreatedSQL(walLog, slot, reason, start))
+		if n, rerr := rowsAffected(res, err); rerr == nil && n == 0 {
+			_, err = db.ExecContext(ctx, slotFoundSQL(walLog, slot, start))
+		} else {
+			err = rerr
+		}
+		if err != nil {
+			return fmt.Errorf("outbox: recording slot %s in %s: %w", slot, walLog, err)
+		}
+		if h := createWALCheckHook.Load(); h != nil {
+			err = unreadable((*h)(slot))
+		}
+		if err == nil {
+			err = checkSlot(ctx, dbQuery(db), slot, pub)
+		}
 		switch {
 		case err == nil:
-			return created, unreadableFrom, nil
+			return nil
 		case !errors.Is(err, ErrSlotUnreadable):
-			return created, unreadableFrom, fmt.Errorf("%w: slot %s created: %w", ErrWALUnavailable, slot, err)
+			return fmt.Errorf("%w: slot %s created: %w", ErrWALUnavailable, slot, err)
 		case attempt == slotCreateAttempts:
-			return created, unreadableFrom, fmt.Errorf("slot %s created %d times, unreadable each time: %w", slot, attempt, err)
-		}
-		if unreadableFrom == "" {
-			unreadableFrom = start
+			return fmt.Errorf("slot %s created %d times, unreadable each time: %w", slot, attempt, err)
 		}
 		if _, err := db.ExecContext(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
-			return created, unreadableFrom, fmt.Errorf("%w: dropping the unreadable slot %s: %w", ErrWALUnavailable, slot, err)
+			return fmt.Errorf("%w: dropping the unreadable slot %s: %w", ErrWALUnavailable, slot, err)
 		}
+		reason = WALLossUnreadableAtCreation
 	}
+}
+
+// createWALCheckHook, if set (tests), runs before createCheckedSlot reads
+// a slot it created; its error stands for the read's (SQLSTATE XX000:
+// the decoder's).
+var createWALCheckHook atomic.Pointer[func(slot string) error]
+
+// rowsAffected is res.RowsAffected after an ExecContext that returned err.
+func rowsAffected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }

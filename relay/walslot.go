@@ -31,10 +31,14 @@ import (
 // ended (at most slotCheckWait), pg_logical_slot_peek_binary_changes
 // decodes it up to the server's current position, and a decoder error
 // means the slot is dropped and created again (slotCreateAttempts in
-// all). A slot that fails later, at the same position in every stream
-// for unreadableAfter (a record the first read did not reach; a slot
-// created before this check existed, or by hand), is dropped and created
-// again by the relay holding it. In table mode nothing is lost: the
+// all); it is recorded (log-only mode's state table) before it is read,
+// so that a slot dropped as unreadable leaves its window recorded
+// whatever fails next. A slot that fails later, at the same position in
+// every stream for unreadableAfter (a record the first read did not
+// reach; a slot created before this check existed, or by hand), is read
+// once more under an advisory lock of the slot's (two relays must not
+// both recreate it, the second dropping the first's new slot) and, if it
+// still fails, dropped and created again by the relay holding the lock. In table mode nothing is lost: the
 // rows are in the table, and the new stream starts with a claim. In
 // log-only mode the events of the window between the old slot's last
 // recorded position and the new slot's start cannot be read by anyone;
@@ -149,12 +153,58 @@ func checkSlot(ctx context.Context, q queryOne, slot, pub string) error {
 		case <-t.C:
 		}
 	}
+	return peekSlot(ctx, q, slot, pub)
+}
+
+// peekSlot decodes slot up to the server's current position without
+// consuming it (pgoutput, publication pub). It returns nil, an error
+// wrapping ErrSlotUnreadable if the decoder fails on the slot, or another
+// error (a reader holds the slot: 55006).
+func peekSlot(ctx context.Context, q queryOne, slot, pub string) error {
 	peek := "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(" + sqlLiteral(slot) +
 		", pg_current_wal_lsn(), NULL, 'proto_version', '1', 'publication_names', " + sqlLiteral(pub) + ")"
 	if _, err := q(ctx, peek); err != nil {
 		return unreadable(fmt.Errorf("reading slot %s once: %w", slot, err))
 	}
 	return nil
+}
+
+// stillUnreadable runs before the reader drops a slot whose streams kept
+// failing (walReader.recreate). Under an advisory lock of the slot's
+// (pg_try_advisory_lock, on conn's session: two relays that both decided
+// to recreate the slot must not both do it, the second dropping the
+// first's new slot), it reads the slot once more (peekSlot). It returns
+// true and the lock's release if the decoder still fails on it; false if
+// the slot can be read now (another relay recreated it meanwhile, or the
+// failure passed), the lock released; and an error wrapping
+// ErrWALUnavailable, the slot not to be dropped now, if another relay
+// holds the lock, a reader holds the slot (55006: run's standby and
+// fence), or the read could not run.
+func (w *walReader) stillUnreadable(ctx context.Context, conn *pgconn.PgConn) (bool, func(), error) {
+	q := pgconnQuery(conn)
+	key := "hashtext('outbox relay slot'), hashtext(" + sqlLiteral(w.cfg.Slot) + ")"
+	got, err := q(ctx, "SELECT pg_try_advisory_lock("+key+")")
+	if err != nil {
+		return false, nil, fmt.Errorf("%w: locking slot %s to recreate it: %w", ErrWALUnavailable, w.cfg.Slot, err)
+	}
+	if got != "t" {
+		return false, nil, fmt.Errorf("%w: slot %s is being recreated by another relay", ErrWALUnavailable, w.cfg.Slot)
+	}
+	release := func() {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, _ = q(rctx, "SELECT pg_advisory_unlock("+key+")")
+	}
+	err = peekSlot(ctx, q, w.cfg.Slot, w.cfg.Publication)
+	switch {
+	case err == nil:
+		release()
+		return false, nil, nil
+	case errors.Is(err, ErrSlotUnreadable):
+		return true, release, nil
+	}
+	release()
+	return false, nil, fmt.Errorf("%w: reading slot %s before recreating it: %w", ErrWALUnavailable, w.cfg.Slot, err)
 }
 
 // unreadableWatch decides when a slot whose streams keep failing with a

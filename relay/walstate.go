@@ -101,6 +101,13 @@ func walLogTableDDL(table string) string {
 // prepare runs in ensureSlot on the replication connection (simple
 // queries), before the slot is looked at: it creates the state table.
 func (s *walLogState) prepare(ctx context.Context, conn *pgconn.PgConn) error {
+	// Look first: CREATE TABLE IF NOT EXISTS needs CREATE on the schema
+	// even when the table exists, and a relay's role made with `outbox wal
+	// create` ahead need not have it.
+	res, err := conn.Exec(ctx, "SELECT to_regclass("+sqlLiteral(s.table)+") IS NOT NULL").ReadAll()
+	if err == nil && len(res) == 1 && len(res[0].Rows) == 1 && string(res[0].Rows[0][0]) == "t" {
+		return nil
+	}
 	if _, err := conn.Exec(ctx, walLogTableDDL(s.table)).ReadAll(); err != nil {
 		return fmt.Errorf("%w: log-only mode keeps its slot's position in %s and could not create it (create it with `outbox wal create` as the table's owner): %v", ErrWALUnavailable, s.table, err)
 	}
@@ -110,12 +117,31 @@ func (s *walLogState) prepare(ctx context.Context, conn *pgconn.PgConn) error {
 // slotFound records the position of a slot that exists (a row for it if
 // there was none).
 func (s *walLogState) slotFound(ctx context.Context, conn *pgconn.PgConn, slot string, at pglogrepl.LSN) error {
-	_, err := conn.Exec(ctx, "INSERT INTO "+s.table+" (slot_name, confirmed_lsn) VALUES ("+sqlLiteral(slot)+", "+sqlLiteral(at.String())+
-		") ON CONFLICT (slot_name) DO NOTHING").ReadAll()
-	if err != nil {
+	if _, err := conn.Exec(ctx, slotFoundSQL(s.table, slot, at.String())).ReadAll(); err != nil {
 		return fmt.Errorf("%w: recording slot %s in %s: %v", ErrWALUnavailable, slot, s.table, err)
 	}
 	return nil
+}
+
+// slotFoundSQL is the statement that records slot at position at (an LSN's
+// text) in the state table if it has no row for it.
+func slotFoundSQL(table, slot, at string) string {
+	return "INSERT INTO " + table + " (slot_name, confirmed_lsn) VALUES (" + sqlLiteral(slot) + ", " + sqlLiteral(at) +
+		") ON CONFLICT (slot_name) DO NOTHING"
+}
+
+// slotCreatedSQL is the statement that records, for a slot just created at
+// start (an LSN's text) where the state table has a row for it (the slot
+// existed and is gone: reason), the window from the recorded position to
+// start as a loss (the first window stays until acknowledged; a later one
+// widens it to the new start), and start as the slot's position. It
+// returns the window (loss_from, loss_to), or no row when the table had
+// none for the slot (slotFoundSQL then records it).
+func slotCreatedSQL(table, slot, reason, start string) string {
+	return "UPDATE " + table + " SET loss_from = COALESCE(loss_from, confirmed_lsn), loss_to = " + sqlLiteral(start) +
+		", loss_at = COALESCE(loss_at, clock_timestamp()), loss_reason = COALESCE(loss_reason, " + sqlLiteral(reason) +
+		"), confirmed_lsn = " + sqlLiteral(start) + ", updated_at = clock_timestamp() WHERE slot_name = " + sqlLiteral(slot) +
+		" RETURNING loss_from::text, loss_to::text"
 }
 
 // slotCreated runs after the slot was created at start (its consistent
@@ -124,11 +150,7 @@ func (s *walLogState) slotFound(ctx context.Context, conn *pgconn.PgConn, slot s
 // recorded as a loss (the first window stays until acknowledged; a later
 // one widens it to the new start) and logged at ERROR.
 func (s *walLogState) slotCreated(ctx context.Context, conn *pgconn.PgConn, slot, reason string, start pglogrepl.LSN) error {
-	lit := sqlLiteral(slot)
-	res, err := conn.Exec(ctx, "UPDATE "+s.table+" SET loss_from = COALESCE(loss_from, confirmed_lsn), loss_to = "+sqlLiteral(start.String())+
-		", loss_at = COALESCE(loss_at, clock_timestamp()), loss_reason = COALESCE(loss_reason, "+sqlLiteral(reason)+
-		"), confirmed_lsn = "+sqlLiteral(start.String())+", updated_at = clock_timestamp() WHERE slot_name = "+lit+
-		" RETURNING loss_from::text, loss_to::text").ReadAll()
+	res, err := conn.Exec(ctx, slotCreatedSQL(s.table, slot, reason, start.String())).ReadAll()
 	if err != nil {
 		return fmt.Errorf("%w: recording slot %s in %s: %v", ErrWALUnavailable, slot, s.table, err)
 	}
@@ -242,6 +264,19 @@ func (r *Relay) walLossErr() error {
 	}
 	return fmt.Errorf("%w: %w: slot %s, events committed between %s and %s (%s, %s); acknowledge with outbox wal ack-loss",
 		ErrUnhealthy, ErrWALLoss, l.Slot, l.From, l.To, l.Reason, l.At.UTC().Format(time.RFC3339))
+}
+
+// walDownErr is Ready's verdict on a log-only relay whose stream has not
+// stayed open since an outage began more than UnhealthyAfter ago (not
+// standing by: another reader holds the slot): its events are in no
+// table, and nothing relays them meanwhile. Nil otherwise.
+func (r *Relay) walDownErr(now time.Time) error {
+	o := r.walDown.Load()
+	if o == nil || now.Sub(o.since) <= r.cfg.UnhealthyAfter {
+		return nil
+	}
+	return fmt.Errorf("%w: the log-only mode's WAL source has not streamed for %s (more than %s), and its events wait in the slot: %w",
+		ErrUnhealthy, now.Sub(o.since).Round(time.Millisecond), r.cfg.UnhealthyAfter, o.err)
 }
 
 // AckWALLoss acknowledges the loss window recorded for the log-only mode's

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -270,5 +271,116 @@ func TestWALRelayRecreatesASlotCreatedUnreadable(t *testing.T) {
 				eventually(t, b.ctx, "the relay reports the loss", func() bool { return errors.Is(b.r.Ready(), relay.ErrWALLoss) })
 			}
 		})
+	}
+}
+
+// decoderError stands for the server's decoder failing on a slot.
+var decoderError = &pgconn.PgError{Severity: "ERROR", Code: "XX000", Message: `could not map filenode "base/1/2" to relation OID (the test's)`}
+
+// TestWALCreateRecordsAnUnreadableSlotWhateverFollows: CreateWAL drops a
+// slot it created unreadable (log-only writers may have emitted into it)
+// and records its window as a loss before anything else can fail: when
+// the next slot's read fails for another reason (a reader took the slot:
+// 55006), and when three slots in a row are unreadable. Before the fix
+// (found by a helper trying to break the change) the window was recorded
+// only on success: both cases left no loss, and a relay started later was
+// ready with the events of the dropped slot gone.
+func TestWALCreateRecordsAnUnreadableSlotWhateverFollows(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name           string
+		later          error // the reads after the first
+		wantUnreadable bool
+	}{
+		{"the next read fails otherwise", &pgconn.PgError{Severity: "ERROR", Code: "55006", Message: "replication slot is active (the test's)"}, false},
+		{"three unreadable", decoderError, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { // not parallel: the hook is the package's
+			e, wal := logEnv(t)
+			var reads atomic.Int32
+			remove := relay.OnCreateWALCheck(func(slot string) error {
+				if slot != wal.Slot {
+					return nil // another test's
+				}
+				if reads.Add(1) == 1 {
+					return decoderError
+				}
+				return tc.later
+			})
+			defer remove()
+			_, err := relay.CreateWAL(t.Context(), e.Outbox, e.RelayDB, wal)
+			if !errors.Is(err, relay.ErrWALUnavailable) || errors.Is(err, relay.ErrSlotUnreadable) != tc.wantUnreadable {
+				t.Fatalf("CreateWAL = %v; want ErrWALUnavailable, ErrSlotUnreadable %v", err, tc.wantUnreadable)
+			}
+			st, err := relay.ReadWALStatus(t.Context(), e.Outbox, e.RelayDB, wal)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !st.SlotExists || st.Loss == nil || st.Loss.Reason != relay.WALLossUnreadableAtCreation || st.Loss.From == st.Loss.To {
+				t.Fatalf("after CreateWAL failed: slot exists %v, loss %+v; want the slot and the window of the one dropped", st.SlotExists, st.Loss)
+			}
+		})
+	}
+}
+
+// TestWALRelayKeepsASlotReadableAgain: the relay decided to recreate its
+// slot (its streams kept failing at one record), and before it acts the
+// slot has been replaced by one it can read (here by the test; in life
+// by another relay that decided at the same time and took the slot's
+// advisory lock first). The relay reads the slot again under that lock,
+// keeps it and streams from it. Before the fix (found by a helper trying
+// to break the change) it dropped the readable slot and created another:
+// in log-only mode a loss window for a slot that had lost nothing.
+func TestWALRelayKeepsASlotReadableAgain(t *testing.T) {
+	t.Parallel()
+	pg := privateserver.StartPostgres(t, map[string]string{"wal_level": "logical"})
+	e := testdb.NewOn(t, walTarget, pg.DSN, driver.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pub := relay.PublicationName(e.Table)
+	if _, err := e.RelayDB.ExecContext(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+e.Table+" WITH (publish = 'insert')"); err != nil {
+		t.Fatal(err)
+	}
+	slot := unreadableSlot(t, ctx, e, pub)
+	wal := relay.WALConfig{DSN: e.DSN, Slot: slot, Publication: pub}
+	dropWAL(t, e, wal)
+	var logs testdb.SyncBuffer
+	var replaced atomic.Bool
+	b := setupOn(t, e, func(c *relay.Config) {
+		c.Source, c.WAL, c.PollInterval = relay.SourceWAL, wal, 30*time.Second
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	}, func(r *relay.Relay) {
+		r.RecreateUnreadableAfter(time.Second)
+		r.OnRecreate(func(slot string) {
+			if replaced.Swap(true) {
+				return
+			}
+			for { // the relay's last walsender may still hold it
+				_, err := e.RelayDB.ExecContext(ctx, "SELECT pg_drop_replication_slot($1)", slot)
+				if err == nil {
+					break
+				}
+				if sqlerr.PostgresCode(err) != "55006" || ctx.Err() != nil {
+					t.Errorf("dropping the unreadable slot: %v", err)
+					return
+				}
+			}
+			if _, err := e.RelayDB.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
+				t.Errorf("creating the slot again: %v", err)
+			}
+		})
+	})
+	eventually(t, b.ctx, "the slot replaced", replaced.Load)
+	waitStreaming(t, b, slot)
+	b.emit(t, event("A", 1))
+	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if fromStream, _ := b.r.WALCounts(); fromStream == 0 {
+		t.Fatal("A-1 did not come from the stream")
+	}
+	out := logs.String()
+	if !strings.Contains(out, "readable again") || strings.Contains(out, "replication slot created") {
+		t.Fatalf("the relay did not keep the readable slot; its log:\n%s", out)
 	}
 }
