@@ -107,7 +107,9 @@ type Config struct {
 	// on PostgreSQL's notification lock (BENCHMARKS.md, "NOTIFY and commit
 	// throughput"). Turn it off when every relay runs in the writing
 	// process (they are woken by Wakeup) or no relay listens: no
-	// notifier is started and no connection opened.
+	// notifier is started and no connection opened. LogOnly implies it:
+	// its events are in no table, and the WAL source's relays are woken
+	// by their stream.
 	DisableNotify bool
 	// LogOnly (PostgreSQL 14 or later, wal_level = logical) writes a
 	// transaction's events as one transactional logical decoding message
@@ -130,7 +132,8 @@ type Config struct {
 	// them: the relay reports that window and refuses readiness until an
 	// operator acknowledges it (docs/wal.md, "Log-only mode"). The same
 	// Emit API and limits; ErrDuplicateID is not detected (no row holds
-	// the id). Default false: rows, which every relay source reads.
+	// the id). No wake-up NOTIFY is sent (DisableNotify). Default
+	// false: rows, which every relay source reads.
 	// New refuses it on MySQL/MariaDB and SQLite (ErrInvalidConfig).
 	LogOnly bool
 	// Logger receives the warnings of the PostgreSQL wake-up notifier (a

@@ -84,10 +84,15 @@ type notifier struct {
 }
 
 // newNotifier returns the notifier for connections opened by connect, or
-// nil when o sends no NOTIFY (not PostgreSQL, or Config.DisableNotify).
+// nil when o sends no NOTIFY (not PostgreSQL, Config.DisableNotify or
+// Config.LogOnly).
 // Nothing runs and nothing connects before the first signal.
 func (o *Outbox) newNotifier(connect func(context.Context) (sqldriver.Conn, error)) *notifier {
-	if o.cfg.Dialect != Postgres || o.cfg.DisableNotify {
+	if o.cfg.Dialect != Postgres || o.cfg.DisableNotify || o.cfg.LogOnly {
+		// LogOnly: the events are in no table, so a relay woken to
+		// claim would find none; the WAL source's relays are woken by
+		// their stream. The NOTIFY cost a log-only commit about a tenth
+		// of its time (BENCHMARKS.md).
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())

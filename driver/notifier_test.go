@@ -250,41 +250,64 @@ func TestNotifierSurvivesTerminatedConnection(t *testing.T) {
 	}
 }
 
-// TestDisableNotifySendsNone: with Config.DisableNotify no statement
-// mentions pg_notify on any connection and a LISTENer hears nothing: the
-// first notification it gets is the test's own, sent after the pool is
-// closed (DB.Close would have flushed a NOTIFY still owed).
+// TestDisableNotifySendsNone: with Config.DisableNotify, and in the
+// log-only mode (Config.LogOnly: its events are in no table to claim), no
+// statement mentions pg_notify on any connection and a LISTENer hears
+// nothing: the first notification it gets is the test's own, sent after
+// the pool is closed (DB.Close would have flushed a NOTIFY still owed).
 func TestDisableNotifySendsNone(t *testing.T) {
 	t.Parallel()
-	for _, tg := range pgTargets {
-		t.Run(tg.Name, func(t *testing.T) {
-			t.Parallel()
-			ne := newNotifyEnv(t, tg, driver.Config{DisableNotify: true})
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			heard := testdb.Listen(t, ctx, ne.e.DSN, ne.channel)
-			for i := 0; i < 20; i++ {
-				if err := ne.commit(ctx, fmt.Sprint(i)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := ne.db.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := ne.e.RelayDB.ExecContext(ctx, "SELECT pg_notify($1, 'sentinel')", ne.channel); err != nil {
-				t.Fatal(err)
-			}
-			if p := waitNotification(t, ctx, heard, "sentinel"); p != "sentinel" {
-				t.Errorf("heard %q before the sentinel: a NOTIFY was sent despite DisableNotify", p)
-			}
-			for _, tx := range []bool{true, false} {
-				for _, q := range ne.rec.statements(tx) {
-					if strings.Contains(strings.ToLower(q), "notify") {
-						t.Errorf("sent %q despite DisableNotify", q)
-					}
-				}
+	for _, tc := range []struct {
+		name string
+		cfg  driver.Config
+	}{{"DisableNotify", driver.Config{DisableNotify: true}}, {"LogOnly", driver.Config{LogOnly: true}}} {
+		for _, tg := range pgTargets {
+			t.Run(tc.name+"/"+tg.Name, func(t *testing.T) {
+				t.Parallel()
+				testNotifySendsNone(t, tg, tc.cfg)
+			})
+		}
+	}
+}
+
+func testNotifySendsNone(t *testing.T, tg testdb.Target, cfg driver.Config) {
+	ne := newNotifyEnv(t, tg, cfg)
+	if cfg.LogOnly {
+		// Log-only writers need a pgoutput slot of the database.
+		testdb.RequireLogicalWAL(t, ne.e.RelayDB)
+		slot := strings.ToLower(testdb.RandomName("outbox_test_"))
+		if _, err := ne.e.RelayDB.Exec("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if _, err := ne.e.RelayDB.Exec("SELECT pg_drop_replication_slot($1)", slot); err != nil {
+				t.Errorf("dropping the test's slot %s: %v", slot, err)
 			}
 		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	heard := testdb.Listen(t, ctx, ne.e.DSN, ne.channel)
+	for i := 0; i < 20; i++ {
+		if err := ne.commit(ctx, fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ne.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ne.e.RelayDB.ExecContext(ctx, "SELECT pg_notify($1, 'sentinel')", ne.channel); err != nil {
+		t.Fatal(err)
+	}
+	if p := waitNotification(t, ctx, heard, "sentinel"); p != "sentinel" {
+		t.Errorf("heard %q before the sentinel: a NOTIFY was sent", p)
+	}
+	for _, tx := range []bool{true, false} {
+		for _, q := range ne.rec.statements(tx) {
+			if strings.Contains(strings.ToLower(q), "notify") {
+				t.Errorf("sent %q", q)
+			}
+		}
 	}
 }
 
