@@ -112,6 +112,22 @@ func unreadableSlot(t *testing.T, ctx context.Context, e *testdb.Env, pub string
 	return ""
 }
 
+// onUnreadableSlot makes an Env with cfg on pg (a private server: the
+// churn), the publication of its table, and a slot the server cannot read
+// (unreadableSlot), dropped when t ends; it returns the Env and the
+// WALConfig of a relay on that slot.
+func onUnreadableSlot(t *testing.T, ctx context.Context, pg *privateserver.Postgres, cfg driver.Config) (*testdb.Env, relay.WALConfig) {
+	t.Helper()
+	e := testdb.NewOn(t, walTarget, pg.DSN, cfg)
+	pub := relay.PublicationName(e.Table)
+	if _, err := e.RelayDB.ExecContext(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+e.Table+" WITH (publish = 'insert')"); err != nil {
+		t.Fatal(err)
+	}
+	wal := relay.WALConfig{DSN: e.DSN, Slot: unreadableSlot(t, ctx, e, pub), Publication: pub}
+	dropWAL(t, e, wal)
+	return e, wal
+}
+
 // TestWALRelayRecreatesAnUnreadableSlot: the relay's slot exists and the
 // server cannot read it (a real one, made under DDL churn). Every stream
 // fails at the same record; after RecreateUnreadableAfter (1 s here; 30 s
@@ -128,16 +144,10 @@ func TestWALRelayRecreatesAnUnreadableSlot(t *testing.T) {
 	pg := privateserver.StartPostgres(t, map[string]string{"wal_level": "logical"})
 	for _, logOnly := range []bool{false, true} {
 		t.Run(map[bool]string{false: "table", true: "log-only"}[logOnly], func(t *testing.T) {
-			e := testdb.NewOn(t, walTarget, pg.DSN, driver.Config{LogOnly: logOnly})
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			pub := relay.PublicationName(e.Table)
-			if _, err := e.RelayDB.ExecContext(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+e.Table+" WITH (publish = 'insert')"); err != nil {
-				t.Fatal(err)
-			}
-			slot := unreadableSlot(t, ctx, e, pub)
-			wal := relay.WALConfig{DSN: e.DSN, Slot: slot, Publication: pub}
-			dropWAL(t, e, wal)
+			e, wal := onUnreadableSlot(t, ctx, pg, driver.Config{LogOnly: logOnly})
+			slot := wal.Slot
 			var stuck string
 			if err := e.RelayDB.QueryRowContext(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&stuck); err != nil {
 				t.Fatal(err)
@@ -334,16 +344,10 @@ func TestWALCreateRecordsAnUnreadableSlotWhateverFollows(t *testing.T) {
 func TestWALRelayKeepsASlotReadableAgain(t *testing.T) {
 	t.Parallel()
 	pg := privateserver.StartPostgres(t, map[string]string{"wal_level": "logical"})
-	e := testdb.NewOn(t, walTarget, pg.DSN, driver.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pub := relay.PublicationName(e.Table)
-	if _, err := e.RelayDB.ExecContext(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+e.Table+" WITH (publish = 'insert')"); err != nil {
-		t.Fatal(err)
-	}
-	slot := unreadableSlot(t, ctx, e, pub)
-	wal := relay.WALConfig{DSN: e.DSN, Slot: slot, Publication: pub}
-	dropWAL(t, e, wal)
+	e, wal := onUnreadableSlot(t, ctx, pg, driver.Config{})
+	slot := wal.Slot
 	var logs testdb.SyncBuffer
 	var replaced atomic.Bool
 	b := setupOn(t, e, func(c *relay.Config) {
