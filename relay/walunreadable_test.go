@@ -30,13 +30,30 @@ import (
 // private server: the churn would make the slots of every other test on
 // the shared server unreadable too.
 
+// churnServer starts a private server for the DDL churn, with no fsync:
+// the churn's thousands of small commits and files must not load the
+// disk and CPU the shared servers need (a CI run with fsync on and three
+// churns at once saw the shared PostgreSQL take more than 30 s to accept
+// a connection).
+func churnServer(t *testing.T) *privateserver.Postgres {
+	t.Helper()
+	return privateserver.StartPostgres(t, map[string]string{"wal_level": "logical", "fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"})
+}
+
+// churnMu lets one churn run at a time in this package: each keeps six
+// sessions busy on a 2-core machine.
+var churnMu sync.Mutex
+
 // churnDDL runs sessions goroutines that create a schema and a table,
 // insert 20 rows and drop the schema, in a loop, on a pool of their own
-// to dsn's database, until the returned function is called.
+// to dsn's database, until the returned function is called. It waits
+// for any other churn of the package to stop first.
 func churnDDL(t *testing.T, dsn string, sessions int) (stop func()) {
 	t.Helper()
+	churnMu.Lock()
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
+		churnMu.Unlock()
 		t.Fatal(err)
 	}
 	db.SetMaxOpenConns(sessions)
@@ -60,7 +77,7 @@ func churnDDL(t *testing.T, dsn string, sessions int) (stop func()) {
 		}()
 	}
 	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); wg.Wait(); db.Close() }) }
+	stop = func() { once.Do(func() { cancel(); wg.Wait(); db.Close(); churnMu.Unlock() }) }
 	t.Cleanup(stop)
 	return stop
 }
@@ -141,7 +158,7 @@ func onUnreadableSlot(t *testing.T, ctx context.Context, pg *privateserver.Postg
 // stuck) until an operator dropped it.
 func TestWALRelayRecreatesAnUnreadableSlot(t *testing.T) {
 	t.Parallel()
-	pg := privateserver.StartPostgres(t, map[string]string{"wal_level": "logical"})
+	pg := churnServer(t)
 	for _, logOnly := range []bool{false, true} {
 		t.Run(map[bool]string{false: "table", true: "log-only"}[logOnly], func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -202,11 +219,11 @@ func TestWALRelayRecreatesAnUnreadableSlot(t *testing.T) {
 // 40 that it returned could not be read.
 func TestWALCreateRecreatesAnUnreadableSlot(t *testing.T) {
 	t.Parallel()
-	pg := privateserver.StartPostgres(t, map[string]string{"wal_level": "logical"})
+	pg := churnServer(t)
 	e := testdb.NewOn(t, walTarget, pg.DSN, driver.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	churnDDL(t, e.DSN, 6)
+	stopChurn := churnDDL(t, e.DSN, 6)
 	recreated := 0
 	for i := 0; i < 600 && recreated == 0; i++ {
 		wal := relay.WALConfig{Slot: fmt.Sprintf("outbox_test_create_%d", i)}
@@ -228,6 +245,7 @@ func TestWALCreateRecreatesAnUnreadableSlot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	stopChurn()
 	if recreated == 0 {
 		t.Fatal("no slot was created unreadable in 600 creations under DDL churn (about 1 in 40 is, on PostgreSQL 15): nothing was tested")
 	}
@@ -343,7 +361,7 @@ func TestWALCreateRecordsAnUnreadableSlotWhateverFollows(t *testing.T) {
 // in log-only mode a loss window for a slot that had lost nothing.
 func TestWALRelayKeepsASlotReadableAgain(t *testing.T) {
 	t.Parallel()
-	pg := privateserver.StartPostgres(t, map[string]string{"wal_level": "logical"})
+	pg := churnServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	e, wal := onUnreadableSlot(t, ctx, pg, driver.Config{})
