@@ -20,11 +20,12 @@ import (
 // OID" (SQLSTATE XX000, an internal error raised by the decoder, not by
 // the output plugin), at the same record, for ever. Measured here: a
 // slot created while six other sessions created, filled and dropped
-// tables in a loop could not be read in 2 of 30 creations, and in 2 of
-// 100 in a later run; without the drops, in none of 30 (docs/wal.md).
-// In both cases the failing record was in the WAL the slot's first read
-// covered once the transactions running at its creation had ended, and
-// a second read 300 ms later found no slot that the first had passed.
+// tables in a loop could not be read in 2 of 30, 2 of 100 and (on a
+// private server) 5 of 200 creations; without the drops, in none of 30
+// (docs/wal.md). In every case the failing record was in the WAL the
+// slot's first read covered once the transactions running at its
+// creation had ended, and a second read 300 ms later found no slot that
+// the first had passed.
 //
 // So a slot the relay or CreateWAL creates is read once before it is
 // used (checkSlot): once the transactions running at its creation have
@@ -38,8 +39,9 @@ import (
 // reach; a slot created before this check existed, or by hand), is read
 // once more under an advisory lock of the slot's (two relays must not
 // both recreate it, the second dropping the first's new slot) and, if it
-// still fails, dropped and created again by the relay holding the lock. In table mode nothing is lost: the
-// rows are in the table, and the new stream starts with a claim. In
+// still fails, dropped and created again by the relay holding the lock.
+// In table mode nothing is lost: the rows are in the table, and the new
+// stream starts with a claim. In
 // log-only mode the events of the window between the old slot's last
 // recorded position and the new slot's start cannot be read by anyone;
 // the window is recorded as a loss (walstate.go: the relays are not
