@@ -210,3 +210,28 @@ func TestRepartitionWaitsForTheSlot(t *testing.T) {
 		t.Fatalf("stored count = %d, %v; want 4", got, err)
 	}
 }
+
+// TestRepartitionWithoutAPublication: with log-only writers Repartition
+// peeks the slots recorded for the table, which pgoutput reads through a
+// publication of the table; without one it refuses (ErrNotDrained) and
+// says why, rather than repartitioning over events it could not see.
+func TestRepartitionWithoutAPublication(t *testing.T) {
+	t.Parallel()
+	e, wal := logEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if _, err := relay.CreateWAL(ctx, e.Outbox, e.RelayDB, wal); err != nil {
+		t.Fatal(err)
+	}
+	(&bundle{e: e, ctx: ctx}).emit(t, event("G", 1)) // no relay runs
+	if _, err := e.RelayDB.ExecContext(ctx, "DROP PUBLICATION "+relay.PublicationName(e.Table)); err != nil {
+		t.Fatal(err)
+	}
+	err := relay.Repartition(ctx, e.Outbox, e.RelayDB, 4)
+	if !errors.Is(err, relay.ErrNotDrained) || !strings.Contains(err.Error(), "without a publication") || !strings.Contains(err.Error(), wal.Slot) {
+		t.Fatalf("Repartition without a publication = %v, want ErrNotDrained naming the slot and saying it cannot be read without one", err)
+	}
+	if got, err := e.Outbox.PartitionCount(ctx, e.RelayDB); err != nil || got == 4 {
+		t.Fatalf("stored count = %d, %v; want it unchanged", got, err)
+	}
+}

@@ -674,8 +674,8 @@ func (w *walReader) stream(parent context.Context) error {
 				w.outage(nil)
 			}
 		}
-		if silent := now.Sub(heard); w.receiveTimeout > 0 && silent > w.receiveTimeout {
-			return fmt.Errorf("%w: nothing from the server on the replication connection for %v (a reply was asked for every %v): presumed dead", ErrWALUnavailable, silent.Round(time.Millisecond), w.statusInt)
+		if presumedDead(w.receiveTimeout, heard, now) {
+			return fmt.Errorf("%w: nothing from the server on the replication connection for %v (a reply was asked for every %v): presumed dead", ErrWALUnavailable, now.Sub(heard).Round(time.Millisecond), w.statusInt)
 		}
 		w.mu.Lock()
 		pos := w.confirmed
@@ -861,6 +861,14 @@ func (w *walReader) push(txn []walRow, end pglogrepl.LSN, gen int) {
 		w.rows = append(w.rows, txn[i])
 	}
 	w.wake()
+}
+
+// presumedDead reports whether a replication connection from which
+// nothing was heard since heard is presumed dead at now: silent for more
+// than limit (WALConfig.ReceiveTimeout after defaults; zero or negative:
+// never).
+func presumedDead(limit time.Duration, heard, now time.Time) bool {
+	return limit > 0 && now.Sub(heard) > limit
 }
 
 // ensureSlot creates the slot if it is missing, and recreates it if the

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -48,11 +49,19 @@ import (
 // ready until `outbox wal ack-loss`), as for a dropped slot: before
 // this, such a slot kept its events, and every later one, from being
 // relayed, and kept the server's WAL, until an operator dropped it.
+//
+// A slot fails the same way when a change of any table was committed
+// while its publication did not exist (an operator dropped it under a
+// running relay): pgoutput raises "publication ... does not exist"
+// (42704) at that change in every read, even once the publication exists
+// again (decoderFailure), and the same path recreates the slot.
 
 // ErrSlotUnreadable is wrapped, with ErrWALUnavailable and the server's
 // error, by the WAL source's errors when PostgreSQL's logical decoder
 // fails on the slot (SQLSTATE XX000, "could not map filenode ... to
-// relation OID"; see docs/wal.md, "A slot the server cannot read"):
+// relation OID"; or 42704, "publication ... does not exist", raised by
+// pgoutput at a change committed while the publication was missing; see
+// docs/wal.md, "A slot the server cannot read"):
 // CreateWAL returns it when slotCreateAttempts slots in a row could not
 // be read; a relay recreates such a slot by itself.
 var ErrSlotUnreadable = errors.New("outbox relay: PostgreSQL's logical decoder cannot read the replication slot")
@@ -75,17 +84,42 @@ const (
 	unreadableAfter = 30 * time.Second
 )
 
-// unreadable wraps err (a decoder error of the slot) in ErrSlotUnreadable
-// and ErrWALUnavailable if its SQLSTATE is XX000, and returns it as it is
-// otherwise.
+// unreadable wraps err (an error reading the slot) in ErrSlotUnreadable
+// and ErrWALUnavailable if it is a decoder failure (decoderFailure), and
+// returns it as it is otherwise.
 func unreadable(err error) error {
-	if err == nil || errors.Is(err, ErrSlotUnreadable) || sqlerr.PostgresCode(err) != "XX000" {
+	if err == nil || errors.Is(err, ErrSlotUnreadable) || !decoderFailure(err) {
 		return err
 	}
 	if errors.Is(err, ErrWALUnavailable) {
 		return fmt.Errorf("%w: %w", ErrSlotUnreadable, err)
 	}
 	return fmt.Errorf("%w: %w: %w", ErrWALUnavailable, ErrSlotUnreadable, err)
+}
+
+// decoderFailure reports whether err, from a read of a slot, is one that
+// repeats at the same record in every read:
+//   - SQLSTATE XX000, an internal error of the decoder ("could not map
+//     filenode ... to relation OID");
+//   - SQLSTATE 42704, "publication ... does not exist", raised by pgoutput
+//     in a change callback (the error's context names the output plugin):
+//     a change of some table was committed while the publication did not
+//     exist (an operator dropped it under a running relay, which created
+//     it again). pgoutput looks the publication up in the catalog as of
+//     that change, so the record fails in every read, whatever exists now
+//     (PostgreSQL 15; PostgreSQL 18 skips a missing publication with a
+//     warning instead). The relay creates a missing publication before
+//     each stream, so when the failure repeats (unreadableWatch) and a
+//     read under the slot's lock fails again (stillUnreadable), the
+//     publication exists and the record is the historic one.
+func decoderFailure(err error) bool {
+	switch sqlerr.PostgresCode(err) {
+	case "XX000":
+		return true
+	case "42704":
+		return strings.Contains(sqlerr.PostgresWhere(err), "output plugin")
+	}
+	return false
 }
 
 // decoderError is the server's message and SQLSTATE in err (a decoder

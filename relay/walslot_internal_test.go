@@ -8,11 +8,13 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/lib/pq"
 )
 
-// TestUnreadable: only the decoder's internal errors (XX000) mark a slot
-// unreadable, however they are wrapped; the result wraps
-// ErrWALUnavailable once.
+// TestUnreadable: only the decoder's failures mark a slot unreadable
+// (its internal errors, XX000, and pgoutput's "publication does not
+// exist", 42704, in a change callback, from either driver), however they
+// are wrapped; the result wraps ErrWALUnavailable once.
 func TestUnreadable(t *testing.T) {
 	t.Parallel()
 	decoder := &pgconn.PgError{Code: "XX000", Message: `could not map filenode "base/1/2" to relation OID`}
@@ -24,7 +26,11 @@ func TestUnreadable(t *testing.T) {
 		{"decoder error", decoder, true},
 		{"decoder error wrapped", fmt.Errorf("%w: %w", ErrWALUnavailable, decoder), true},
 		{"slot in use", &pgconn.PgError{Code: "55006"}, false},
-		{"no such publication", &pgconn.PgError{Code: "42704"}, false},
+		{"no such publication (not from the decoder)", &pgconn.PgError{Code: "42704", Message: `publication "p" does not exist`}, false},
+		{"no such publication at a change, pgx", &pgconn.PgError{Code: "42704", Message: `publication "p" does not exist`,
+			Where: `slot "s", output plugin "pgoutput", in the change callback, associated LSN 0/E0F0DE0`}, true},
+		{"no such publication at a change, lib/pq", &pq.Error{Code: "42704", Message: `publication "p" does not exist`,
+			Where: `slot "s", output plugin "pgoutput", in the change callback, associated LSN 0/E0F0DE0`}, true},
 		{"not a server error", errors.New("connection reset"), false},
 		{"nil", nil, false},
 	} {

@@ -349,6 +349,53 @@ func TestWALCreateRecordsAnUnreadableSlotWhateverFollows(t *testing.T) {
 			}
 		})
 	}
+	// The server's own decoder failure, read through lib/pq (the
+	// application's pool may be either driver; its errors are *pq.Error):
+	// the hook makes the first slot unreadable for real (its publication
+	// dropped, a change of another table committed, the publication
+	// created again: TestWALPublicationDroppedUnderTheStream), and the
+	// check's read fails with 42704. The slot is replaced, the window
+	// recorded, and the second slot is read and returned.
+	for _, tg := range []testdb.Target{{Name: "pq", Dialect: driver.Postgres}, walTarget} {
+		t.Run("a real decoder failure, "+tg.Name, func(t *testing.T) {
+			e, wal := logEnvOn(t, tg)
+			pub := relay.PublicationName(e.Table)
+			scratch := e.Table + "_scratch"
+			if _, err := e.RelayDB.Exec("CREATE TABLE " + scratch + " (id int)"); err != nil {
+				t.Fatal(err)
+			}
+			var checks atomic.Int32
+			remove := relay.OnCreateWALCheck(func(slot string) error {
+				if slot != wal.Slot || checks.Add(1) > 1 {
+					return nil
+				}
+				for _, q := range []string{"DROP PUBLICATION " + pub, "INSERT INTO " + scratch + " VALUES (1)",
+					"CREATE PUBLICATION " + pub + " FOR TABLE " + e.Table + " WITH (publish = 'insert')"} {
+					if _, err := e.RelayDB.Exec(q); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			defer remove()
+			if _, err := relay.CreateWAL(t.Context(), e.Outbox, e.RelayDB, wal); err != nil {
+				t.Fatalf("CreateWAL = %v, want the second slot", err)
+			}
+			if n := checks.Load(); n != 2 {
+				t.Fatalf("%d slots checked, want 2 (the first unreadable)", n)
+			}
+			if err := peekSlot(t.Context(), e.RelayDB, wal.Slot, pub); err != nil {
+				t.Fatalf("the slot CreateWAL returned cannot be read: %v", err)
+			}
+			st, err := relay.ReadWALStatus(t.Context(), e.Outbox, e.RelayDB, wal)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Loss == nil || st.Loss.Reason != relay.WALLossUnreadableAtCreation {
+				t.Fatalf("loss %+v, want the first slot's window", st.Loss)
+			}
+		})
+	}
 }
 
 // TestWALRelayKeepsASlotReadableAgain: the relay decided to recreate its

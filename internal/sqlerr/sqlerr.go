@@ -111,3 +111,27 @@ func PostgresCode(err error) string {
 	Walk(err, func(e error) bool { code = sqlState(e); return code != "" })
 	return code
 }
+
+// PostgresWhere returns the context (the server's "where" field: the
+// call stack of PL/pgSQL functions, or a logical decoding slot's output
+// plugin and callback) of the first PostgreSQL error in err's chain
+// (lib/pq's and pgx's errors both have a Where field), or "".
+func PostgresWhere(err error) string {
+	var where string
+	Walk(err, func(e error) bool {
+		if sqlState(e) == "" {
+			return false
+		}
+		v := reflect.ValueOf(e)
+		if v.Kind() == reflect.Pointer {
+			v = v.Elem()
+		}
+		if v.Kind() == reflect.Struct {
+			if f := v.FieldByName("Where"); f.IsValid() && f.Kind() == reflect.String {
+				where = f.String()
+			}
+		}
+		return true
+	})
+	return where
+}
