@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -115,22 +114,7 @@ func TestWALPublicationDroppedUnderTheStream(t *testing.T) {
 			if recreated != 1 {
 				t.Errorf("slot recreated %d times, want 1", recreated)
 			}
-			st, err := relay.ReadWALStatus(ctx, e.Outbox, e.RelayDB, wal)
-			if err != nil {
-				t.Fatal(err)
-			}
-			switch {
-			case !logOnly && st.Loss != nil:
-				t.Fatalf("table mode recorded a loss: %+v", st.Loss)
-			case logOnly && (st.Loss == nil || !strings.Contains(st.Loss.Reason, "does not exist")):
-				t.Fatalf("log-only mode: loss %+v, want the window of the slot that could not be read", st.Loss)
-			case logOnly:
-				eventually(t, ctx, "the relay reports the loss", func() bool { return errors.Is(b.r.Ready(), relay.ErrWALLoss) })
-			default:
-				if err := b.r.Ready(); err != nil {
-					t.Errorf("not ready: %v", err)
-				}
-			}
+			wantRecreationLoss(t, b, wal, logOnly, "does not exist")
 		})
 	}
 }
