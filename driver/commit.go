@@ -76,8 +76,14 @@ func (o *Outbox) commit(t *tx) error {
 // (ErrNoSlot): without one nothing would decode the message.
 func (o *Outbox) logContent(ctx context.Context, c *conn, events []emit.Event) ([]byte, error) {
 	if !o.slotChecked.Load() {
+		// confirmed_flush_lsn is NULL while the slot is being created: the
+		// server waits for the transactions running then to end before the
+		// slot's consistent point, and a message committed before that
+		// point is not decoded by it (a long transaction elsewhere holds
+		// the creation for as long as it runs).
 		ok, err := queryOne(ctx, c, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots
-			WHERE database = current_database() AND plugin = 'pgoutput' AND wal_status IS DISTINCT FROM 'lost')::text`, nil)
+			WHERE database = current_database() AND plugin = 'pgoutput' AND wal_status IS DISTINCT FROM 'lost'
+			AND confirmed_flush_lsn IS NOT NULL)::text`, nil)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: looking for a replication slot (LogOnly): %w", err)
 		}

@@ -44,11 +44,14 @@ var (
 	// changes nor the events were committed. The driver's error is wrapped.
 	ErrWriteEvents = errors.New("outbox: writing events before COMMIT failed; transaction rolled back")
 	// ErrNoSlot (Config.LogOnly): no logical replication slot of the
-	// pgoutput plugin exists in the database, so a logical decoding
-	// message written now would reach no relay. Returned wrapped in
-	// ErrWriteEvents by a commit with events; create the slot with
-	// `outbox wal create` (relay.CreateWAL) or by starting the relay.
-	ErrNoSlot = errors.New("outbox: log-only mode needs the relay's replication slot, and the database has no pgoutput slot")
+	// pgoutput plugin exists in the database, or the only ones are still
+	// being created (the server waits for the transactions running at
+	// the creation to end, and decodes only what commits after), so a
+	// logical decoding message written now would reach no relay.
+	// Returned wrapped in ErrWriteEvents by a commit with events; create
+	// the slot with `outbox wal create` (relay.CreateWAL) or by starting
+	// the relay, and let its creation finish.
+	ErrNoSlot = errors.New("outbox: log-only mode needs the relay's replication slot, and the database has no pgoutput slot ready (none, or one still being created)")
 
 	// ErrSchemaMissing: the outbox table was never migrated (relay start).
 	ErrSchemaMissing = dialect.ErrSchemaMissing

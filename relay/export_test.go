@@ -84,3 +84,7 @@ func OnCreateWALCheck(fn func(slot string) error) (remove func()) {
 	createWALCheckHook.Store(&fn)
 	return func() { createWALCheckHook.Store(nil) }
 }
+
+// WarnSlotCreationAfter sets how long the WAL source's creation of a slot
+// may wait before it logs a warning (default 10 s). Call it before Run.
+func (r *Relay) WarnSlotCreationAfter(d time.Duration) { r.slotCreateSlow = d }

@@ -349,6 +349,7 @@ type Relay struct {
 	slotCheckHook   func(slot string) error
 	unreadableAfter time.Duration
 	recreateHook    func(slot string) // tests: called before the reader reads a slot it decided to recreate
+	slotCreateSlow  time.Duration     // tests: replaces the constant of that name (wal.go)
 	// wal is the WAL source's reader (Config.Source SourceWAL), set by
 	// Run; tableDue and walEpoch are owned by the Run goroutine
 	// (walclaim.go).

@@ -133,6 +133,10 @@ type WALConfig struct {
 	SpillAfter time.Duration
 }
 
+// slotCreateSlow is how long a slot's creation may wait for the
+// transactions running at its start before the relay logs a warning.
+const slotCreateSlow = 10 * time.Second
+
 // DefaultWALReceiveTimeout is WALConfig.ReceiveTimeout's default: 60 s,
 // PostgreSQL's wal_receiver_timeout default.
 const DefaultWALReceiveTimeout = 60 * time.Second
@@ -246,6 +250,9 @@ type walReader struct {
 	observer  SourceObserver // nil if the Observer is not one
 	buffer    int
 	statusInt time.Duration
+	// createSlow is how long a slot's creation may wait before it is
+	// logged (slotCreateSlow; tests shorten it).
+	createSlow time.Duration
 	// receiveTimeout is WALConfig.ReceiveTimeout (<= 0: none).
 	receiveTimeout time.Duration
 
@@ -359,7 +366,7 @@ func (w *walReader) lagState() (time.Duration, string, bool) {
 func newWALReader(cfg WALConfig, table, quoted, instance string, log *slog.Logger) *walReader {
 	return &walReader{cfg: cfg, table: table, quoted: quoted, instance: instance, log: log,
 		buffer: cfg.Buffer, statusInt: cfg.StatusInterval, receiveTimeout: cfg.ReceiveTimeout, signal: make(chan struct{}, 1), space: make(chan struct{}, 1), gap: true,
-		check: checkSlot, unreadable: unreadableWatch{after: unreadableAfter}}
+		check: checkSlot, unreadable: unreadableWatch{after: unreadableAfter}, createSlow: slotCreateSlow}
 }
 
 func (w *walReader) wake() {
@@ -1012,6 +1019,16 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 // createSlot creates the slot and returns its consistent point, once the
 // commits before it are visible (waitCommitsVisible).
 func (w *walReader) createSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, error) {
+	// The server waits for the transactions running now to end before
+	// the slot's consistent point: one left open elsewhere holds the
+	// creation as long as it stays open. Say so, rather than wait
+	// silently (found by a helper: 12 s of an open transaction, nothing
+	// logged).
+	slow := time.AfterFunc(w.createSlow, func() {
+		w.log.Warn("replication slot still being created: PostgreSQL waits for the transactions that were running when the creation began to end (a transaction left open elsewhere holds it: pg_stat_activity, state 'idle in transaction'); log-only writers are refused (driver.ErrNoSlot) until it completes, table mode claims meanwhile",
+			"slot", w.cfg.Slot, "waited", w.createSlow)
+	})
+	defer slow.Stop()
 	created, err := pglogrepl.CreateReplicationSlot(ctx, conn, w.cfg.Slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
 	if err != nil {

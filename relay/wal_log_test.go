@@ -1375,3 +1375,70 @@ func lockWaiters(t *testing.T, mon *sql.DB, e *testdb.Env, like string) int {
 	}
 	return n
 }
+
+// TestWALLogOnlyRefusedWhileTheSlotIsCreated: a slot's creation waits for
+// the transactions running at that moment to end (one left open
+// elsewhere holds it), and a message committed meanwhile, before the
+// slot's consistent point, is not decoded by it. The slot is in
+// pg_replication_slots from the start of its creation, with
+// confirmed_flush_lsn NULL; a log-only writer's check took it for a slot,
+// and its first commit passed: A-1 was lost, and no loss was recorded (a
+// first start has no window to record; found by a helper trying to break
+// the WAL source). Now the commit fails with ErrNoSlot until the creation
+// completes, and the next one passes. On a private server: the check
+// accepts any pgoutput slot of the database, and the shared server's
+// database has other tests' slots.
+func TestWALLogOnlyRefusedWhileTheSlotIsCreated(t *testing.T) {
+	t.Parallel()
+	pg := privateserver.StartPostgres(t, map[string]string{"wal_level": "logical"})
+	e := testdb.NewOn(t, walTarget, pg.DSN, driver.Config{LogOnly: true})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	other, err := sql.Open("pgx", e.DSN) // a pool of its own: two sessions held below
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	open, err := other.BeginTx(ctx, nil) // a transaction with an xid, left open
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback()
+	if _, err := open.ExecContext(ctx, "CREATE TEMPORARY TABLE held (id int)"); err != nil {
+		t.Fatal(err)
+	}
+	slot := strings.ToLower(testdb.RandomName("outbox_test_"))
+	created := make(chan error, 1)
+	go func() {
+		_, err := other.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+		created <- err
+	}()
+	t.Cleanup(func() { _, _ = e.RelayDB.Exec("SELECT pg_drop_replication_slot($1)", slot) })
+	eventually(t, ctx, "the slot's creation waiting for the open transaction", func() bool {
+		var waiting bool
+		err := e.RelayDB.QueryRowContext(ctx, "SELECT confirmed_flush_lsn IS NULL FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&waiting)
+		return err == nil && waiting
+	})
+	b := &bundle{e: e, ctx: ctx}
+	commit := func() error {
+		tctx := outbox.NewContext(ctx)
+		tx, err := e.DB.BeginTx(tctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := outbox.Emit(tctx, event("A", 1)); err != nil {
+			t.Fatal(err)
+		}
+		return tx.Commit()
+	}
+	if err := commit(); !errors.Is(err, driver.ErrWriteEvents) || !errors.Is(err, driver.ErrNoSlot) {
+		t.Fatalf("commit while the slot is being created: %v, want ErrWriteEvents wrapping ErrNoSlot", err)
+	}
+	if err := open.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-created; err != nil {
+		t.Fatal(err)
+	}
+	b.emit(t, event("A", 2)) // the creation completed: accepted
+}

@@ -121,6 +121,9 @@ func (r *Relay) startWAL(ctx context.Context) (<-chan struct{}, func()) {
 		r.wal.unreadable.after = r.unreadableAfter
 	}
 	r.wal.recreateHook = r.recreateHook
+	if r.slotCreateSlow > 0 {
+		r.wal.createSlow = r.slotCreateSlow
+	}
 	r.tableDue = true
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -1,12 +1,15 @@
 package relay_test
 
 import (
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/relay"
 )
@@ -116,5 +119,68 @@ func TestWALPublicationDroppedUnderTheStream(t *testing.T) {
 			}
 			wantRecreationLoss(t, b, wal, logOnly, "does not exist")
 		})
+	}
+}
+
+// TestWALSlotCreationHeldByAnOpenTransaction: the relay creates its slot
+// while a transaction is left open elsewhere; the server's creation waits
+// for it to end. The relay says so at WARN (after WarnSlotCreationAfter:
+// 200 ms here, 10 s by default) instead of waiting silently, and claims
+// from the table meanwhile; once the transaction ends the slot is
+// created and A-2 comes from its stream. Before, nothing was logged beyond
+// "publication created" for as long as the transaction stayed open (found
+// by a helper trying to break the WAL source). On a private server: an
+// open transaction on the shared one would hold every test's slot.
+func TestWALSlotCreationHeldByAnOpenTransaction(t *testing.T) {
+	t.Parallel()
+	pg := privateserver.StartPostgres(t, map[string]string{"wal_level": "logical"})
+	e := testdb.NewOn(t, walTarget, pg.DSN, driver.Config{})
+	wal := relay.WALConfig{DSN: e.DSN, Slot: strings.ToLower(testdb.RandomName("outbox_test_"))}
+	dropWAL(t, e, wal)
+	other, err := sql.Open("pgx", e.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	open, err := other.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback()
+	if _, err := open.Exec("CREATE TEMPORARY TABLE held (id int)"); err != nil { // an xid
+		t.Fatal(err)
+	}
+	logs := &syncLog{}
+	b := setupOn(t, e, func(c *relay.Config) {
+		c.Source, c.WAL, c.PollInterval = relay.SourceWAL, wal, 50*time.Millisecond
+		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	}, func(r *relay.Relay) { r.WarnSlotCreationAfter(200 * time.Millisecond) })
+	eventually(t, b.ctx, "a warning that the slot's creation waits", func() bool {
+		for _, l := range logs.lines() {
+			if l["level"] == "WARN" && strings.HasPrefix(fmt.Sprint(l["msg"]), "replication slot still being created") {
+				return true
+			}
+		}
+		return false
+	})
+	b.emit(t, event("A", 1))
+	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 1 }); err != nil {
+		t.Fatalf("A-1 not claimed while the slot is being created: %v", err)
+	}
+	if err := open.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	waitStreaming(t, b, wal.Slot)
+	fromStream, _ := b.r.WALCounts()
+	b.emit(t, event("A", 2))
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(firstDeliveries(order(msgs, "A"))); got != "[A-1 A-2]" {
+		t.Fatalf("A first delivered as %s", got)
+	}
+	if now, _ := b.r.WALCounts(); now == fromStream {
+		t.Errorf("A-2 did not come from the stream")
 	}
 }
