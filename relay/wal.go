@@ -250,6 +250,13 @@ type walReader struct {
 	observer  SourceObserver // nil if the Observer is not one
 	buffer    int
 	statusInt time.Duration
+	// undecoded logs the rows of the stream the relay could not decode
+	// (left to the table: skipGap).
+	undecoded *repeatLog
+	// skipped is set with the gap when the stream left rows to the table
+	// (skipGap): the claim that covers it first waits until the commits
+	// decoded are visible (waitCommitsVisible), or it could miss them.
+	skipped bool
 	// createSlow is how long a slot's creation may wait before it is
 	// logged (slotCreateSlow; tests shorten it).
 	createSlow time.Duration
@@ -366,7 +373,31 @@ func (w *walReader) lagState() (time.Duration, string, bool) {
 func newWALReader(cfg WALConfig, table, quoted, instance string, log *slog.Logger) *walReader {
 	return &walReader{cfg: cfg, table: table, quoted: quoted, instance: instance, log: log,
 		buffer: cfg.Buffer, statusInt: cfg.StatusInterval, receiveTimeout: cfg.ReceiveTimeout, signal: make(chan struct{}, 1), space: make(chan struct{}, 1), gap: true,
-		check: checkSlot, unreadable: unreadableWatch{after: unreadableAfter}, createSlow: slotCreateSlow}
+		check: checkSlot, unreadable: unreadableWatch{after: unreadableAfter}, createSlow: slotCreateSlow,
+		undecoded: newRepeatLog(log, slog.LevelWarn, "WAL source: rows of the outbox table in the stream could not be decoded; claiming them from the table (fix or dead-letter the row: the claim fails on it too)")}
+}
+
+// skipGap opens a gap after a transaction of stream generation gen whose
+// rows were not all decoded: the loop claims from the table (which holds
+// them) before it takes more from the stream, and the rows taken after
+// are checked against the table, as after a restart of the stream.
+func (w *walReader) skipGap(gen int) {
+	w.mu.Lock()
+	if gen == w.gen {
+		w.gap, w.skipped = true, true
+	}
+	w.mu.Unlock()
+	w.wake()
+}
+
+// takeSkipped reports and clears whether a gap opened by skipGap is to
+// be covered.
+func (w *walReader) takeSkipped() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.skipped
+	w.skipped = false
+	return s
 }
 
 func (w *walReader) wake() {
@@ -657,6 +688,9 @@ func (w *walReader) stream(parent context.Context) error {
 
 	rels := map[uint32]*walRelation{}
 	var txn []walRow
+	// skipped counts the rows of the current transaction the relay could
+	// not decode (skipErr, the last error), left to the table.
+	skipped, skipErr := 0, error(nil)
 	inTxn := false
 	var commitTime time.Time
 	var xid uint32
@@ -772,11 +806,10 @@ func (w *walReader) stream(parent context.Context) error {
 				}
 				switch lm := msg.(type) {
 				case *pglogrepl.RelationMessage:
-					rel, err := newWALRelation(lm)
-					if err != nil {
-						return err
-					}
-					rels[lm.RelationID] = rel
+					// A relation the relay cannot map (a publication
+					// with a column list, or another table) is kept with
+					// its error: its rows are left to the table, below.
+					rels[lm.RelationID] = newWALRelation(lm)
 				case *pglogrepl.BeginMessage:
 					inTxn, txn, commitTime, xid = true, txn[:0], lm.CommitTime, lm.Xid
 				case *pglogrepl.InsertMessage:
@@ -786,7 +819,19 @@ func (w *walReader) stream(parent context.Context) error {
 					}
 					row, created, err := rel.message(lm.Tuple)
 					if err != nil {
-						return fmt.Errorf("decoding a row of %s from the WAL: %w", w.table, err)
+						// A row the relay cannot decode (written by hand:
+						// headers that are not strings; or its relation
+						// unmapped). Failing the stream here failed it at
+						// this record for ever, whatever the operator did
+						// to the row, and the slot kept the server's WAL.
+						// The row is in the table: it is left out, and
+						// the transaction's commit opens a gap, which the
+						// loop covers with a claim (which reads the row as
+						// it is then, and fails on it as the polling
+						// relay does until it is fixed), as after a
+						// restart of the stream.
+						skipped, skipErr = skipped+1, err
+						continue
 					}
 					if created.IsZero() {
 						created = commitTime
@@ -815,6 +860,11 @@ func (w *walReader) stream(parent context.Context) error {
 					w.mu.Unlock()
 					w.push(txn, lm.TransactionEndLSN, gen)
 					txn = txn[:0]
+					if skipped > 0 {
+						w.skipGap(gen)
+						w.undecoded.failed(skipErr, "table", w.table, "rows", skipped, "transaction_end", lm.TransactionEndLSN.String())
+						skipped, skipErr = 0, nil
+					}
 				}
 			}
 		default:
@@ -912,7 +962,7 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		return fmt.Errorf("%w: reading publication %s: %v", ErrWALUnavailable, w.cfg.Publication, err)
 	}
 	if len(res) == 1 && len(res[0].Rows) == 1 {
-		if err := publicationProblem(w.cfg.Publication, w.table, string(res[0].Rows[0][0]) == "t", string(res[0].Rows[0][1]) == "t"); err != nil {
+		if err := publicationProblem(w.cfg.Publication, w.table, string(res[0].Rows[0][0]) == "t", string(res[0].Rows[0][1]) == "t", string(res[0].Rows[0][2]) == "t"); err != nil {
 			return err
 		}
 	}
@@ -1068,15 +1118,17 @@ const commitsInvisible = "SELECT count(*) FROM pg_snapshot_xip(pg_current_snapsh
 // writers committed). It polls every millisecond; the wait is
 // microseconds unless the machine is saturated.
 func waitCommitsVisible(ctx context.Context, conn *pgconn.PgConn) error {
+	return waitVisible(ctx, pgconnQuery(conn))
+}
+
+// waitVisible is waitCommitsVisible on q (a pool, or a connection).
+func waitVisible(ctx context.Context, q queryOne) error {
 	for {
-		res, err := conn.Exec(ctx, commitsInvisible).ReadAll()
+		n, err := q(ctx, commitsInvisible)
 		if err != nil {
-			return fmt.Errorf("waiting for commits before the consistent point to be visible: %w", err)
+			return fmt.Errorf("waiting for the commits decoded to be visible: %w", err)
 		}
-		if len(res) != 1 || len(res[0].Rows) != 1 {
-			return errors.New("waiting for commits before the consistent point to be visible: no answer")
-		}
-		if string(res[0].Rows[0][0]) == "0" {
+		if n == "0" {
 			return nil
 		}
 		t := time.NewTimer(time.Millisecond)
@@ -1097,23 +1149,33 @@ func waitCommitsVisible(ctx context.Context, conn *pgconn.PgConn) error {
 // version has): it used to cast the names of pg_publication_tables' rows
 // to regclass, and a name whose table another session dropped meanwhile
 // failed the whole statement ("relation ... does not exist"; seen once
-// in a loaded run of TestWALCreateCommand). Plain text: it runs on a
-// replication connection too.
+// in a loaded run of TestWALCreateCommand). The third column says
+// whether the publication has a row filter on the table (PostgreSQL 15's
+// WHERE; read through to_jsonb, so that a version without the qual column
+// answers false). Plain text: it runs on a replication connection too.
 func publicationCheck(pub, table string) string {
 	return "SELECT p.pubinsert, EXISTS (SELECT 1 FROM pg_get_publication_tables(p.pubname::text) g " +
-		"WHERE g.relid = to_regclass(" + sqlLiteral(table) + ")) " +
+		"WHERE g.relid = to_regclass(" + sqlLiteral(table) + ")), " +
+		"EXISTS (SELECT 1 FROM pg_get_publication_tables(p.pubname::text) g " +
+		"WHERE g.relid = to_regclass(" + sqlLiteral(table) + ") AND to_jsonb(g) ->> 'qual' IS NOT NULL) " +
 		"FROM pg_publication p WHERE p.pubname = " + sqlLiteral(pub)
 }
 
 // publicationProblem returns the error (wrapping ErrInvalidConfig) for a
-// publication that exists under the source's name but would stream
-// nothing of the table: one made for other tables, or without inserts.
-func publicationProblem(pub, table string, inserts, hasTable bool) error {
+// publication that exists under the source's name but would not stream
+// every insert of the table: one made for other tables, without inserts,
+// or with a row filter. A row filter keeps rows out of the stream with
+// no gap the relay could see: such a row waited for the fallback poll
+// while later events of its aggregate went out from the stream (found by
+// a helper: A-2 published before A-1).
+func publicationProblem(pub, table string, inserts, hasTable, filtered bool) error {
 	switch {
 	case !hasTable:
 		return fmt.Errorf("%w: publication %s does not publish table %s: name another WALConfig.Publication (--wal-publication), or ALTER PUBLICATION %s ADD TABLE %s", ErrInvalidConfig, pub, table, pub, table)
 	case !inserts:
 		return fmt.Errorf("%w: publication %s does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", ErrInvalidConfig, pub, pub)
+	case filtered:
+		return fmt.Errorf("%w: publication %s has a row filter on table %s, and the WAL source needs every row (per-aggregate order): ALTER PUBLICATION %s SET TABLE %s", ErrInvalidConfig, pub, table, pub, table)
 	}
 	return nil
 }
@@ -1136,28 +1198,35 @@ func (w *walReader) startAt(lsn pglogrepl.LSN) {
 // them, to a Message.
 type walRelation struct {
 	idx map[string]int
+	err error // the relation cannot be mapped: every row of it fails with err
 }
 
 var walColumns = []string{"id", "message_id", "aggregate_type", "aggregate_id", "event_type", "topic", "partition_key",
 	"content_type", "payload", "headers", "attempts", "created_at"}
 
-func newWALRelation(m *pglogrepl.RelationMessage) (*walRelation, error) {
+// newWALRelation maps m's columns; a relation without one of walColumns
+// (a publication with a column list, or not an outbox table) has err set.
+func newWALRelation(m *pglogrepl.RelationMessage) *walRelation {
 	r := &walRelation{idx: map[string]int{}}
 	for i, c := range m.Columns {
 		r.idx[c.Name] = i
 	}
 	for _, c := range walColumns {
 		if _, ok := r.idx[c]; !ok {
-			return nil, fmt.Errorf("relation %s.%s in the publication has no column %s: it is not an outbox table", m.Namespace, m.RelationName, c)
+			r.err = fmt.Errorf("relation %s.%s in the publication has no column %s (a publication column list, or not an outbox table)", m.Namespace, m.RelationName, c)
+			break
 		}
 	}
-	return r, nil
+	return r
 }
 
 // message decodes one inserted row (text format), and its created_at
 // (zero if it does not parse).
 func (r *walRelation) message(t *pglogrepl.TupleData) (Message, time.Time, error) {
 	var m Message
+	if r.err != nil {
+		return m, time.Time{}, r.err
+	}
 	if t == nil {
 		return m, time.Time{}, errors.New("insert without a tuple")
 	}

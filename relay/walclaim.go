@@ -267,6 +267,15 @@ func (r *Relay) next(ctx context.Context, set leaseSet) ([]Message, error) {
 	// resumes at the slot's confirmed position, at least 100 ms after the
 	// loss; what was committed before that position is visible to this
 	// claim.) The rows buffered stay, and are checked like any other.
+	if r.wal.takeSkipped() {
+		// The stream left rows of a transaction it decoded a moment ago
+		// to this claim (skipGap): their commit must be visible to it,
+		// or they would wait for the next poll while later events of
+		// their aggregates went out from the stream.
+		if err := waitVisible(ctx, dbQuery(r.db)); err != nil {
+			return nil, err
+		}
+	}
 	streaming := r.wal.coverGap()
 	limit := r.batch
 	epochBefore := r.floor.epoch
@@ -1067,11 +1076,11 @@ func CreateWAL(ctx context.Context, ob *driver.Outbox, db *sql.DB, cfg WALConfig
 			return WALStatus{}, fmt.Errorf("%w: creating publication %s: %w", ErrWALUnavailable, pub, err)
 		}
 	}
-	var inserts, hasTable bool
-	if err := db.QueryRowContext(ctx, publicationCheck(pub, d.QuotedTable())).Scan(&inserts, &hasTable); err != nil {
+	var inserts, hasTable, filtered bool
+	if err := db.QueryRowContext(ctx, publicationCheck(pub, d.QuotedTable())).Scan(&inserts, &hasTable, &filtered); err != nil {
 		return WALStatus{}, fmt.Errorf("outbox: reading publication %s: %w", pub, err)
 	}
-	if err := publicationProblem(pub, ob.Config().Table, inserts, hasTable); err != nil {
+	if err := publicationProblem(pub, ob.Config().Table, inserts, hasTable, filtered); err != nil {
 		return WALStatus{}, err
 	}
 	// The log-only mode's record of the slot (walstate.go), from its

@@ -184,3 +184,80 @@ func TestWALSlotCreationHeldByAnOpenTransaction(t *testing.T) {
 		t.Errorf("A-2 did not come from the stream")
 	}
 }
+
+// TestWALRowTheRelayCannotDecode: a row inserted by hand whose headers are
+// JSON but not strings reaches the stream; the relay cannot decode it
+// (nor can a claim: the polling relay fails on it too, naming the row,
+// until it is fixed). Before, the stream failed at that record at every
+// reconnect, for ever: deleting or fixing the row did not help (the
+// record stays in the WAL), the slot's position never passed it and the
+// server kept WAL from there; in log-only mode every later event waited
+// (found by a helper trying to break the WAL source). Now the row is left
+// to the table, its transaction opens a gap that a claim covers, and once
+// the operator deletes the row the relay goes back to the stream: A-1,
+// committed behind it, is published, A-2 comes from the stream, and the
+// slot passes the row's record.
+func TestWALRowTheRelayCannotDecode(t *testing.T) {
+	t.Parallel()
+	for _, logOnly := range []bool{false, true} {
+		t.Run(map[bool]string{false: "table", true: "log-only"}[logOnly], func(t *testing.T) {
+			t.Parallel()
+			var e *testdb.Env
+			var wal relay.WALConfig
+			if logOnly {
+				e, wal = logEnv(t)
+			} else {
+				e, wal = walEnv(t)
+			}
+			logs := &syncLog{}
+			b := setupOn(t, e, func(c *relay.Config) {
+				c.Source, c.WAL, c.PollInterval = relay.SourceWAL, wal, 30*time.Second
+				c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+			})
+			ctx := b.ctx
+			waitStreaming(t, b, wal.Slot)
+			if _, err := e.RelayDB.ExecContext(ctx, "INSERT INTO "+e.Table+` (message_id, aggregate_type, aggregate_id, event_type, partition_key, content_type, payload, headers)
+				VALUES ('P-1', 'acct', 'P', 't', 0, 'application/json', '\x00', '{"n": 1}')`); err != nil {
+				t.Fatal(err)
+			}
+			var written string
+			if err := e.RelayDB.QueryRowContext(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&written); err != nil {
+				t.Fatal(err)
+			}
+			b.emit(t, event("A", 1))
+			eventually(t, ctx, "a warning naming the row the stream could not decode", func() bool {
+				for _, l := range logs.lines() {
+					if l["level"] == "WARN" && strings.HasPrefix(fmt.Sprint(l["msg"]), "WAL source: rows of the outbox table in the stream could not be decoded") &&
+						strings.Contains(fmt.Sprint(l["error"]), "headers of row") {
+						return true
+					}
+				}
+				return false
+			})
+			if _, err := e.RelayDB.ExecContext(ctx, "DELETE FROM "+e.Table+" WHERE message_id = 'P-1'"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.pub.Wait(ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 1 }); err != nil {
+				t.Fatalf("A-1 not published once the row was deleted: %v", err)
+			}
+			waitStreaming(t, b, wal.Slot)
+			fromStream, _ := b.r.WALCounts()
+			b.emit(t, event("A", 2))
+			msgs, err := b.pub.Wait(ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fmt.Sprint(firstDeliveries(order(msgs, "A"))); got != "[A-1 A-2]" {
+				t.Fatalf("A first delivered as %s", got)
+			}
+			if now, _ := b.r.WALCounts(); now == fromStream {
+				t.Errorf("A-2 did not come from the stream")
+			}
+			eventually(t, ctx, "the slot past the row's record", func() bool {
+				var past bool
+				err := e.RelayDB.QueryRowContext(ctx, "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, written).Scan(&past)
+				return err == nil && past
+			})
+		})
+	}
+}
