@@ -263,10 +263,13 @@ type walReader struct {
 	// receiveTimeout is WALConfig.ReceiveTimeout (<= 0: none).
 	receiveTimeout time.Duration
 
+	// foreign logs a slot held by a reader that is not an outbox relay.
+	foreign *repeatLog
 	// fence terminates the slot's reader if it is a relay whose
 	// membership expired (a frozen or partitioned holder), and returns its
-	// application_name ("" if it terminated none).
-	fence func(ctx context.Context, slot string) (string, error)
+	// application_name ("" if it terminated none), and, if the reader is
+	// not an outbox relay, a description of it (pid, application_name).
+	fence func(ctx context.Context, slot string) (fenced, foreign string, err error)
 	// standbyWait is how long a relay waits between attempts on a slot
 	// another relay reads (LeaseHeartbeat).
 	standbyWait time.Duration
@@ -374,6 +377,7 @@ func newWALReader(cfg WALConfig, table, quoted, instance string, log *slog.Logge
 	return &walReader{cfg: cfg, table: table, quoted: quoted, instance: instance, log: log,
 		buffer: cfg.Buffer, statusInt: cfg.StatusInterval, receiveTimeout: cfg.ReceiveTimeout, signal: make(chan struct{}, 1), space: make(chan struct{}, 1), gap: true,
 		check: checkSlot, unreadable: unreadableWatch{after: unreadableAfter}, createSlow: slotCreateSlow,
+		foreign: newRepeatLog(log, slog.LevelWarn, "WAL source: the slot is held by a reader that is not an outbox relay; no relay can read it until that reader stops (pg_terminate_backend(pid), or stop the tool; or name another WALConfig.Slot); claiming from the table meanwhile, and in log-only mode the relays are not ready"),
 		undecoded: newRepeatLog(log, slog.LevelWarn, "WAL source: rows of the outbox table in the stream could not be decoded; claiming them from the table (fix or dead-letter the row: the claim fails on it too)")}
 }
 
@@ -518,12 +522,26 @@ func (w *walReader) run(ctx context.Context) {
 		w.mu.Lock()
 		pos := w.confirmed
 		w.mu.Unlock()
+		// Another reader holds the slot (55006): a relay whose membership
+		// expired is terminated (fenced); a reader that is not an outbox
+		// relay (foreign: pg_recvlogical, another tool) is reported.
+		var pe *pgconn.PgError
+		held := errors.As(err, &pe) && pe.Code == "55006"
+		var fenced, foreign string
+		var fenceErr error
+		if held && w.fence != nil {
+			fenced, foreign, fenceErr = w.fence(ctx, w.cfg.Slot)
+		}
+		if held && foreign != "" {
+			err = fmt.Errorf("%w: slot %s is read by %s, not by an outbox relay", ErrWALUnavailable, w.cfg.Slot, foreign)
+		}
 		if w.outage != nil {
-			var pe *pgconn.PgError
 			switch {
-			case errors.As(err, &pe) && pe.Code == "55006":
-				down = nil // another reader streams: its readiness tells
+			case held && foreign == "":
+				down = nil // another relay streams: its readiness tells
 			case down == nil:
+				// (A foreign reader counts: no relay reads the slot,
+				// and log-only events wait in it.)
 				down = &walOutage{since: time.Now(), err: err}
 			default:
 				down = &walOutage{since: down.since, err: err}
@@ -535,27 +553,29 @@ func (w *walReader) run(ctx context.Context) {
 			w.unreadable = unreadableWatch{after: w.unreadable.after}
 			wait = 0
 		}
-		var pe *pgconn.PgError
 		switch {
 		case errors.Is(err, ErrSlotUnreadable):
 			undecodable.failed(err, "slot", w.cfg.Slot, "position", pos.String(), "recreate_after", w.unreadable.after.String())
-		case errors.As(err, &pe) && pe.Code == "55006":
+		case held:
 			// Another reader holds the slot: stand by. A relay holder
 			// whose membership expired (frozen, or cut off from the
 			// database) is terminated, so that the slot is not held
 			// until wal_sender_timeout.
 			wait = w.standbyWait
-			if w.fence != nil {
-				who, ferr := w.fence(ctx, w.cfg.Slot)
-				switch {
-				case ferr != nil:
-					w.log.Warn("WAL source: checking the slot's reader failed", "slot", w.cfg.Slot, "error", ferr)
-				case who != "":
-					w.log.Warn("WAL source: terminated the slot's reader, a relay whose membership expired (frozen or cut off); taking the slot over", "slot", w.cfg.Slot, "reader", who)
-					wait = 0
-				}
+			switch {
+			case fenceErr != nil:
+				w.log.Warn("WAL source: checking the slot's reader failed", "slot", w.cfg.Slot, "error", fenceErr)
+			case fenced != "":
+				w.log.Warn("WAL source: terminated the slot's reader, a relay whose membership expired (frozen or cut off); taking the slot over", "slot", w.cfg.Slot, "reader", fenced)
+				wait = 0
+			case foreign != "":
+				// Not terminated: it may be a tool an operator runs on
+				// purpose. Said at WARN (it was at DEBUG, and a relay
+				// stood by for ever with the slot read by nobody of
+				// its own; found by a helper).
+				w.foreign.failed(errors.New(foreign), "slot", w.cfg.Slot)
 			}
-			if wait > 0 {
+			if wait > 0 && foreign == "" {
 				w.log.Debug("WAL source standing by: another reader holds the slot", "slot", w.cfg.Slot, "error", err)
 			}
 		case was:

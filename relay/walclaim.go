@@ -10,6 +10,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -196,30 +197,47 @@ func (r *Relay) readWALLag(ctx context.Context, slot string) (WALLag, error) {
 // calls it when its stream could not open the slot, so such a reader is a
 // connection of its own that it gave up as dead (a silent network path)
 // and that the server has not noticed yet. It returns the terminated
-// reader's application_name, or "". The role needs
-// pg_signal_backend (or to be the reader's role, or superuser).
-func (r *Relay) fenceSlotReader(ctx context.Context, slot string) (string, error) {
+// reader's application_name, or "", and, if the reader is not an outbox
+// relay (its application_name visible and without the relay's prefix:
+// pg_recvlogical, another tool), a description of it, which it leaves
+// alone. The role needs pg_signal_backend (or to be the reader's role,
+// or superuser).
+func (r *Relay) fenceSlotReader(ctx context.Context, slot string) (fenced, foreign string, err error) {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	var who string
 	// MATERIALIZED: the planner orders a WHERE clause's conditions by
 	// cost, and would call pg_terminate_backend before the membership
 	// check.
-	err := r.db.QueryRowContext(qctx, `WITH expired AS MATERIALIZED (
+	err = r.db.QueryRowContext(qctx, `WITH expired AS MATERIALIZED (
 		    SELECT a.pid, a.application_name FROM pg_replication_slots s
 		    JOIN pg_stat_activity a ON a.pid = s.active_pid
 		    WHERE s.slot_name = $1 AND a.application_name LIKE 'outbox-relay %'
 		      AND (a.application_name = left('outbox-relay ' || $2, 63)
 		           OR NOT EXISTS (SELECT 1 FROM `+r.d.MembersTable()+` m
 		                          WHERE left('outbox-relay ' || m.instance_id, 63) = a.application_name AND m.expires_at > clock_timestamp())))
-		SELECT application_name FROM expired WHERE pg_terminate_backend(pid)`, slot, r.cfg.InstanceID).Scan(&who)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", nil
+		SELECT application_name FROM expired WHERE pg_terminate_backend(pid)`, slot, r.cfg.InstanceID).Scan(&fenced)
+	switch {
+	case err == nil:
+		return fenced, "", nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return "", "", fmt.Errorf("fencing the reader of slot %s: %w", slot, err)
 	}
-	if err != nil {
-		return "", fmt.Errorf("fencing the reader of slot %s: %w", slot, err)
+	// A reader this relay did not terminate: another relay, or not a
+	// relay at all. An application_name this role cannot see (a reader of
+	// another role, without pg_read_all_stats) is taken for a relay's.
+	var pid int64
+	var app string
+	err = r.db.QueryRowContext(qctx, `SELECT a.pid, COALESCE(a.application_name, '') FROM pg_replication_slots s
+		JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1`, slot).Scan(&pid, &app)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return "", "", nil // released meanwhile
+	case err != nil:
+		return "", "", fmt.Errorf("reading the reader of slot %s: %w", slot, err)
+	case app == "" || strings.HasPrefix(app, "outbox-relay "):
+		return "", "", nil
 	}
-	return who, nil
+	return "", fmt.Sprintf("pid %d (application_name %q)", pid, app), nil
 }
 
 // claimTable makes the next cycle claim from the table, for reason (logged

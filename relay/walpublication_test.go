@@ -1,9 +1,11 @@
 package relay_test
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -258,6 +260,79 @@ func TestWALRowTheRelayCannotDecode(t *testing.T) {
 				err := e.RelayDB.QueryRowContext(ctx, "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, written).Scan(&past)
 				return err == nil && past
 			})
+		})
+	}
+}
+
+// TestWALSlotHeldByAReaderThatIsNotARelay: a replication connection that
+// is not an outbox relay (named pg_recvlogical here: a debugging session,
+// or a CDC tool pointed at the relay's slot) reads the slot and never
+// confirms. The relay does not terminate it (it may be run on purpose),
+// but says so at WARN, naming its pid and application_name, claims from
+// the table meanwhile, and in log-only mode is not ready (its events wait
+// in the slot, read by no relay); once the reader stops, the relay takes
+// the slot and is ready again. Before, it stood by for ever with DEBUG
+// lines only, and a log-only relay stayed ready while nothing relayed its
+// events (found by a helper trying to break the WAL source).
+func TestWALSlotHeldByAReaderThatIsNotARelay(t *testing.T) {
+	t.Parallel()
+	for _, logOnly := range []bool{false, true} {
+		t.Run(map[bool]string{false: "table", true: "log-only"}[logOnly], func(t *testing.T) {
+			t.Parallel()
+			var e *testdb.Env
+			var wal relay.WALConfig
+			if logOnly {
+				e, wal = logEnv(t)
+			} else {
+				e, wal = walEnv(t)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			pub := relay.PublicationName(e.Table)
+			if _, err := e.RelayDB.ExecContext(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+e.Table+" WITH (publish = 'insert')"); err != nil {
+				t.Fatal(err)
+			}
+			reader := frozenReader(t, ctx, e.DSN, "pg_recvlogical", wal.Slot, pub)
+			defer reader.Close(context.Background())
+			logs := &syncLog{}
+			b := setupOn(t, e, func(c *relay.Config) {
+				c.Source, c.WAL, c.PollInterval = relay.SourceWAL, wal, 50*time.Millisecond
+				c.LeaseTTL, c.LeaseHeartbeat = relay.MinLeaseTTL, relay.MinLeaseTTL/4
+				c.UnhealthyAfter = time.Second
+				c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+			})
+			eventually(t, b.ctx, "a warning naming the reader", func() bool {
+				for _, l := range logs.lines() {
+					if l["level"] == "WARN" && strings.HasPrefix(fmt.Sprint(l["msg"]), "WAL source: the slot is held by a reader that is not an outbox relay") &&
+						strings.Contains(fmt.Sprint(l["error"]), `application_name "pg_recvlogical"`) {
+						return true
+					}
+				}
+				return false
+			})
+			if logOnly {
+				eventually(t, b.ctx, "the log-only relay not ready", func() bool {
+					err := b.r.Ready()
+					return err != nil && strings.Contains(err.Error(), "not by an outbox relay")
+				})
+			} else {
+				b.emit(t, event("A", 1)) // claimed from the table meanwhile
+				if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 1 }); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.r.Ready(); err != nil {
+					t.Errorf("table mode not ready: %v", err)
+				}
+			}
+			if err := reader.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			waitStreaming(t, b, wal.Slot)
+			b.emit(t, event("A", 2))
+			if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return slices.Contains(order(m, "A"), "A-2") }); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, b.ctx, "the relay ready", func() bool { return b.r.Ready() == nil })
 		})
 	}
 }
