@@ -377,7 +377,7 @@ func newWALReader(cfg WALConfig, table, quoted, instance string, log *slog.Logge
 	return &walReader{cfg: cfg, table: table, quoted: quoted, instance: instance, log: log,
 		buffer: cfg.Buffer, statusInt: cfg.StatusInterval, receiveTimeout: cfg.ReceiveTimeout, signal: make(chan struct{}, 1), space: make(chan struct{}, 1), gap: true,
 		check: checkSlot, unreadable: unreadableWatch{after: unreadableAfter}, createSlow: slotCreateSlow,
-		foreign: newRepeatLog(log, slog.LevelWarn, "WAL source: the slot is held by a reader that is not an outbox relay; no relay can read it until that reader stops (pg_terminate_backend(pid), or stop the tool; or name another WALConfig.Slot); claiming from the table meanwhile, and in log-only mode the relays are not ready"),
+		foreign:   newRepeatLog(log, slog.LevelWarn, "WAL source: the slot is held by a reader that is not an outbox relay; no relay can read it until that reader stops (pg_terminate_backend(pid), or stop the tool; or name another WALConfig.Slot); claiming from the table meanwhile, and in log-only mode the relays are not ready"),
 		undecoded: newRepeatLog(log, slog.LevelWarn, "WAL source: rows of the outbox table in the stream could not be decoded; claiming them from the table (fix or dead-letter the row: the claim fails on it too)")}
 }
 
