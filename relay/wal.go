@@ -940,6 +940,48 @@ func (w *walReader) push(txn []walRow, end pglogrepl.LSN, gen int) {
 	w.wake()
 }
 
+// advanceUnused moves the slot, in table mode, towards the server's
+// current position while the relay cannot stream it (its publication
+// does not publish the table's inserts, or filters them: an operator must
+// act, which may take days). The slot would otherwise keep the server's
+// WAL from where the stream stopped, without bound, for rows that are in
+// the table and claimed from it meanwhile; the stream that opens once the
+// publication is fixed starts with a claim, as after any gap (found by a
+// helper: WAL grew while the relay reported itself ready). A slot of
+// another plugin or database, or read by someone, is left alone. So is a
+// slot that holds logical decoding messages of the table (log-only
+// writers beside a relay that is not in that mode: their events are in
+// no table): up to position L (the server's, read first) the slot is
+// peeked for them, and moved to L only if there are none. In log-only
+// mode it is never moved. Errors are logged at DEBUG: the relay claims
+// from the table anyway.
+func (w *walReader) advanceUnused(ctx context.Context, conn *pgconn.PgConn) {
+	if w.logState != nil {
+		return
+	}
+	q := pgconnQuery(conn)
+	slot := sqlLiteral(w.cfg.Slot)
+	to, err := q(ctx, "SELECT pg_current_wal_lsn()::text FROM pg_replication_slots WHERE slot_name = "+slot+
+		" AND plugin = 'pgoutput' AND database = current_database() AND NOT active")
+	if err == nil {
+		prefix := append([]byte(w.logPrefix), 0)
+		var n string
+		n, err = q(ctx, "SELECT count(*) FROM pg_logical_slot_peek_binary_changes("+slot+", "+sqlLiteral(to)+"::pg_lsn, NULL, "+
+			"'proto_version', '1', 'publication_names', "+sqlLiteral(w.cfg.Publication)+", 'messages', 'true') c "+
+			"WHERE get_byte(c.data, 0) = 77 AND substring(c.data FROM 11 FOR "+strconv.Itoa(len(prefix))+") = '\\x"+hex.EncodeToString(prefix)+"'::bytea")
+		if err == nil && n != "0" {
+			w.log.Debug("WAL source: not moving the unused slot: it holds logical decoding messages of the table", "slot", w.cfg.Slot, "messages", n)
+			return
+		}
+	}
+	if err == nil {
+		_, err = q(ctx, "SELECT pg_replication_slot_advance("+slot+", "+sqlLiteral(to)+"::pg_lsn)::text")
+	}
+	if err != nil && !strings.HasPrefix(err.Error(), "no row from") {
+		w.log.Debug("WAL source: moving the unused slot to the current position failed", "slot", w.cfg.Slot, "error", err)
+	}
+}
+
 // presumedDead reports whether a replication connection from which
 // nothing was heard since heard is presumed dead at now: silent for more
 // than limit (WALConfig.ReceiveTimeout after defaults; zero or negative:
@@ -983,6 +1025,7 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	}
 	if len(res) == 1 && len(res[0].Rows) == 1 {
 		if err := publicationProblem(w.cfg.Publication, w.table, string(res[0].Rows[0][0]) == "t", string(res[0].Rows[0][1]) == "t", string(res[0].Rows[0][2]) == "t"); err != nil {
+			w.advanceUnused(ctx, conn)
 			return err
 		}
 	}

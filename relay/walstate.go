@@ -213,6 +213,10 @@ func (r *Relay) runLogState(ctx context.Context) {
 	defer check.Stop()
 	lo, _ := r.cfg.Observer.(WALLossObserver)
 	var lastLog time.Time
+	// At WARN, not DEBUG: while the state table cannot be read or
+	// written (dropped by hand: found by a helper), a lost slot's window
+	// is not measured, and the relays cannot report it.
+	stateLog := newRepeatLog(r.log, slog.LevelWarn, "log-only mode: the slot's state table cannot be read or written; a lost slot's window cannot be recorded meanwhile (a table dropped by hand is created again at the relay's next stream)")
 	read := func() {
 		_, slot, _ := r.wal.lagState()
 		if slot == "" {
@@ -222,7 +226,7 @@ func (r *Relay) runLogState(ctx context.Context) {
 		loss, err := readWALLoss(qctx, r.db, r.d.WALLogTable(), slot)
 		cancel()
 		if err != nil {
-			r.log.Debug("log-only mode: reading the loss windows failed", "error", err)
+			stateLog.failed(err, "table", r.d.WALLogTable(), "reading", "loss windows")
 			return
 		}
 		r.walLoss.Store(loss)
@@ -249,7 +253,9 @@ func (r *Relay) runLogState(ctx context.Context) {
 			}
 			qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 			if err := r.wal.logState.record(qctx, r.db, slot, confirmed); err != nil {
-				r.log.Debug("log-only mode: recording the slot's position failed", "error", err)
+				stateLog.failed(err, "table", r.d.WALLogTable(), "writing", "the slot's position")
+			} else {
+				stateLog.ok()
 			}
 			cancel()
 		}

@@ -1,5 +1,11 @@
 package relay_test
 
+// What operators and other programs can do to the WAL source's slot,
+// publication and state table under a running relay, and what the relay
+// does about it: each was a state the relay could not leave by itself, or
+// did not report, until a helper asked to break the WAL source found it
+// (2026-12-07).
+
 import (
 	"context"
 	"database/sql"
@@ -11,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sqloutbox/outbox/driver"
+	"github.com/sqloutbox/outbox/internal/logmsg"
 	"github.com/sqloutbox/outbox/internal/testkit/privateserver"
 	"github.com/sqloutbox/outbox/internal/testkit/testdb"
 	"github.com/sqloutbox/outbox/relay"
@@ -334,5 +341,127 @@ func TestWALSlotHeldByAReaderThatIsNotARelay(t *testing.T) {
 			}
 			eventually(t, b.ctx, "the relay ready", func() bool { return b.r.Ready() == nil })
 		})
+	}
+}
+
+// TestWALUnusablePublicationDoesNotKeepWAL: an operator alters the
+// publication so that it no longer publishes inserts while the relay
+// streams; at its next stream the relay refuses it (saying what to run)
+// and claims from the table. In table mode it also moves its slot to the
+// server's current position at each attempt, so that the slot does not
+// keep the server's WAL, without bound, for rows the table holds. Before,
+// the slot's position stayed where the stream stopped for as long as
+// nobody fixed the publication, while the relay reported itself ready
+// (found by a helper). Once the publication is fixed the relay streams
+// again, from a claim, in order. A slot holding a logical decoding
+// message of the table (a log-only writer beside this table-mode relay:
+// its event is in no table) is not moved.
+func TestWALUnusablePublicationDoesNotKeepWAL(t *testing.T) {
+	t.Parallel()
+	for _, message := range []bool{false, true} {
+		t.Run(map[bool]string{false: "rows", true: "a log-only event in the slot"}[message], func(t *testing.T) {
+			t.Parallel()
+			e, wal := walEnv(t)
+			wal.Publication = relay.PublicationName(e.Table)
+			logs := &syncLog{}
+			b := setupOn(t, e, func(c *relay.Config) {
+				c.Source, c.WAL, c.PollInterval = relay.SourceWAL, wal, 50*time.Millisecond
+				c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			})
+			ctx := b.ctx
+			waitStreaming(t, b, wal.Slot)
+			if _, err := e.RelayDB.ExecContext(ctx, "ALTER PUBLICATION "+wal.Publication+" SET (publish = 'update')"); err != nil {
+				t.Fatal(err)
+			}
+			// The stream ends (in life: a network cut, a restart, a deploy).
+			if _, err := e.RelayDB.ExecContext(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", wal.Slot); err != nil {
+				t.Fatal(err)
+			}
+			if message {
+				if _, err := e.RelayDB.ExecContext(ctx, "SELECT pg_logical_emit_message(true, $1, 'x')", logmsg.Prefix(e.Outbox.Config().Table)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			b.emit(t, event("A", 1))
+			if _, err := b.pub.Wait(ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 1 }); err != nil {
+				t.Fatalf("A-1 not claimed from the table: %v", err)
+			}
+			if message {
+				eventually(t, ctx, "the relay leaving the slot where it is", func() bool {
+					for _, l := range logs.lines() {
+						if strings.HasPrefix(fmt.Sprint(l["msg"]), "WAL source: not moving the unused slot: it holds logical decoding messages") {
+							return true
+						}
+					}
+					return false
+				})
+				return
+			}
+			var written string
+			if err := e.RelayDB.QueryRowContext(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&written); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, ctx, "the unused slot moved past the writes made since", func() bool {
+				var past bool
+				err := e.RelayDB.QueryRowContext(ctx, "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, written).Scan(&past)
+				return err == nil && past
+			})
+			if b.r.OnStream() {
+				t.Fatal("the relay streams a publication without inserts")
+			}
+			if _, err := e.RelayDB.ExecContext(ctx, "ALTER PUBLICATION "+wal.Publication+" SET (publish = 'insert')"); err != nil {
+				t.Fatal(err)
+			}
+			waitStreaming(t, b, wal.Slot)
+			fromStream, _ := b.r.WALCounts()
+			b.emit(t, event("A", 2))
+			msgs, err := b.pub.Wait(ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fmt.Sprint(firstDeliveries(order(msgs, "A"))); got != "[A-1 A-2]" {
+				t.Fatalf("A first delivered as %s", got)
+			}
+			if now, _ := b.r.WALCounts(); now == fromStream {
+				t.Errorf("A-2 did not come from the stream")
+			}
+		})
+	}
+}
+
+// TestWALLogOnlyStateTableDropped: the log-only mode's state table
+// (<table>_wal_log, the record of the slot's position that measures a
+// lost slot's window) is dropped by hand while the relay streams. Events
+// still flow, but a lost slot could not be measured: the relay says so at
+// WARN, naming the table. Before, it said so at DEBUG only (found by a
+// helper trying to break the WAL source).
+func TestWALLogOnlyStateTableDropped(t *testing.T) {
+	t.Parallel()
+	e, wal := logEnv(t)
+	logs := &syncLog{}
+	b := walSetup(t, e, wal, func(c *relay.Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	waitStreaming(t, b, wal.Slot)
+	b.emit(t, event("A", 1))
+	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	state := e.Table + "_wal_log"
+	if _, err := e.RelayDB.ExecContext(b.ctx, "DROP TABLE "+state); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, b.ctx, "a warning that the state table cannot be used", func() bool {
+		for _, l := range logs.lines() {
+			if l["level"] == "WARN" && strings.HasPrefix(fmt.Sprint(l["msg"]), "log-only mode: the slot's state table cannot be read or written") &&
+				strings.Contains(fmt.Sprint(l["table"]), "_wal_log") {
+				return true
+			}
+		}
+		return false
+	})
+	b.emit(t, event("A", 2))
+	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return slices.Contains(order(m, "A"), "A-2") }); err != nil {
+		t.Fatal(err)
 	}
 }
