@@ -245,6 +245,11 @@ type walReader struct {
 	cfg       WALConfig
 	table     string // the outbox table as configured (for logs)
 	quoted    string // the outbox table, quoted for SQL
+	// relid is the outbox table's OID, read by each stream before it
+	// starts (ensureSlot; only the stream's goroutine uses it): inserts of
+	// other tables of the publication (one an operator named, FOR ALL
+	// TABLES) are not the relay's.
+	relid uint32
 	instance  string
 	log       *slog.Logger
 	observer  SourceObserver // nil if the Observer is not one
@@ -827,12 +832,16 @@ func (w *walReader) stream(parent context.Context) error {
 				switch lm := msg.(type) {
 				case *pglogrepl.RelationMessage:
 					// A relation the relay cannot map (a publication
-					// with a column list, or another table) is kept with
-					// its error: its rows are left to the table, below.
+					// with a column list) is kept with its error: its
+					// rows are left to the table, below. (Other tables'
+					// rows are not the relay's: skipped by OID.)
 					rels[lm.RelationID] = newWALRelation(lm)
 				case *pglogrepl.BeginMessage:
 					inTxn, txn, commitTime, xid = true, txn[:0], lm.CommitTime, lm.Xid
 				case *pglogrepl.InsertMessage:
+					if lm.RelationID != w.relid {
+						continue // another table of the publication
+					}
 					rel := rels[lm.RelationID]
 					if rel == nil {
 						return fmt.Errorf("decoding pgoutput: insert into relation %d before its description", lm.RelationID)
@@ -1023,6 +1032,15 @@ func (w *walReader) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	if err != nil {
 		return fmt.Errorf("%w: reading publication %s: %v", ErrWALUnavailable, w.cfg.Publication, err)
 	}
+	oid, err := pgconnQuery(conn)(ctx, "SELECT COALESCE(to_regclass("+sqlLiteral(w.quoted)+")::oid, 0)::text")
+	if err != nil {
+		return fmt.Errorf("%w: reading the table's OID: %v", ErrWALUnavailable, err)
+	}
+	relid, err := strconv.ParseUint(oid, 10, 32)
+	if err != nil {
+		return fmt.Errorf("%w: the table's OID %q: %v", ErrWALUnavailable, oid, err)
+	}
+	w.relid = uint32(relid)
 	if len(res) == 1 && len(res[0].Rows) == 1 {
 		if err := publicationProblem(w.cfg.Publication, w.table, string(res[0].Rows[0][0]) == "t", string(res[0].Rows[0][1]) == "t", string(res[0].Rows[0][2]) == "t"); err != nil {
 			w.advanceUnused(ctx, conn)

@@ -465,3 +465,49 @@ func TestWALLogOnlyStateTableDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWALPublicationWithAnotherTable: the publication an operator named
+// (WALConfig.Publication) publishes another table too. Its rows are not
+// the relay's: they are skipped (by the outbox table's OID), and the
+// outbox table's rows still come from the stream. Before, the first
+// insert into the other table failed the stream ("not an outbox table")
+// at that record at every reconnect.
+func TestWALPublicationWithAnotherTable(t *testing.T) {
+	t.Parallel()
+	e, wal := walEnv(t)
+	other := e.Table + "_other"
+	wal.Publication = strings.ToLower(testdb.RandomName("outbox_test_pub_"))
+	for _, q := range []string{"CREATE TABLE " + other + " (id int PRIMARY KEY)",
+		"CREATE PUBLICATION " + wal.Publication + " FOR TABLE " + e.Table + ", " + other + " WITH (publish = 'insert')"} {
+		if _, err := e.RelayDB.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _, _ = e.RelayDB.Exec("DROP PUBLICATION IF EXISTS " + wal.Publication) })
+	logs := &syncLog{}
+	b := walSetup(t, e, wal, func(c *relay.Config) { c.Logger = slog.New(slog.NewJSONHandler(logs, nil)) })
+	waitStreaming(t, b, wal.Slot)
+	if _, err := e.RelayDB.ExecContext(b.ctx, "INSERT INTO "+other+" VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	b.emit(t, event("A", 1))
+	if _, err := e.RelayDB.ExecContext(b.ctx, "INSERT INTO "+other+" VALUES (2)"); err != nil {
+		t.Fatal(err)
+	}
+	b.emit(t, event("A", 2))
+	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(firstDeliveries(order(msgs, "A"))); got != "[A-1 A-2]" {
+		t.Fatalf("A first delivered as %s", got)
+	}
+	if fromStream, fromTable := b.r.WALCounts(); fromStream < 2 {
+		t.Errorf("%d events from the stream, %d claimed; want both from the stream", fromStream, fromTable)
+	}
+	for _, l := range logs.lines() {
+		if l["level"] == "WARN" {
+			t.Errorf("WARN: %v", l)
+		}
+	}
+}
