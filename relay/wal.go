@@ -242,14 +242,14 @@ type walRow struct {
 // a bounded buffer that the relay's loop takes from. Safe for concurrent
 // use: the stream goroutine fills, the loop takes.
 type walReader struct {
-	cfg       WALConfig
-	table     string // the outbox table as configured (for logs)
-	quoted    string // the outbox table, quoted for SQL
+	cfg    WALConfig
+	table  string // the outbox table as configured (for logs)
+	quoted string // the outbox table, quoted for SQL
 	// relid is the outbox table's OID, read by each stream before it
 	// starts (ensureSlot; only the stream's goroutine uses it): inserts of
 	// other tables of the publication (one an operator named, FOR ALL
 	// TABLES) are not the relay's.
-	relid uint32
+	relid     uint32
 	instance  string
 	log       *slog.Logger
 	observer  SourceObserver // nil if the Observer is not one
