@@ -230,18 +230,10 @@ func TestWALSourceFallsBackToTheTable(t *testing.T) {
 		}, func(cfg relay.WALConfig, _ string) string { return cfg.Slot }},
 		{"another table's publication", func(t *testing.T, e *testdb.Env) relay.WALConfig {
 			other := e.Table + "_other"
-			pub := strings.ToLower(testdb.RandomName("outbox_test_pub_"))
-			for _, q := range []string{"CREATE TABLE " + other + " (id int)", "CREATE PUBLICATION " + pub + " FOR TABLE " + other} {
-				if _, err := e.RelayDB.Exec(q); err != nil {
-					t.Fatal(err)
-				}
+			if _, err := e.RelayDB.Exec("CREATE TABLE " + other + " (id int)"); err != nil {
+				t.Fatal(err)
 			}
-			slot := strings.ToLower(testdb.RandomName("outbox_test_"))
-			t.Cleanup(func() {
-				_, _ = e.RelayDB.Exec("DROP PUBLICATION IF EXISTS " + pub)
-				_, _ = e.RelayDB.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
-			})
-			return relay.WALConfig{DSN: e.DSN, Slot: slot, Publication: pub}
+			return ownPublication(t, e, "FOR TABLE "+other)
 		}, func(cfg relay.WALConfig, table string) string {
 			return "publication " + cfg.Publication + " does not publish table " + table
 		}},
@@ -249,16 +241,7 @@ func TestWALSourceFallsBackToTheTable(t *testing.T) {
 		// could see: a filtered A-1 waited for the poll while A-2 went out
 		// from the stream (found by a helper). Refused.
 		{"a publication with a row filter", func(t *testing.T, e *testdb.Env) relay.WALConfig {
-			pub := strings.ToLower(testdb.RandomName("outbox_test_pub_"))
-			if _, err := e.RelayDB.Exec("CREATE PUBLICATION " + pub + " FOR TABLE " + e.Table + " WHERE (event_type <> 'audit') WITH (publish = 'insert')"); err != nil {
-				t.Fatal(err)
-			}
-			slot := strings.ToLower(testdb.RandomName("outbox_test_"))
-			t.Cleanup(func() {
-				_, _ = e.RelayDB.Exec("DROP PUBLICATION IF EXISTS " + pub)
-				_, _ = e.RelayDB.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
-			})
-			return relay.WALConfig{DSN: e.DSN, Slot: slot, Publication: pub}
+			return ownPublication(t, e, "FOR TABLE "+e.Table+" WHERE (event_type <> 'audit') WITH (publish = 'insert')")
 		}, func(cfg relay.WALConfig, table string) string {
 			return "publication " + cfg.Publication + " has a row filter on table " + table
 		}},
@@ -305,6 +288,23 @@ func TestWALSourceFallsBackToTheTable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ownPublication creates a publication of e's server as "CREATE
+// PUBLICATION <name> " + def, and returns a WALConfig naming it and a
+// slot; both are dropped when t ends.
+func ownPublication(t *testing.T, e *testdb.Env, def string) relay.WALConfig {
+	t.Helper()
+	pub := strings.ToLower(testdb.RandomName("outbox_test_pub_"))
+	if _, err := e.RelayDB.Exec("CREATE PUBLICATION " + pub + " " + def); err != nil {
+		t.Fatal(err)
+	}
+	slot := strings.ToLower(testdb.RandomName("outbox_test_"))
+	t.Cleanup(func() {
+		_, _ = e.RelayDB.Exec("DROP PUBLICATION IF EXISTS " + pub)
+		_, _ = e.RelayDB.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
+	})
+	return relay.WALConfig{DSN: e.DSN, Slot: slot, Publication: pub}
 }
 
 // TestWALConfigValidation: New refuses SourceWAL without a DSN, on

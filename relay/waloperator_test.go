@@ -54,13 +54,7 @@ func TestWALPublicationDroppedUnderTheStream(t *testing.T) {
 	for _, logOnly := range []bool{false, true} {
 		t.Run(map[bool]string{false: "table", true: "log-only"}[logOnly], func(t *testing.T) {
 			t.Parallel()
-			var e *testdb.Env
-			var wal relay.WALConfig
-			if logOnly {
-				e, wal = logEnv(t)
-			} else {
-				e, wal = walEnv(t)
-			}
+			e, wal := modeEnv(t, logOnly)
 			wal.Publication = relay.PublicationName(e.Table)
 			scratch := e.Table + "_scratch"
 			if _, err := e.RelayDB.Exec("CREATE TABLE " + scratch + " (id int)"); err != nil {
@@ -87,16 +81,9 @@ func TestWALPublicationDroppedUnderTheStream(t *testing.T) {
 				}
 			}
 			b.emit(t, event("A", 2)) // committed while no publication exists
-			var written string
-			if err := e.RelayDB.QueryRowContext(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&written); err != nil {
-				t.Fatal(err)
-			}
+			written := currentLSN(t, ctx, e.RelayDB)
 			// The slot passes A-2's transaction: recreated after it.
-			eventually(t, ctx, "the slot past the transactions committed without a publication", func() bool {
-				var past bool
-				err := e.RelayDB.QueryRowContext(ctx, "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, written).Scan(&past)
-				return err == nil && past
-			})
+			waitSlotPast(t, ctx, e.RelayDB, wal.Slot, written, "the slot past the transactions committed without a publication")
 			waitStreaming(t, b, wal.Slot)
 			fromStream, _ := b.r.WALCounts()
 			b.emit(t, event("A", 3))
@@ -164,14 +151,7 @@ func TestWALSlotCreationHeldByAnOpenTransaction(t *testing.T) {
 		c.Source, c.WAL, c.PollInterval = relay.SourceWAL, wal, 50*time.Millisecond
 		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 	}, func(r *relay.Relay) { r.WarnSlotCreationAfter(200 * time.Millisecond) })
-	eventually(t, b.ctx, "a warning that the slot's creation waits", func() bool {
-		for _, l := range logs.lines() {
-			if l["level"] == "WARN" && strings.HasPrefix(fmt.Sprint(l["msg"]), "replication slot still being created") {
-				return true
-			}
-		}
-		return false
-	})
+	eventually(t, b.ctx, "a warning that the slot's creation waits", func() bool { return logged(logs, "WARN", "replication slot still being created", "", "") })
 	b.emit(t, event("A", 1))
 	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 1 }); err != nil {
 		t.Fatalf("A-1 not claimed while the slot is being created: %v", err)
@@ -180,18 +160,7 @@ func TestWALSlotCreationHeldByAnOpenTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStreaming(t, b, wal.Slot)
-	fromStream, _ := b.r.WALCounts()
-	b.emit(t, event("A", 2))
-	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := fmt.Sprint(firstDeliveries(order(msgs, "A"))); got != "[A-1 A-2]" {
-		t.Fatalf("A first delivered as %s", got)
-	}
-	if now, _ := b.r.WALCounts(); now == fromStream {
-		t.Errorf("A-2 did not come from the stream")
-	}
+	wantA2FromStream(t, b)
 }
 
 // TestWALRowTheRelayCannotDecode: a row inserted by hand whose headers are
@@ -211,13 +180,7 @@ func TestWALRowTheRelayCannotDecode(t *testing.T) {
 	for _, logOnly := range []bool{false, true} {
 		t.Run(map[bool]string{false: "table", true: "log-only"}[logOnly], func(t *testing.T) {
 			t.Parallel()
-			var e *testdb.Env
-			var wal relay.WALConfig
-			if logOnly {
-				e, wal = logEnv(t)
-			} else {
-				e, wal = walEnv(t)
-			}
+			e, wal := modeEnv(t, logOnly)
 			logs := &syncLog{}
 			b := setupOn(t, e, func(c *relay.Config) {
 				c.Source, c.WAL, c.PollInterval = relay.SourceWAL, wal, 30*time.Second
@@ -229,19 +192,10 @@ func TestWALRowTheRelayCannotDecode(t *testing.T) {
 				VALUES ('P-1', 'acct', 'P', 't', 0, 'application/json', '\x00', '{"n": 1}')`); err != nil {
 				t.Fatal(err)
 			}
-			var written string
-			if err := e.RelayDB.QueryRowContext(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&written); err != nil {
-				t.Fatal(err)
-			}
+			written := currentLSN(t, ctx, e.RelayDB)
 			b.emit(t, event("A", 1))
 			eventually(t, ctx, "a warning naming the row the stream could not decode", func() bool {
-				for _, l := range logs.lines() {
-					if l["level"] == "WARN" && strings.HasPrefix(fmt.Sprint(l["msg"]), "WAL source: rows of the outbox table in the stream could not be decoded") &&
-						strings.Contains(fmt.Sprint(l["error"]), "headers of row") {
-						return true
-					}
-				}
-				return false
+				return logged(logs, "WARN", "WAL source: rows of the outbox table in the stream could not be decoded", "error", "headers of row")
 			})
 			if _, err := e.RelayDB.ExecContext(ctx, "DELETE FROM "+e.Table+" WHERE message_id = 'P-1'"); err != nil {
 				t.Fatal(err)
@@ -250,23 +204,8 @@ func TestWALRowTheRelayCannotDecode(t *testing.T) {
 				t.Fatalf("A-1 not published once the row was deleted: %v", err)
 			}
 			waitStreaming(t, b, wal.Slot)
-			fromStream, _ := b.r.WALCounts()
-			b.emit(t, event("A", 2))
-			msgs, err := b.pub.Wait(ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := fmt.Sprint(firstDeliveries(order(msgs, "A"))); got != "[A-1 A-2]" {
-				t.Fatalf("A first delivered as %s", got)
-			}
-			if now, _ := b.r.WALCounts(); now == fromStream {
-				t.Errorf("A-2 did not come from the stream")
-			}
-			eventually(t, ctx, "the slot past the row's record", func() bool {
-				var past bool
-				err := e.RelayDB.QueryRowContext(ctx, "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, written).Scan(&past)
-				return err == nil && past
-			})
+			wantA2FromStream(t, b)
+			waitSlotPast(t, ctx, e.RelayDB, wal.Slot, written, "the slot past the row's record")
 		})
 	}
 }
@@ -286,13 +225,7 @@ func TestWALSlotHeldByAReaderThatIsNotARelay(t *testing.T) {
 	for _, logOnly := range []bool{false, true} {
 		t.Run(map[bool]string{false: "table", true: "log-only"}[logOnly], func(t *testing.T) {
 			t.Parallel()
-			var e *testdb.Env
-			var wal relay.WALConfig
-			if logOnly {
-				e, wal = logEnv(t)
-			} else {
-				e, wal = walEnv(t)
-			}
+			e, wal := modeEnv(t, logOnly)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			pub := relay.PublicationName(e.Table)
@@ -309,13 +242,7 @@ func TestWALSlotHeldByAReaderThatIsNotARelay(t *testing.T) {
 				c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 			})
 			eventually(t, b.ctx, "a warning naming the reader", func() bool {
-				for _, l := range logs.lines() {
-					if l["level"] == "WARN" && strings.HasPrefix(fmt.Sprint(l["msg"]), "WAL source: the slot is held by a reader that is not an outbox relay") &&
-						strings.Contains(fmt.Sprint(l["error"]), `application_name "pg_recvlogical"`) {
-						return true
-					}
-				}
-				return false
+				return logged(logs, "WARN", "WAL source: the slot is held by a reader that is not an outbox relay", "error", `application_name "pg_recvlogical"`)
 			})
 			if logOnly {
 				eventually(t, b.ctx, "the log-only relay not ready", func() bool {
@@ -388,24 +315,12 @@ func TestWALUnusablePublicationDoesNotKeepWAL(t *testing.T) {
 			}
 			if message {
 				eventually(t, ctx, "the relay leaving the slot where it is", func() bool {
-					for _, l := range logs.lines() {
-						if strings.HasPrefix(fmt.Sprint(l["msg"]), "WAL source: not moving the unused slot: it holds logical decoding messages") {
-							return true
-						}
-					}
-					return false
+					return logged(logs, "", "WAL source: not moving the unused slot: it holds logical decoding messages", "", "")
 				})
 				return
 			}
-			var written string
-			if err := e.RelayDB.QueryRowContext(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&written); err != nil {
-				t.Fatal(err)
-			}
-			eventually(t, ctx, "the unused slot moved past the writes made since", func() bool {
-				var past bool
-				err := e.RelayDB.QueryRowContext(ctx, "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", wal.Slot, written).Scan(&past)
-				return err == nil && past
-			})
+			written := currentLSN(t, ctx, e.RelayDB)
+			waitSlotPast(t, ctx, e.RelayDB, wal.Slot, written, "the unused slot moved past the writes made since")
 			if b.r.OnStream() {
 				t.Fatal("the relay streams a publication without inserts")
 			}
@@ -413,18 +328,7 @@ func TestWALUnusablePublicationDoesNotKeepWAL(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitStreaming(t, b, wal.Slot)
-			fromStream, _ := b.r.WALCounts()
-			b.emit(t, event("A", 2))
-			msgs, err := b.pub.Wait(ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := fmt.Sprint(firstDeliveries(order(msgs, "A"))); got != "[A-1 A-2]" {
-				t.Fatalf("A first delivered as %s", got)
-			}
-			if now, _ := b.r.WALCounts(); now == fromStream {
-				t.Errorf("A-2 did not come from the stream")
-			}
+			wantA2FromStream(t, b)
 		})
 	}
 }
@@ -452,13 +356,7 @@ func TestWALLogOnlyStateTableDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, b.ctx, "a warning that the state table cannot be used", func() bool {
-		for _, l := range logs.lines() {
-			if l["level"] == "WARN" && strings.HasPrefix(fmt.Sprint(l["msg"]), "log-only mode: the slot's state table cannot be read or written") &&
-				strings.Contains(fmt.Sprint(l["table"]), "_wal_log") {
-				return true
-			}
-		}
-		return false
+		return logged(logs, "WARN", "log-only mode: the slot's state table cannot be read or written", "table", "_wal_log")
 	})
 	b.emit(t, event("A", 2))
 	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return slices.Contains(order(m, "A"), "A-2") }); err != nil {
@@ -491,9 +389,37 @@ func TestWALPublicationWithAnotherTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.emit(t, event("A", 1))
+	if _, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if fromStream, fromTable := b.r.WALCounts(); fromStream != 1 {
+		t.Errorf("%d events from the stream, %d claimed; want A-1 from the stream", fromStream, fromTable)
+	}
 	if _, err := e.RelayDB.ExecContext(b.ctx, "INSERT INTO "+other+" VALUES (2)"); err != nil {
 		t.Fatal(err)
 	}
+	wantA2FromStream(t, b)
+	for _, l := range logs.lines() {
+		if l["level"] == "WARN" {
+			t.Errorf("WARN: %v", l)
+		}
+	}
+}
+
+// modeEnv is logEnv in log-only mode, walEnv otherwise.
+func modeEnv(t *testing.T, logOnly bool) (*testdb.Env, relay.WALConfig) {
+	t.Helper()
+	if logOnly {
+		return logEnv(t)
+	}
+	return walEnv(t)
+}
+
+// wantA2FromStream emits A-2 and checks that A's first deliveries are
+// [A-1 A-2] and that A-2 came from b's stream.
+func wantA2FromStream(t *testing.T, b *bundle) {
+	t.Helper()
+	fromStream, _ := b.r.WALCounts()
 	b.emit(t, event("A", 2))
 	msgs, err := b.pub.Wait(b.ctx, func(m []relay.Message) bool { return len(order(m, "A")) >= 2 })
 	if err != nil {
@@ -502,12 +428,40 @@ func TestWALPublicationWithAnotherTable(t *testing.T) {
 	if got := fmt.Sprint(firstDeliveries(order(msgs, "A"))); got != "[A-1 A-2]" {
 		t.Fatalf("A first delivered as %s", got)
 	}
-	if fromStream, fromTable := b.r.WALCounts(); fromStream < 2 {
-		t.Errorf("%d events from the stream, %d claimed; want both from the stream", fromStream, fromTable)
+	if now, _ := b.r.WALCounts(); now == fromStream {
+		t.Errorf("A-2 did not come from the stream")
 	}
+}
+
+// logged reports whether logs hold a line at level ("" any) whose message
+// starts with msg and whose field key contains want ("" any).
+func logged(logs *syncLog, level, msg, key, want string) bool {
 	for _, l := range logs.lines() {
-		if l["level"] == "WARN" {
-			t.Errorf("WARN: %v", l)
+		if (level == "" || l["level"] == level) && strings.HasPrefix(fmt.Sprint(l["msg"]), msg) &&
+			(want == "" || strings.Contains(fmt.Sprint(l[key]), want)) {
+			return true
 		}
 	}
+	return false
+}
+
+// currentLSN is the server's current WAL position, as text.
+func currentLSN(t *testing.T, ctx context.Context, db *sql.DB) string {
+	t.Helper()
+	var lsn string
+	if err := db.QueryRowContext(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+// waitSlotPast waits until slot's confirmed position is at lsn or past
+// it; what says what that means, for the failure.
+func waitSlotPast(t *testing.T, ctx context.Context, db *sql.DB, slot, lsn, what string) {
+	t.Helper()
+	eventually(t, ctx, what, func() bool {
+		var past bool
+		err := db.QueryRowContext(ctx, "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1", slot, lsn).Scan(&past)
+		return err == nil && past
+	})
 }
