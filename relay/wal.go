@@ -268,6 +268,8 @@ type walReader struct {
 	// receiveTimeout is WALConfig.ReceiveTimeout (<= 0: none).
 	receiveTimeout time.Duration
 
+	// advancedAt is when advanceUnused last ran (the stream's goroutine).
+	advancedAt time.Time
 	// foreign logs a slot held by a reader that is not an outbox relay.
 	foreign *repeatLog
 	// fence terminates the slot's reader if it is a relay whose
@@ -965,9 +967,10 @@ func (w *walReader) push(txn []walRow, end pglogrepl.LSN, gen int) {
 // mode it is never moved. Errors are logged at DEBUG: the relay claims
 // from the table anyway.
 func (w *walReader) advanceUnused(ctx context.Context, conn *pgconn.PgConn) {
-	if w.logState != nil {
+	if w.logState != nil || time.Since(w.advancedAt) < advanceEvery {
 		return
 	}
+	w.advancedAt = time.Now()
 	q := pgconnQuery(conn)
 	slot := sqlLiteral(w.cfg.Slot)
 	to, err := q(ctx, "SELECT pg_current_wal_lsn()::text FROM pg_replication_slots WHERE slot_name = "+slot+
@@ -990,6 +993,11 @@ func (w *walReader) advanceUnused(ctx context.Context, conn *pgconn.PgConn) {
 		w.log.Debug("WAL source: moving the unused slot to the current position failed", "slot", w.cfg.Slot, "error", err)
 	}
 }
+
+// advanceEvery bounds how often advanceUnused reads and moves the slot:
+// the peek decodes the WAL from the slot's position, once per attempt to
+// stream (every 5 s at most) otherwise.
+const advanceEvery = 10 * time.Second
 
 // presumedDead reports whether a replication connection from which
 // nothing was heard since heard is presumed dead at now: silent for more

@@ -275,7 +275,7 @@ func TestWALSlotHeldByAReaderThatIsNotARelay(t *testing.T) {
 // publication so that it no longer publishes inserts while the relay
 // streams; at its next stream the relay refuses it (saying what to run)
 // and claims from the table. In table mode it also moves its slot to the
-// server's current position at each attempt, so that the slot does not
+// server's current position (every 10 s at most), so that the slot does not
 // keep the server's WAL, without bound, for rows the table holds. Before,
 // the slot's position stayed where the stream stopped for as long as
 // nobody fixed the publication, while the relay reported itself ready
